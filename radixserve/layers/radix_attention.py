@@ -1,0 +1,41 @@
+"""The attention layer models use; the attention backend named in the batch does the work."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from radixserve.model_executor.forward_batch import ForwardBatch
+
+
+class RadixAttention(nn.Module):
+    """Attention over the paged KV cache.
+
+    q: [num_tokens, num_heads * head_dim]; k, v: [num_tokens, num_kv_heads * head_dim]
+    (the heads local to this tensor-parallel rank). Writes k and v into the KV cache at the
+    batch's `out_cache_loc`, then attends over each request's prefix plus its new tokens
+    (causal). Returns [num_tokens, num_heads * head_dim].
+    """
+
+    def __init__(
+        self,
+        layer_id: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scaling: float,
+    ) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scaling = scaling
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        return forward_batch.attn_backend.forward(q, k, v, self, forward_batch)

@@ -1,0 +1,69 @@
+"""The one object the scheduler hands to the model runner for a forward pass.
+
+Models see only `input_ids`, `positions` and this batch (which their attention layers pass to the
+attention backend). They never see requests, queues or the radix tree.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from radixserve.layers.attention.base import AttentionBackend
+    from radixserve.mem_cache.kv_cache import KVCache
+
+
+class ForwardMode(enum.Enum):
+    """EXTEND covers prefill, chunked prefill and prefill over a cached prefix; DECODE is one
+    new token per request. A mixed batch is an EXTEND whose decode requests extend by one."""
+
+    EXTEND = "extend"
+    DECODE = "decode"
+
+    @property
+    def is_decode(self) -> bool:
+        return self is ForwardMode.DECODE
+
+    @property
+    def is_extend(self) -> bool:
+        return self is ForwardMode.EXTEND
+
+
+@dataclass
+class ForwardBatch:
+    """Tensors describing one step for `batch_size` requests, flattened over `num_tokens`.
+
+    For request i the new tokens occupy positions
+    [extend_prefix_lens[i], seq_lens[i]) of its sequence; their KV goes to `out_cache_loc`
+    (in request order), and earlier positions are read through `req_to_token[req_pool_indices[i]]`.
+    """
+
+    forward_mode: ForwardMode
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    req_pool_indices: torch.Tensor  # [batch_size] int64
+    seq_lens: torch.Tensor  # [batch_size] int64: length after this step
+    extend_prefix_lens: torch.Tensor  # [batch_size] int64: tokens already in the KV cache
+    extend_seq_lens: torch.Tensor  # [batch_size] int64: new tokens this step
+    out_cache_loc: torch.Tensor  # [num_tokens] int64: KV slot for each new token
+    req_to_token: torch.Tensor  # [max_reqs, max_context_len] the request-to-token table
+    kv_cache: KVCache
+    attn_backend: AttentionBackend
+    # Host-side copies, so backends can loop over requests without device syncs.
+    seq_lens_cpu: list[int]
+    extend_prefix_lens_cpu: list[int]
+    extend_seq_lens_cpu: list[int]
+    # Which rows need logits: index of each request's last new token in the flattened batch.
+    logits_indices: torch.Tensor  # [batch_size] int64
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])

@@ -1,0 +1,153 @@
+"""Loads the model, sizes and owns the KV memory, and runs forward passes.
+
+Knows nothing about requests, queues, the radix tree or sampling: the scheduler hands it a
+StepInputs (plain lists) and gets logits back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+
+from radixserve.layers.attention.registry import create_attention_backend
+from radixserve.mem_cache.kv_cache import KVCache
+from radixserve.model_executor.forward_batch import ForwardBatch, ForwardMode
+
+if TYPE_CHECKING:
+    from radixserve.models.config import ModelConfig
+    from radixserve.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+# Without a --max-running-requests, the batch is bounded by what the device can usefully run.
+DEFAULT_MAX_RUNNING_REQUESTS = {"cpu": 256, "cuda": 2048}
+
+
+class StepInputs(NamedTuple):
+    """One forward step, flattened over requests (see ForwardBatch for the meaning)."""
+
+    is_decode: bool
+    input_ids: list[int]
+    positions: list[int]
+    req_pool_indices: list[int]
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    out_cache_loc: torch.Tensor
+    logits_rows: list[int]  # flattened token rows whose logits are wanted
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    max_total_tokens: int
+    max_running_requests: int
+    bytes_per_token: int
+
+
+class ModelRunner:
+    def __init__(self, server_args: ServerArgs) -> None:
+        from radixserve.models.loader import load_model
+
+        self.server_args = server_args
+        self.device = torch.device(server_args.device)
+        loaded = load_model(
+            server_args.model_path,
+            load_format=server_args.load_format,
+            dtype=server_args.dtype,
+            device=server_args.device,
+            revision=server_args.revision,
+            trust_remote_code=server_args.trust_remote_code,
+            context_length=server_args.context_length,
+            json_model_override_args=server_args.json_model_override_args,
+            download_dir=server_args.download_dir,
+        )
+        self.model = loaded.model
+        self.model_config: ModelConfig = loaded.config
+        self.model_dir = loaded.model_dir
+        self.dtype = self.model_config.dtype
+        self.plan = self._plan_memory()
+        cfg = self.model_config
+        self.kv_cache = KVCache(
+            size=self.plan.max_total_tokens,
+            num_layers=cfg.num_hidden_layers,
+            num_kv_heads=cfg.num_key_value_heads,
+            head_dim=cfg.head_dim,
+            dtype=self._kv_dtype(),
+            device=self.device,
+        )
+        self.attn_backend = create_attention_backend(server_args.attention_backend)
+        logger.info(
+            "KV cache: %d tokens (%.1f MiB), max running requests %d",
+            self.plan.max_total_tokens,
+            self.plan.max_total_tokens * self.plan.bytes_per_token / 2**20,
+            self.plan.max_running_requests,
+        )
+
+    def _kv_dtype(self) -> torch.dtype:
+        if self.server_args.kv_cache_dtype in ("bf16", "bfloat16"):
+            return torch.bfloat16
+        return self.dtype
+
+    def _plan_memory(self) -> MemoryPlan:
+        cfg = self.model_config
+        args = self.server_args
+        per_token = KVCache.bytes_per_token(
+            cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self._kv_dtype()
+        )
+        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        budget = int(_device_memory_bytes(self.device) * args.mem_fraction_static) - weight_bytes
+        from_memory = max(budget // per_token, 0)
+        total = from_memory if args.max_total_tokens is None else args.max_total_tokens
+        if args.max_total_tokens is not None and args.max_total_tokens > from_memory:
+            logger.warning(
+                "--max-total-tokens %d exceeds what --mem-fraction-static leaves (%d); using it "
+                "anyway",
+                args.max_total_tokens,
+                from_memory,
+            )
+        total = total // args.page_size * args.page_size
+        if total < args.page_size * 2:
+            raise ValueError(
+                f"The KV cache would hold only {total} tokens: raise --mem-fraction-static or "
+                "--max-total-tokens"
+            )
+        running = args.max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS.get(
+            self.device.type, 256
+        )
+        return MemoryPlan(total, min(running, total), per_token)
+
+    @torch.inference_mode()
+    def forward(self, step: StepInputs, req_to_token: torch.Tensor) -> torch.Tensor:
+        """Run the model; return float32 logits for `step.logits_rows`."""
+        dev = self.device
+        seq_lens = [p + e for p, e in zip(step.prefix_lens, step.extend_lens, strict=True)]
+        fb = ForwardBatch(
+            forward_mode=ForwardMode.DECODE if step.is_decode else ForwardMode.EXTEND,
+            input_ids=torch.tensor(step.input_ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(step.positions, dtype=torch.int64, device=dev),
+            req_pool_indices=torch.tensor(step.req_pool_indices, dtype=torch.int64, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
+            extend_prefix_lens=torch.tensor(step.prefix_lens, dtype=torch.int64, device=dev),
+            extend_seq_lens=torch.tensor(step.extend_lens, dtype=torch.int64, device=dev),
+            out_cache_loc=step.out_cache_loc.to(dev),
+            req_to_token=req_to_token,
+            kv_cache=self.kv_cache,
+            attn_backend=self.attn_backend,
+            seq_lens_cpu=seq_lens,
+            extend_prefix_lens_cpu=list(step.prefix_lens),
+            extend_seq_lens_cpu=list(step.extend_lens),
+            logits_indices=torch.tensor(step.logits_rows, dtype=torch.int64, device=dev),
+        )
+        self.attn_backend.init_forward_metadata(fb)
+        hidden = self.model(fb.input_ids, fb.positions, fb)
+        return self.model.compute_logits(hidden[fb.logits_indices]).float()
+
+
+def _device_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return free
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
