@@ -1,0 +1,158 @@
+"""Glue between a request's KV needs and the three memory structures.
+
+The allocator hands out slots, the prefix cache remembers which token sequences own which slots,
+and the request-to-token table records each running request's slots. This class moves ownership
+between them; it never decides which request gets memory (that is schedule_policy's job).
+
+Invariant (checked by `check_conservation`): free tokens + tokens held by the prefix cache +
+tokens owned by live requests == pool size, counted in whole pages.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from radixserve.managers.schedule_batch import Req
+    from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
+    from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
+    from radixserve.mem_cache.req_to_token_pool import ReqToTokenPool
+
+logger = logging.getLogger(__name__)
+
+
+class KVManager:
+    def __init__(
+        self,
+        allocator: TokenToKVPoolAllocator,
+        req_to_token_pool: ReqToTokenPool,
+        prefix_cache: BasePrefixCache,
+        radix_enabled: bool,
+    ) -> None:
+        self.allocator = allocator
+        self.req_to_token_pool = req_to_token_pool
+        self.prefix_cache = prefix_cache
+        self.radix_enabled = radix_enabled
+        self.page_size = allocator.page_size
+
+    # -- capacity ---------------------------------------------------------------------------
+    def available_tokens(self) -> int:
+        """Tokens that could be allocated now, evicting unlocked cache entries if needed."""
+        return self.allocator.available_size() + self.prefix_cache.evictable_size()
+
+    def tokens_needed(self, req: Req, num_new: int) -> int:
+        """Slots (counted in whole pages) that extending `req` by num_new tokens would take."""
+        if self.page_size == 1:
+            return num_new
+        used_in_last_page = req.kv_len % self.page_size
+        room = (self.page_size - used_in_last_page) % self.page_size
+        extra = max(num_new - room, 0)
+        pages = -(-extra // self.page_size)
+        return pages * self.page_size
+
+    # -- admission --------------------------------------------------------------------------
+    def match_prefix(self, req: Req) -> tuple[torch.Tensor, object]:
+        """Longest cached prefix of the request's tokens, never covering its last token, so the
+        last token's logits are always computed."""
+        fill = req.fill_ids
+        return self.prefix_cache.match_prefix(fill[: len(fill) - 1])
+
+    def admit(self, req: Req, prefix_indices: torch.Tensor, last_node: object) -> bool:
+        """Give `req` a table row and adopt its cached prefix (locked). False if no row free."""
+        idx = self.req_to_token_pool.alloc()
+        if idx is None:
+            return False
+        req.req_pool_idx = idx
+        n = len(prefix_indices)
+        if n:
+            self.req_to_token_pool.write(idx, 0, prefix_indices)
+        self.prefix_cache.inc_lock_ref(last_node)
+        req.last_node = last_node
+        req.cached_len = n
+        req.kv_len = n
+        return True
+
+    def alloc_extend(self, req: Req, num_new: int) -> torch.Tensor | None:
+        """Slots for the next `num_new` tokens of `req`, evicting from the cache if needed."""
+        assert req.req_pool_idx is not None
+        last_loc = -1
+        if req.kv_len > 0:
+            last_loc = int(self.req_to_token_pool.req_to_token[req.req_pool_idx, req.kv_len - 1])
+        slots = self.allocator.alloc(num_new, last_loc)
+        if slots is None:
+            shortfall = self.tokens_needed(req, num_new) - self.allocator.available_size()
+            self._evict(shortfall)
+            slots = self.allocator.alloc(num_new, last_loc)
+            if slots is None:
+                return None
+        self.req_to_token_pool.write(req.req_pool_idx, req.kv_len, slots)
+        return slots
+
+    def _evict(self, num_tokens: int) -> None:
+        if num_tokens <= 0:
+            return
+        freed = self.prefix_cache.evict(num_tokens)
+        if len(freed):
+            self.allocator.free(freed)
+
+    # -- release ----------------------------------------------------------------------------
+    def release(self, req: Req) -> None:
+        """Return everything `req` holds: computed KV goes into the prefix cache (when enabled)
+        so a retracted or repeated request can reuse it; the rest is freed."""
+        if req.req_pool_idx is None:
+            return
+        slots = self.req_to_token_pool.read(req.req_pool_idx, 0, req.kv_len)
+        if self.radix_enabled and req.kv_len > 0:
+            key = req.fill_ids[: req.kv_len]
+            prefix_len = self.prefix_cache.insert(key, slots.clone(), priority=req.priority)
+            aligned = req.kv_len // self.page_size * self.page_size
+            # Slots the cache already had for tokens we computed again are duplicates; the
+            # unaligned tail never enters the cache.
+            self._free(slots[req.cached_len : max(prefix_len, req.cached_len)])
+            self._free(slots[aligned:])
+        else:
+            self._free(slots[req.cached_len : req.kv_len])
+        self.prefix_cache.dec_lock_ref(req.last_node)
+        self.req_to_token_pool.free(req.req_pool_idx)
+        req.req_pool_idx = None
+        req.last_node = None
+        req.kv_len = 0
+        req.cached_len = 0
+
+    def _free(self, slots: torch.Tensor) -> None:
+        if len(slots):
+            self.allocator.free(slots)
+
+    def flush_cache(self) -> bool:
+        """Drop every cached prefix. Only allowed when no request holds KV."""
+        if self.req_to_token_pool.available_size() != self.req_to_token_pool.size:
+            return False
+        freed = self.prefix_cache.reset()
+        if len(freed):
+            self.allocator.free(freed)
+        return True
+
+    # -- accounting -------------------------------------------------------------------------
+    def owned_tokens(self, reqs: Iterable[Req]) -> int:
+        total = 0
+        for req in reqs:
+            if req.req_pool_idx is None or req.kv_len == req.cached_len:
+                continue
+            own = self.req_to_token_pool.read(req.req_pool_idx, req.cached_len, req.kv_len)
+            total += len(torch.unique(own // self.page_size)) * self.page_size
+        return total
+
+    def check_conservation(self, live_reqs: Iterable[Req]) -> None:
+        """Raise if any KV slot is lost or double counted."""
+        free = self.allocator.available_size()
+        cached = self.prefix_cache.total_size()
+        owned = self.owned_tokens(live_reqs)
+        if free + cached + owned != self.allocator.size:
+            raise RuntimeError(
+                f"KV conservation broken: free {free} + cached {cached} + in use {owned} "
+                f"!= pool size {self.allocator.size}"
+            )

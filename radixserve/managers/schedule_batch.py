@@ -1,0 +1,89 @@
+"""CPU-side request state (Req) and the plan for one forward step (ScheduledBatch)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from radixserve.messages import FinishReason
+
+if TYPE_CHECKING:
+    from radixserve.sampling.sampling_params import SamplingParams
+
+
+@dataclass
+class Req:
+    """One generation request as the scheduler sees it.
+
+    KV bookkeeping: req_to_token[req_pool_idx, :kv_len] holds the KV slots of fill_ids[:kv_len].
+    The first `cached_len` of them belong to the prefix cache (locked through `last_node`); the
+    rest belong to this request until it is released.
+    """
+
+    rid: str
+    origin_input_ids: list[int]
+    sampling_params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    priority: int = 0
+    arrival_time: float = field(default_factory=time.monotonic)
+
+    output_ids: list[int] = field(default_factory=list)
+    finished_reason: FinishReason | None = None
+
+    req_pool_idx: int | None = None
+    kv_len: int = 0
+    cached_len: int = 0
+    last_node: Any = None
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    admitted_once: bool = False
+    num_retractions: int = 0
+    # Index into output_ids of the first token not yet sent to the client.
+    sent_offset: int = 0
+    output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    # Set when the tokenizer's text view is needed for stop strings.
+    tail_text: str = ""
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    @property
+    def max_new_tokens(self) -> int:
+        value = self.sampling_params.max_new_tokens
+        return 0 if value is None else value
+
+    def remaining_new_tokens(self) -> int:
+        return max(self.max_new_tokens - len(self.output_ids), 0)
+
+    def needs_input_logprobs(self) -> bool:
+        return self.return_logprob and self.logprob_start_len >= 0
+
+
+@dataclass
+class ScheduledBatch:
+    """What to run this step: for each request, `extend_lens[i]` tokens starting at its kv_len.
+
+    A request whose extend reaches the end of its fill_ids gets a token sampled; a chunked
+    request (extend stops short) does not.
+    """
+
+    reqs: list[Req]
+    extend_lens: list[int]
+    is_decode: bool
+
+    def __len__(self) -> int:
+        return len(self.reqs)

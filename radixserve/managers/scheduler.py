@@ -1,0 +1,342 @@
+"""The scheduler: admits requests, builds each step's batch, runs it, and updates requests.
+
+One `step()` is schedule -> run -> process results. Prefill has priority over decode; a decode
+step that would not fit in the KV pool first retracts requests (they go back to the queue and
+resume from the prefix cache later, with the same output).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from radixserve.managers.finish_checker import FinishChecker
+from radixserve.managers.kv_manager import KVManager
+from radixserve.managers.retraction import NewTokenRatio, retraction_order
+from radixserve.managers.schedule_batch import Req, ScheduledBatch
+from radixserve.managers.schedule_policy import PolicyConfig, PrefillAdder, SchedulePolicy
+from radixserve.managers.step_runner import StepRunner
+from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
+from radixserve.mem_cache.chunk_cache import ChunkCache
+from radixserve.mem_cache.radix_cache import RadixCache
+from radixserve.mem_cache.req_to_token_pool import ReqToTokenPool
+from radixserve.messages import AbortReq, FinishReason, ReqOutput, TokenizedGenerateReq
+from radixserve.sampling.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from radixserve.model_executor.model_runner import ModelRunner
+    from radixserve.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, server_args: ServerArgs, runner: ModelRunner, tokenizer: Any) -> None:
+        self.args = server_args
+        self.runner = runner
+        cfg = runner.model_config
+        self.context_len = cfg.context_len
+        self.max_running_requests = runner.plan.max_running_requests
+        self.page_size = server_args.page_size
+        self.radix_enabled = not server_args.disable_radix_cache
+        allocator = TokenToKVPoolAllocator(
+            runner.plan.max_total_tokens, server_args.page_size, runner.device
+        )
+        req_pool = ReqToTokenPool(self.max_running_requests, self.context_len, runner.device)
+        cache = (
+            RadixCache(server_args.page_size, server_args.radix_eviction_policy)
+            if self.radix_enabled
+            else ChunkCache(server_args.page_size)
+        )
+        self.kv = KVManager(allocator, req_pool, cache, self.radix_enabled)
+        self.policy = SchedulePolicy(
+            PolicyConfig(
+                policy=server_args.schedule_policy,
+                enable_priority=server_args.enable_priority_scheduling,
+                low_priority_values_first=server_args.schedule_low_priority_values_first,
+                radix_enabled=self.radix_enabled,
+            )
+        )
+        eos = _eos_token_ids(cfg.eos_token_ids, tokenizer)
+        self.finish_checker = FinishChecker(eos, self.context_len, tokenizer)
+        self.step_runner = StepRunner(runner, self.kv, eos)
+        self.ratio = NewTokenRatio(server_args.schedule_conservativeness)
+        chunk = server_args.chunked_prefill_size
+        self.chunk_size = None if chunk is None or chunk <= 0 else chunk
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked_req: Req | None = None
+        self.stream_reqs: set[str] = set()
+        self.pending_outputs: list[ReqOutput] = []
+        self.check_kv_each_step = False
+
+    # -- intake -----------------------------------------------------------------------------
+    def add_request(self, msg: TokenizedGenerateReq) -> None:
+        params = SamplingParams.from_dict(msg.sampling_params)
+        if params.max_new_tokens is None:  # no limit: up to the context length
+            params.max_new_tokens = max(self.context_len - len(msg.input_ids), 0)
+        req = Req(
+            rid=msg.rid,
+            origin_input_ids=list(msg.input_ids),
+            sampling_params=params,
+            return_logprob=msg.return_logprob,
+            logprob_start_len=msg.logprob_start_len,
+            top_logprobs_num=msg.top_logprobs_num,
+            priority=msg.priority if msg.priority is not None else 0,
+        )
+        error = self._admission_error(req)
+        if error is not None:
+            req.finished_reason = FinishReason("abort", message=error, status_code=400)
+            self.pending_outputs.append(self._output(req))
+            return
+        if msg.stream:
+            self.stream_reqs.add(req.rid)
+        self.waiting.append(req)
+
+    def _admission_error(self, req: Req) -> str | None:
+        n = len(req.origin_input_ids)
+        if n == 0:
+            return "The prompt is empty."
+        if n >= self.context_len:
+            return (
+                f"The prompt has {n} tokens, which does not fit the model's context length "
+                f"of {self.context_len} tokens."
+            )
+        if n + req.max_new_tokens > self.context_len:
+            return (
+                f"Requested token count exceeds the model's maximum context length of "
+                f"{self.context_len} tokens: {n} prompt tokens + {req.max_new_tokens} new tokens."
+            )
+        if n + req.max_new_tokens > self.kv.allocator.size:
+            return (
+                f"The request needs {n + req.max_new_tokens} KV tokens but the whole KV cache "
+                f"holds {self.kv.allocator.size}; raise --max-total-tokens or lower max_new_tokens."
+            )
+        return None
+
+    def abort(self, msg: AbortReq) -> None:
+        doomed = [
+            r
+            for r in self._live_reqs()
+            if msg.abort_all or r.rid == msg.rid
+        ]
+        for req in doomed:
+            self._finish(req, FinishReason("abort", message=msg.message))
+        self.waiting = [r for r in self.waiting if not r.finished]
+        self.running = [r for r in self.running if not r.finished]
+        if self.chunked_req is not None and self.chunked_req.finished:
+            self.chunked_req = None
+
+    def flush_cache(self) -> bool:
+        if self._live_reqs():
+            return False
+        return self.kv.flush_cache()
+
+    def fail_all(self, message: str) -> list[ReqOutput]:
+        """End every live request with an error (after a failed step); keeps KV consistent."""
+        for req in self._live_reqs():
+            self._finish(req, FinishReason("abort", message=message, status_code=500))
+        self.waiting, self.running, self.chunked_req = [], [], None
+        return self.step_outputs_only()
+
+    def step_outputs_only(self) -> list[ReqOutput]:
+        outputs, self.pending_outputs = self.pending_outputs, []
+        return outputs
+
+    # -- the loop ---------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.chunked_req or self.pending_outputs)
+
+    def step(self) -> list[ReqOutput]:
+        batch = self._schedule()
+        if batch is not None:
+            results = self.step_runner.run(batch)
+            self._process(batch, results)
+            if self.check_kv_each_step:
+                self.kv.check_conservation(self._live_reqs())
+        elif not self.running:
+            self.ratio.reset()
+        return self.step_outputs_only()
+
+    def _live_reqs(self) -> list[Req]:
+        live = [*self.waiting, *self.running]
+        if self.chunked_req is not None:
+            live.append(self.chunked_req)
+        return live
+
+    # -- scheduling -------------------------------------------------------------------------
+    def _schedule(self) -> ScheduledBatch | None:
+        prefill = self._schedule_prefill()
+        if prefill is not None:
+            if self.args.enable_mixed_chunk and self.running and self._reserve_decode_slots():
+                prefill.reqs.extend(self.running)
+                prefill.extend_lens.extend([1] * len(self.running))
+            return prefill
+        if not self.running:
+            return None
+        if not self._reserve_decode_slots():
+            return None
+        return ScheduledBatch(list(self.running), [1] * len(self.running), is_decode=True)
+
+    def _schedule_prefill(self) -> ScheduledBatch | None:
+        if not self.waiting and self.chunked_req is None:
+            return None
+        reserved = sum(min(r.remaining_new_tokens(), 4096) for r in self.running)
+        adder = PrefillAdder(
+            rem_total_tokens=self.kv.available_tokens() - int(reserved * self.ratio.value),
+            rem_input_tokens=self.args.max_prefill_tokens,
+            rem_chunk_tokens=self.chunk_size,
+            new_token_ratio=self.ratio.value,
+            page_size=self.page_size,
+        )
+        if self.chunked_req is not None:
+            req, self.chunked_req = self.chunked_req, None
+            if not self._add_admitted(adder, req):
+                self.chunked_req = req  # no room this round; keep its KV and retry
+                return None
+        for req in self.policy.order(self.waiting, self.kv):
+            if adder.chunked_req is not None:
+                break
+            if len(self.running) + len(adder.reqs) >= self.max_running_requests:
+                break
+            if not self._admit_waiting(adder, req):
+                break
+        admitted = {id(r) for r in adder.reqs}
+        self.waiting = [r for r in self.waiting if id(r) not in admitted]
+        self.chunked_req = adder.chunked_req
+        if not adder.reqs:
+            return None
+        return ScheduledBatch(adder.reqs, adder.extend_lens, is_decode=False)
+
+    def _admit_waiting(self, adder: PrefillAdder, req: Req) -> bool:
+        prefix, node = self.kv.match_prefix(req)
+        if req.needs_input_logprobs():
+            # Positions inside a cached prefix get no logits; keep those the client asked for.
+            keep = max(req.logprob_start_len - 1, 0) // self.page_size * self.page_size
+            prefix = prefix[: min(len(prefix), keep)]
+        extend_len = req.seq_len - len(prefix)
+        if adder.would_reject(req, extend_len):
+            return False
+        if not self.kv.admit(req, prefix, node):
+            return False
+        if not req.admitted_once:
+            req.cached_tokens = len(prefix)
+            req.admitted_once = True
+        if self._add_admitted(adder, req):
+            return True
+        self.kv.release(req)
+        return False
+
+    def _add_admitted(self, adder: PrefillAdder, req: Req) -> bool:
+        """Budget and allocate KV for an admitted request's next extend (whole or chunk)."""
+        extend_len = req.seq_len - req.kv_len
+        take = adder.plan(req, extend_len, self.kv.tokens_needed(req, extend_len))
+        if take == 0:
+            return False
+        if self.kv.alloc_extend(req, take) is None:
+            return False
+        adder.commit(req, take, self.kv.tokens_needed(req, take), chunked=take < extend_len)
+        return True
+
+    def _reserve_decode_slots(self) -> bool:
+        """Make sure every running request can take one more token, retracting if needed."""
+        while self.running:
+            needed = sum(self.kv.tokens_needed(r, 1) for r in self.running)
+            if needed <= self.kv.available_tokens():
+                return True
+            if self.chunked_req is not None:
+                # A half-prefilled prompt is the cheapest thing to give back.
+                req, self.chunked_req = self.chunked_req, None
+                self.kv.release(req)
+                self.waiting.insert(0, req)
+                continue
+            if len(self.running) == 1:
+                self._finish(
+                    self.running.pop(),
+                    FinishReason(
+                        "abort",
+                        message="Out of memory even after retracting all other requests.",
+                        status_code=500,
+                    ),
+                )
+                return False
+            self._retract_one()
+        return False
+
+    def _retract_one(self) -> None:
+        victim = retraction_order(self.running, self.args.retraction_policy)[0]
+        self.running.remove(victim)
+        self.kv.release(victim)
+        victim.num_retractions += 1
+        self.waiting.insert(0, victim)
+        self.ratio.after_retraction(self.running)
+        logger.info(
+            "Retracted request %s (%d tokens so far); %d still running",
+            victim.rid,
+            victim.seq_len,
+            len(self.running),
+        )
+
+    # -- results ----------------------------------------------------------------------------
+    def _process(self, batch: ScheduledBatch, results: Sequence[Any]) -> None:
+        if batch.is_decode:
+            self.ratio.decay()
+        still_running: list[Req] = []
+        for req, extend_len, result in zip(batch.reqs, batch.extend_lens, results, strict=True):
+            req.kv_len += extend_len
+            if req.finished:  # aborted while in flight
+                continue
+            if result is None:  # a chunk of a longer prompt; no token yet
+                continue
+            if req.max_new_tokens == 0:  # prefill only (e.g. warming the prefix cache)
+                self._finish(req, FinishReason("length"))
+                continue
+            result.apply(req)
+            reason = self.finish_checker.check(req)
+            if reason is not None:
+                self._finish(req, reason)
+                continue
+            still_running.append(req)
+            if req.rid in self.stream_reqs:
+                self._maybe_stream(req)
+        was_running = {id(r) for r in self.running}
+        self.running = [r for r in self.running if not r.finished] + [
+            r for r in still_running if id(r) not in was_running
+        ]
+
+    def _maybe_stream(self, req: Req) -> None:
+        interval = req.sampling_params.stream_interval or self.args.stream_interval or 1
+        if len(req.output_ids) - req.sent_offset >= interval:
+            self.pending_outputs.append(self._output(req))
+
+    def _finish(self, req: Req, reason: FinishReason) -> None:
+        req.finished_reason = reason
+        self.kv.release(req)
+        self.stream_reqs.discard(req.rid)
+        self.pending_outputs.append(self._output(req))
+
+    def _output(self, req: Req) -> ReqOutput:
+        start = req.sent_offset
+        req.sent_offset = len(req.output_ids)
+        return ReqOutput(
+            rid=req.rid,
+            new_token_ids=req.output_ids[start:],
+            finished=req.finished_reason,
+            prompt_tokens=len(req.origin_input_ids),
+            completion_tokens=len(req.output_ids),
+            cached_tokens=req.cached_tokens,
+            num_retractions=req.num_retractions,
+            output_token_logprobs=req.output_token_logprobs[start:],
+            output_top_logprobs=req.output_top_logprobs[start:],
+            input_token_logprobs=req.input_token_logprobs if start == 0 else [],
+            input_top_logprobs=req.input_top_logprobs if start == 0 else [],
+        )
+
+
+def _eos_token_ids(config_eos: Sequence[int], tokenizer: Any) -> list[int]:
+    ids = list(config_eos)
+    tok_eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    if tok_eos is not None and tok_eos not in ids:
+        ids.append(tok_eos)
+    return ids

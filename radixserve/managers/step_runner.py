@@ -1,0 +1,148 @@
+"""Turns a ScheduledBatch into model inputs, runs the model and samples.
+
+The one place where request state becomes tensors for the model runner and the sampler, and
+where logits become per-request results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixserve.model_executor.model_runner import StepInputs
+from radixserve.sampling.sampler import Sampler
+from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
+
+if TYPE_CHECKING:
+    from radixserve.managers.kv_manager import KVManager
+    from radixserve.managers.schedule_batch import Req, ScheduledBatch
+    from radixserve.model_executor.model_runner import ModelRunner
+
+
+@dataclass
+class TokenResult:
+    """What one step produced for one request that reached the end of its tokens."""
+
+    token_id: int
+    logprob: float
+    top_logprobs: list[tuple[float, int]] = field(default_factory=list)
+
+    def apply(self, req: Req) -> None:
+        req.output_ids.append(self.token_id)
+        if req.return_logprob:
+            req.output_token_logprobs.append((self.logprob, self.token_id))
+            if req.top_logprobs_num:
+                req.output_top_logprobs.append(self.top_logprobs)
+
+
+class StepRunner:
+    def __init__(self, runner: ModelRunner, kv: KVManager, eos_token_ids: Sequence[int]) -> None:
+        self.runner = runner
+        self.kv = kv
+        self.eos_token_ids = list(eos_token_ids)
+        self.sampler = Sampler()
+
+    def run(self, batch: ScheduledBatch) -> list[TokenResult | None]:
+        step, sample_pos, input_rows = self._build_inputs(batch)
+        logits = self.runner.forward(step, self.kv.req_to_token_pool.req_to_token)
+        for i, rows in input_rows.items():
+            self._input_logprobs(batch.reqs[i], batch.extend_lens[i], logits, rows)
+        sampled_reqs = [r for r, pos in zip(batch.reqs, sample_pos, strict=True) if pos >= 0]
+        results: list[TokenResult | None] = [None] * len(batch.reqs)
+        if not sampled_reqs:
+            return results
+        rows = torch.tensor([p for p in sample_pos if p >= 0], device=logits.device)
+        info = SamplingBatchInfo.from_requests(
+            [r.sampling_params for r in sampled_reqs],
+            [r.output_ids for r in sampled_reqs],
+            vocab_size=logits.shape[-1],
+            device=logits.device,
+            eos_token_ids=self.eos_token_ids,
+        )
+        top_n = max((r.top_logprobs_num for r in sampled_reqs if r.return_logprob), default=0)
+        out = self.sampler(logits[rows], info, top_logprobs_num=top_n)
+        ids = out.next_token_ids.tolist()
+        lps = out.logprobs.tolist()
+        j = 0
+        for i, pos in enumerate(sample_pos):
+            if pos < 0:
+                continue
+            req = batch.reqs[i]
+            res = TokenResult(ids[j], lps[j])
+            if req.return_logprob and req.top_logprobs_num and out.top_logprobs is not None:
+                vals, tids = out.top_logprobs
+                k = req.top_logprobs_num
+                res.top_logprobs = list(zip(vals[j, :k].tolist(), tids[j, :k].tolist(), strict=True))
+            results[i] = res
+            j += 1
+        return results
+
+    def _build_inputs(
+        self, batch: ScheduledBatch
+    ) -> tuple[StepInputs, list[int], dict[int, list[int]]]:
+        """Flatten the batch. sample_pos[i] is the logits row to sample request i from (-1 for
+        a chunk that does not reach the end); input_rows maps request index -> logits rows of
+        all its new tokens, for prompt logprobs."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[torch.Tensor] = []
+        logits_rows: list[int] = []
+        sample_pos: list[int] = []
+        input_rows: dict[int, list[int]] = {}
+        pool = self.kv.req_to_token_pool
+        for i, (req, n) in enumerate(zip(batch.reqs, batch.extend_lens, strict=True)):
+            start = len(input_ids)
+            fill = req.fill_ids
+            input_ids.extend(fill[req.kv_len : req.kv_len + n])
+            positions.extend(range(req.kv_len, req.kv_len + n))
+            slots.append(pool.read(req.req_pool_idx, req.kv_len, req.kv_len + n))
+            reaches_end = req.kv_len + n == len(fill)
+            if req.needs_input_logprobs() and not batch.is_decode and not req.output_ids:
+                input_rows[i] = list(range(len(logits_rows), len(logits_rows) + n))
+                logits_rows.extend(range(start, start + n))
+                sample_pos.append(len(logits_rows) - 1 if reaches_end else -1)
+            elif reaches_end:
+                sample_pos.append(len(logits_rows))
+                logits_rows.append(start + n - 1)
+            else:
+                sample_pos.append(-1)
+        step = StepInputs(
+            is_decode=batch.is_decode,
+            input_ids=input_ids,
+            positions=positions,
+            req_pool_indices=[r.req_pool_idx for r in batch.reqs],
+            prefix_lens=[r.kv_len for r in batch.reqs],
+            extend_lens=list(batch.extend_lens),
+            out_cache_loc=torch.cat(slots),
+            logits_rows=logits_rows,
+        )
+        return step, sample_pos, input_rows
+
+    def _input_logprobs(
+        self, req: Req, n: int, logits: torch.Tensor, rows: list[int]
+    ) -> None:
+        """Logprob of each prompt token given the tokens before it, from logprob_start_len on.
+        The first prompt token has no logprob (None), as in SGLang."""
+        prompt = req.origin_input_ids
+        first_pos = req.kv_len
+        logprobs = torch.log_softmax(logits[rows].float(), dim=-1)
+        k = req.top_logprobs_num
+        for offset in range(n):
+            pos = first_pos + offset  # this row predicts prompt[pos + 1]
+            target = pos + 1
+            if target >= len(prompt) or target < req.logprob_start_len:
+                continue
+            token = prompt[target]
+            req.input_token_logprobs.append((float(logprobs[offset, token]), token))
+            if k:
+                vals, ids = torch.topk(logprobs[offset], k)
+                req.input_top_logprobs.append(
+                    list(zip(vals.tolist(), ids.tolist(), strict=True))
+                )
+        if req.logprob_start_len == 0 and first_pos == 0:
+            req.input_token_logprobs.insert(0, (None, prompt[0]))
+            if k:
+                req.input_top_logprobs.insert(0, None)

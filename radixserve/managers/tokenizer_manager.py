@@ -1,0 +1,181 @@
+"""The API side of a request: tokenize and validate inputs, build scheduler messages, and turn
+scheduler outputs back into SGLang-shaped result dicts (with incremental text for streams).
+
+It never imports model code: the scheduler may live in another thread or process.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixserve.managers.detokenizer import IncrementalDetokenizer
+from radixserve.messages import ReqOutput, TokenizedGenerateReq
+from radixserve.sampling.sampling_params import SamplingParams
+
+
+class RequestError(ValueError):
+    """A request the engine refuses; `param` names the offending field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass
+class RequestState:
+    rid: str
+    prompt_tokens: int
+    detokenizer: IncrementalDetokenizer
+    return_logprob: bool
+    start_time: float = field(default_factory=time.monotonic)
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    output_token_logprobs: list[list[Any]] = field(default_factory=list)
+    output_top_logprobs: list[Any] = field(default_factory=list)
+    input_token_logprobs: list[list[Any]] = field(default_factory=list)
+    input_top_logprobs: list[Any] = field(default_factory=list)
+
+
+class TokenizerManager:
+    def __init__(self, tokenizer: Any, vocab_size: int, context_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.context_len = context_len
+
+    # -- requests ---------------------------------------------------------------------------
+    def tokenize(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise RequestError("Text prompts need a tokenizer (--skip-tokenizer-init is set).")
+        return list(self.tokenizer.encode(prompt, add_special_tokens=True))
+
+    def build_request(
+        self,
+        *,
+        prompt: str | None,
+        input_ids: Sequence[int] | None,
+        sampling_params: Mapping[str, Any] | None,
+        rid: str | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        stream: bool = False,
+        priority: int | None = None,
+    ) -> tuple[TokenizedGenerateReq, RequestState]:
+        """Validate one request; raise RequestError (a ValueError) naming the bad field."""
+        if (prompt is None) == (input_ids is None):
+            raise RequestError("Exactly one of text (prompt) and input_ids must be given.", "text")
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise RequestError("The prompt must be a string.", "text")
+            ids = self.tokenize(prompt)
+        else:
+            ids = self._check_ids(input_ids)
+        if not ids:
+            raise RequestError("The prompt is empty.", "text" if prompt is not None else "input_ids")
+        params = SamplingParams.from_dict(sampling_params)
+        params.verify(self.vocab_size)
+        self._check_length(len(ids), params)
+        start = -1 if logprob_start_len is None else int(logprob_start_len)
+        msg = TokenizedGenerateReq(
+            rid=rid or uuid.uuid4().hex,
+            input_ids=ids,
+            sampling_params=params.to_dict(),
+            return_logprob=bool(return_logprob),
+            logprob_start_len=start if return_logprob else -1,
+            top_logprobs_num=int(top_logprobs_num or 0),
+            stream=stream,
+            priority=priority,
+        )
+        detok = IncrementalDetokenizer(
+            self.tokenizer,
+            skip_special_tokens=params.skip_special_tokens,
+            spaces_between_special_tokens=params.spaces_between_special_tokens,
+            stop_strings=params.stop or (),
+            no_stop_trim=params.no_stop_trim,
+        )
+        state = RequestState(msg.rid, len(ids), detok, msg.return_logprob)
+        return msg, state
+
+    def _check_ids(self, input_ids: Sequence[int] | None) -> list[int]:
+        ids = list(input_ids or [])
+        for tok in ids:
+            if isinstance(tok, bool) or not isinstance(tok, int):
+                raise RequestError("input_ids must be a list of integers.", "input_ids")
+            if not 0 <= tok < self.vocab_size:
+                raise RequestError(
+                    f"Token id {tok} is outside the vocabulary [0, {self.vocab_size}).",
+                    "input_ids",
+                )
+        return ids
+
+    def _check_length(self, n: int, params: SamplingParams) -> None:
+        if n >= self.context_len:
+            raise RequestError(
+                f"The input ({n} tokens) is longer than the model's context length "
+                f"({self.context_len} tokens).",
+                "input_ids",
+            )
+        max_new = params.max_new_tokens or 0
+        if n + max_new > self.context_len:
+            raise RequestError(
+                f"Requested token count exceeds the model's maximum context length of "
+                f"{self.context_len} tokens: {n} input tokens + {max_new} max_new_tokens.",
+                "max_new_tokens",
+            )
+
+    # -- outputs ----------------------------------------------------------------------------
+    def apply_output(self, state: RequestState, out: ReqOutput) -> dict[str, Any]:
+        """Fold a scheduler output into the request state; return the chunk to hand out
+        (its "text" is the new text only; the state keeps the full text)."""
+        matched = out.finished.matched if out.finished is not None else None
+        delta = state.detokenizer.add(
+            out.new_token_ids,
+            finished=out.finished is not None,
+            matched_stop=matched if isinstance(matched, str) else None,
+        )
+        state.text += delta
+        state.output_ids.extend(out.new_token_ids)
+        if state.return_logprob:
+            state.output_token_logprobs.extend([lp, tid, None] for lp, tid in out.output_token_logprobs)
+            state.output_top_logprobs.extend(_top(t) for t in out.output_top_logprobs)
+            state.input_token_logprobs.extend([lp, tid, None] for lp, tid in out.input_token_logprobs)
+            state.input_top_logprobs.extend(_top(t) for t in out.input_top_logprobs)
+        return {
+            "text": delta,
+            "output_ids": list(out.new_token_ids),
+            "meta_info": self._meta(state, out),
+        }
+
+    def final_result(self, state: RequestState, last: ReqOutput) -> dict[str, Any]:
+        return {
+            "text": state.text,
+            "output_ids": list(state.output_ids),
+            "meta_info": self._meta(state, last),
+        }
+
+    def _meta(self, state: RequestState, out: ReqOutput) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": state.rid,
+            "finish_reason": out.finished.to_json() if out.finished is not None else None,
+            "prompt_tokens": out.prompt_tokens,
+            "completion_tokens": out.completion_tokens,
+            "cached_tokens": out.cached_tokens,
+            "num_retractions": out.num_retractions,
+            "e2e_latency": time.monotonic() - state.start_time,
+        }
+        if state.return_logprob:
+            meta["output_token_logprobs"] = state.output_token_logprobs
+            meta["output_top_logprobs"] = state.output_top_logprobs
+            meta["input_token_logprobs"] = state.input_token_logprobs
+            meta["input_top_logprobs"] = state.input_top_logprobs
+        return meta
+
+
+def _top(entries: list[tuple[float, int]] | None) -> list[list[Any]] | None:
+    if entries is None:
+        return None
+    return [[lp, tid, None] for lp, tid in entries]
