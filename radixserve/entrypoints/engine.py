@@ -1,0 +1,257 @@
+"""The offline Engine: SGLang's `Engine` API for batch use in Python.
+
+    engine = Engine(model_path=..., **server_args)
+    engine.generate("Hello", {"max_new_tokens": 16, "temperature": 0})
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any
+
+from radixserve.managers.engine_loop import EngineLoop
+from radixserve.managers.tokenizer_manager import RequestError, RequestState, TokenizerManager
+from radixserve.messages import FlushCacheReq, ReqOutput, TokenizedGenerateReq
+from radixserve.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+Prompt = str | Sequence[str] | None
+InputIds = Sequence[int] | Sequence[Sequence[int]] | None
+Params = Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
+
+
+class Engine:
+    """Runs the scheduler on a background thread of this process.
+
+    Keyword arguments are ServerArgs fields (SGLang's names), e.g. `mem_fraction_static=0.5`.
+    """
+
+    def __init__(self, server_args: ServerArgs | None = None, **kwargs: Any) -> None:
+        from radixserve.managers.scheduler import Scheduler
+        from radixserve.model_executor.model_runner import ModelRunner
+        from radixserve.utils.tokenizer import get_tokenizer
+
+        self.server_args = server_args or ServerArgs.from_kwargs(**kwargs)
+        args = self.server_args
+        self.runner = ModelRunner(args)
+        tokenizer_path = (
+            args.tokenizer_path if args.tokenizer_path != args.model_path else self.runner.model_dir
+        )
+        self.tokenizer = None
+        if not args.skip_tokenizer_init:
+            self.tokenizer = get_tokenizer(
+                tokenizer_path,
+                tokenizer_mode=args.tokenizer_mode,
+                trust_remote_code=args.trust_remote_code,
+                revision=args.revision,
+            )
+        cfg = self.runner.model_config
+        self.scheduler = Scheduler(args, self.runner, self.tokenizer)
+        self.tokenizer_manager = TokenizerManager(self.tokenizer, cfg.vocab_size, cfg.context_len)
+        self.loop = EngineLoop(self.scheduler)
+
+    # -- context manager --------------------------------------------------------------------
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        self.loop.shutdown()
+
+    # -- generation -------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: Prompt = None,
+        sampling_params: Params = None,
+        input_ids: InputIds = None,
+        return_logprob: bool = False,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        stream: bool = False,
+        rid: str | Sequence[str] | None = None,
+        priority: int | None = None,
+    ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
+        """One prompt gives one dict; a list gives a list (n > 1 gives n dicts per prompt,
+        prompt-major). With stream=True, an iterator of chunks whose "text" is the new text."""
+        items, single = self._expand(
+            prompt, input_ids, sampling_params, rid, return_logprob, logprob_start_len,
+            top_logprobs_num, stream, priority,
+        )
+        if stream:
+            if len(items) != 1:
+                raise RequestError("stream=True takes a single prompt with n=1.", "stream")
+            return self._stream(*items[0])
+        self._warm_shared_prompts(items)
+        sinks = [self._submit(msg) for msg, _ in items]
+        results = [self._collect(state, sink) for (_, state), sink in zip(items, sinks, strict=True)]
+        return results[0] if single else results
+
+    async def async_generate(
+        self,
+        prompt: Prompt = None,
+        sampling_params: Params = None,
+        input_ids: InputIds = None,
+        return_logprob: bool = False,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        stream: bool = False,
+        rid: str | Sequence[str] | None = None,
+        priority: int | None = None,
+    ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
+        items, single = self._expand(
+            prompt, input_ids, sampling_params, rid, return_logprob, logprob_start_len,
+            top_logprobs_num, stream, priority,
+        )
+        if stream:
+            if len(items) != 1:
+                raise RequestError("stream=True takes a single prompt with n=1.", "stream")
+            return self._astream(*items[0])
+        results = await asyncio.gather(*(self._acollect(msg, state) for msg, state in items))
+        return results[0] if single else list(results)
+
+    def abort_request(self, rid: str | None = None, abort_all: bool = False) -> None:
+        self.loop.abort(rid, abort_all)
+
+    def flush_cache(self) -> bool:
+        return bool(self.loop.call(FlushCacheReq()))
+
+    def get_server_info(self) -> dict[str, Any]:
+        def snapshot(s: Any) -> dict[str, Any]:
+            return {
+                "num_running_reqs": len(s.running),
+                "num_waiting_reqs": len(s.waiting),
+                "max_total_num_tokens": s.kv.allocator.size,
+                "available_kv_tokens": s.kv.allocator.available_size(),
+                "cached_tokens": s.kv.prefix_cache.total_size(),
+            }
+
+        return self.loop.call(snapshot)
+
+    # -- internals --------------------------------------------------------------------------
+    def _expand(
+        self, prompt: Prompt, input_ids: InputIds, sampling_params: Params,
+        rid: Any, return_logprob: bool, logprob_start_len: int | None,
+        top_logprobs_num: int | None, stream: bool, priority: int | None,
+    ) -> tuple[list[tuple[TokenizedGenerateReq, RequestState]], bool]:
+        prompts, ids_list, single = _normalise_inputs(prompt, input_ids)
+        count = len(prompts) if prompts is not None else len(ids_list or [])
+        params_list = _per_item(sampling_params, count, "sampling_params")
+        rids = _per_item(rid, count, "rid")
+        items = []
+        for i in range(count):
+            params = dict(params_list[i] or {})
+            n = int(params.pop("n", 1) or 1)
+            if n < 1:
+                raise RequestError("n must be at least 1.", "n")
+            for copy in range(n):
+                item_rid = rids[i] if rids[i] is None or n == 1 else f"{rids[i]}-{copy}"
+                items.append(
+                    self.tokenizer_manager.build_request(
+                        prompt=prompts[i] if prompts is not None else None,
+                        input_ids=ids_list[i] if ids_list is not None else None,
+                        sampling_params=params, rid=item_rid, return_logprob=return_logprob,
+                        logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+                        stream=stream, priority=priority,
+                    )
+                )
+            single = single and n == 1
+        return items, single
+
+    def _warm_shared_prompts(self, items: list[tuple[TokenizedGenerateReq, RequestState]]) -> None:
+        """For n > 1, prefill each shared prompt once so the copies hit the prefix cache."""
+        if self.server_args.disable_radix_cache:
+            return
+        seen: dict[tuple[int, ...], int] = {}
+        for msg, _ in items:
+            key = tuple(msg.input_ids)
+            seen[key] = seen.get(key, 0) + 1
+        for key, copies in seen.items():
+            if copies > 1:
+                warm = TokenizedGenerateReq(
+                    rid=f"warm-{id(key)}-{len(key)}", input_ids=list(key),
+                    sampling_params={"max_new_tokens": 0},
+                )
+                sink = self._submit(warm)
+                sink.get()
+
+    def _submit(self, msg: TokenizedGenerateReq) -> queue.Queue[ReqOutput]:
+        sink: queue.Queue[ReqOutput] = queue.Queue()
+        self.loop.submit(msg, sink.put)
+        return sink
+
+    def _collect(self, state: RequestState, sink: queue.Queue[ReqOutput]) -> dict[str, Any]:
+        while True:
+            out = sink.get()
+            self.tokenizer_manager.apply_output(state, out)
+            if out.finished is not None:
+                return self.tokenizer_manager.final_result(state, out)
+
+    def _stream(self, msg: TokenizedGenerateReq, state: RequestState) -> Iterator[dict[str, Any]]:
+        sink = self._submit(msg)
+        finished = False
+        try:
+            while not finished:
+                out = sink.get()
+                finished = out.finished is not None
+                yield self.tokenizer_manager.apply_output(state, out)
+        finally:
+            if not finished:  # the consumer stopped early: free the request's KV
+                self.loop.abort(msg.rid)
+
+    async def _acollect(self, msg: TokenizedGenerateReq, state: RequestState) -> dict[str, Any]:
+        async for out in self._aoutputs(msg):
+            self.tokenizer_manager.apply_output(state, out)
+            if out.finished is not None:
+                return self.tokenizer_manager.final_result(state, out)
+        raise RuntimeError("request ended without a finish reason")  # unreachable by design
+
+    async def _astream(
+        self, msg: TokenizedGenerateReq, state: RequestState
+    ) -> AsyncIterator[dict[str, Any]]:
+        async for out in self._aoutputs(msg):
+            yield self.tokenizer_manager.apply_output(state, out)
+
+    async def _aoutputs(self, msg: TokenizedGenerateReq) -> AsyncIterator[ReqOutput]:
+        """Scheduler outputs for one request, ending with the finished one; aborts the request
+        if the consumer stops early."""
+        aloop = asyncio.get_running_loop()
+        aqueue: asyncio.Queue[ReqOutput] = asyncio.Queue()
+        self.loop.submit(msg, lambda out: aloop.call_soon_threadsafe(aqueue.put_nowait, out))
+        finished = False
+        try:
+            while not finished:
+                out = await aqueue.get()
+                finished = out.finished is not None
+                yield out
+        finally:
+            if not finished:
+                self.loop.abort(msg.rid)
+
+
+def _normalise_inputs(
+    prompt: Prompt, input_ids: InputIds
+) -> tuple[list[str] | None, list[list[int]] | None, bool]:
+    if (prompt is None) == (input_ids is None):
+        raise RequestError("Exactly one of prompt and input_ids must be given.", "prompt")
+    if prompt is not None:
+        if isinstance(prompt, str):
+            return [prompt], None, True
+        return list(prompt), None, False
+    assert input_ids is not None
+    if len(input_ids) > 0 and all(isinstance(x, int) for x in input_ids):
+        return None, [list(input_ids)], True  # type: ignore[arg-type]
+    return None, [list(x) for x in input_ids], False  # type: ignore[union-attr]
+
+
+def _per_item(value: Any, count: int, name: str) -> list[Any]:
+    if isinstance(value, list | tuple):
+        if len(value) != count:
+            raise RequestError(f"{name} has {len(value)} entries for {count} prompts.", name)
+        return list(value)
+    return [value] * count
