@@ -1,0 +1,165 @@
+"""The batched sampler: processed logits in, one token per row out.
+
+Order (as SGLang): repetition / frequency / presence penalties, logit bias, min_new_tokens
+blocking, grammar vocab mask; then greedy rows take the exact argmax of those processed
+logits, and the other rows go through temperature, top-k, top-p (over the top-k renormalised
+distribution, as SGLang's default flashinfer kernel does) and min-p, then draw one token.
+
+Drawing: each row uses a single uniform and inverts the cumulative distribution
+(``searchsorted``), so the whole batch is a handful of tensor ops. A seeded row's uniform is a
+pure function of (sampling_seed, number of tokens generated), which makes its output independent
+of batch composition and of retraction; unseeded rows draw from the global torch RNG.
+
+Logprobs follow SGLang's default (SGLANG_RETURN_ORIGINAL_LOGPROB unset): the log-softmax of
+the processed logits divided by the row's temperature, taken *before* top-k/top-p/min-p
+filtering. Greedy rows use temperature 1, i.e. the plain log-softmax of the processed logits.
+-inf is clamped to float32's most negative finite value so the numbers stay JSON-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+import torch
+
+from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
+
+logger = logging.getLogger(__name__)
+
+_LOGPROB_FLOOR = torch.finfo(torch.float32).min
+
+
+class SampleOutput(NamedTuple):
+    next_token_ids: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor  # [B] float32 logprob of the chosen token
+    top_logprobs: tuple[torch.Tensor, torch.Tensor] | None  # (values [B, k], ids [B, k])
+
+
+def _check_logits(logits: torch.Tensor, info: SamplingBatchInfo) -> None:
+    expected = (len(info), info.vocab_size)
+    if logits.dim() != 2 or tuple(logits.shape) != expected:
+        raise ValueError(f"logits must have shape {expected}, got {tuple(logits.shape)}.")
+
+
+def _scale(processed: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    if info.is_all_greedy:
+        return processed  # every temperature is 1.0
+    return processed / info.temperatures
+
+
+def compute_logprobs(logits: torch.Tensor, info: SamplingBatchInfo | None = None) -> torch.Tensor:
+    """Float32 log-softmax over the vocabulary, ``[N, V]``; -inf clamped to a finite floor.
+
+    Without ``info`` this is the raw distribution, which is what SGLang reports for prompt
+    tokens. With ``info`` (one row per request) each row is divided by its temperature first,
+    matching the sampler's reported output logprobs when no penalties apply.
+    """
+    x = logits.float()
+    if info is not None:
+        if x.shape[0] != len(info):
+            raise ValueError(f"logits has {x.shape[0]} rows for a batch of {len(info)}.")
+        x = _scale(x, info)
+    return torch.log_softmax(x, dim=-1).clamp_(min=_LOGPROB_FLOOR)
+
+
+def _filter_sorted(probs_sorted: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    """Zero the tail that top-k, top-p and min-p exclude; rows are sorted descending.
+
+    Each filter keeps a prefix of the sorted row, so the result is a prefix of non-zeros.
+    """
+    vocab = probs_sorted.shape[-1]
+    positions = torch.arange(vocab, device=probs_sorted.device).view(1, -1)
+    kept = probs_sorted.masked_fill(positions >= info.top_ks.view(-1, 1), 0.0)
+    if info.need_top_p:
+        # Keep a token while the mass strictly before it is under top_p of the (top-k
+        # renormalised) total; the first token always survives.
+        cumulative = kept.cumsum(dim=-1)
+        total = cumulative[:, -1:]
+        before = cumulative - kept
+        kept = kept.masked_fill(before > info.top_ps.view(-1, 1) * total, 0.0)
+    if info.need_min_p:
+        threshold = kept[:, :1] * info.min_ps.view(-1, 1)
+        kept = kept.masked_fill(kept < threshold, 0.0)
+    return kept
+
+
+def _draw(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Invert each row's cumulative distribution at ``uniforms * total``; returns column ids.
+
+    The target is kept strictly below the row total, so the first cdf entry above it exists
+    and belongs to a token with non-zero weight.
+    """
+    cdf = weights.cumsum(dim=-1)
+    total = cdf[:, -1]
+    target = torch.minimum(uniforms * total, torch.nextafter(total, torch.zeros_like(total)))
+    index = torch.searchsorted(cdf, target.unsqueeze(-1).contiguous(), right=True).squeeze(-1)
+    return index.clamp_(max=weights.shape[-1] - 1)
+
+
+def _row_uniforms(info: SamplingBatchInfo, device: torch.device) -> torch.Tensor:
+    uniforms = torch.rand(len(info), device=device, dtype=torch.float32)
+    if info.any_seeded:
+        uniforms = torch.where(info.has_seed, info.seed_uniforms, uniforms)
+    return uniforms
+
+
+def _sample_rows(scaled: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    probs = torch.softmax(scaled, dim=-1)
+    uniforms = _row_uniforms(info, scaled.device)
+    if info.need_top_k or info.need_top_p:
+        probs_sorted, order = probs.sort(dim=-1, descending=True, stable=True)
+        chosen = _draw(_filter_sorted(probs_sorted, info), uniforms)
+        return order.gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
+    if info.need_min_p:
+        threshold = probs.amax(dim=-1, keepdim=True) * info.min_ps.view(-1, 1)
+        probs = probs.masked_fill(probs < threshold, 0.0)
+    return _draw(probs, uniforms)
+
+
+class Sampler:
+    """Samples the next token of every row; see the module docstring for the exact rules."""
+
+    def __call__(
+        self, logits: torch.Tensor, info: SamplingBatchInfo, top_logprobs_num: int = 0
+    ) -> SampleOutput:
+        _check_logits(logits, info)
+        if top_logprobs_num < 0:
+            raise ValueError(f"top_logprobs_num must be >= 0, got {top_logprobs_num}.")
+        processed = info.process_logits(logits)
+        argmax = processed.argmax(dim=-1)
+        if info.is_all_greedy:
+            next_ids = argmax
+            scaled = processed
+        else:
+            scaled = _scale(processed, info)
+            sampled = _sample_rows(scaled, info)
+            next_ids = torch.where(info.is_greedy, argmax, sampled)
+        # A row whose every token is masked has no distribution; fall back to the raw argmax
+        # (as SGLang does on a failed draw) instead of returning garbage.
+        dead = ~torch.isfinite(processed.amax(dim=-1))
+        next_ids = torch.where(dead, logits.argmax(dim=-1), next_ids)
+        return self._with_logprobs(scaled, next_ids, top_logprobs_num)
+
+    @staticmethod
+    def _with_logprobs(
+        scaled: torch.Tensor, next_ids: torch.Tensor, top_logprobs_num: int
+    ) -> SampleOutput:
+        # Only the chosen (and top-k) entries are needed, so avoid materialising [B, V]
+        # log-probs: logprob = logit - logsumexp(row).
+        lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
+        chosen = scaled.gather(-1, next_ids.unsqueeze(-1)) - lse
+        logprobs = torch.nan_to_num(chosen.squeeze(-1), nan=_LOGPROB_FLOOR, neginf=_LOGPROB_FLOOR)
+        top = None
+        if top_logprobs_num > 0:
+            k = min(top_logprobs_num, scaled.shape[-1])
+            values, ids = scaled.topk(k, dim=-1)
+            values = torch.nan_to_num(values - lse, nan=_LOGPROB_FLOOR, neginf=_LOGPROB_FLOOR)
+            top = (values, ids)
+        return SampleOutput(next_ids.to(torch.int64), logprobs, top)
+
+    @staticmethod
+    def compute_logprobs(
+        logits: torch.Tensor, info: SamplingBatchInfo | None = None
+    ) -> torch.Tensor:
+        return compute_logprobs(logits, info)
