@@ -31,12 +31,10 @@ class KVManager:
         allocator: TokenToKVPoolAllocator,
         req_to_token_pool: ReqToTokenPool,
         prefix_cache: BasePrefixCache,
-        radix_enabled: bool,
     ) -> None:
         self.allocator = allocator
         self.req_to_token_pool = req_to_token_pool
         self.prefix_cache = prefix_cache
-        self.radix_enabled = radix_enabled
         self.page_size = allocator.page_size
 
     # -- capacity ---------------------------------------------------------------------------
@@ -106,7 +104,7 @@ class KVManager:
         if req.req_pool_idx is None:
             return
         slots = self.req_to_token_pool.read(req.req_pool_idx, 0, req.kv_len)
-        if self.radix_enabled and req.kv_len > 0:
+        if self.prefix_cache.stores_kv and req.kv_len > 0:
             key = req.fill_ids[: req.kv_len]
             prefix_len = self.prefix_cache.insert(key, slots.clone(), priority=req.priority)
             aligned = req.kv_len // self.page_size * self.page_size
@@ -129,7 +127,7 @@ class KVManager:
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix. Only allowed when no request holds KV."""
-        if self.req_to_token_pool.available_size() != self.req_to_token_pool.size:
+        if self.req_to_token_pool.available_size() != self.req_to_token_pool.max_reqs:
             return False
         freed = self.prefix_cache.reset()
         if len(freed):

@@ -49,7 +49,7 @@ class Scheduler:
             if self.radix_enabled
             else ChunkCache(server_args.page_size)
         )
-        self.kv = KVManager(allocator, req_pool, cache, self.radix_enabled)
+        self.kv = KVManager(allocator, req_pool, cache)
         self.policy = SchedulePolicy(
             PolicyConfig(
                 policy=server_args.schedule_policy,

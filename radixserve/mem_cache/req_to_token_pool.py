@@ -1,0 +1,102 @@
+"""The request-to-token table: (request slot, position) -> KV slot index."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from radixserve.mem_cache.allocator import as_int_arg
+
+logger = logging.getLogger(__name__)
+
+
+class ReqToTokenPool:
+    """Maps (request slot, position) -> KV slot index.
+
+    `req_to_token[r, i]` is the KV-pool slot of token i of the request holding row r. Rows are
+    handed out by `alloc` and returned by `free`; a row is held by at most one request. Only the
+    positions a request has written are meaningful: rows are not cleared on free, so a reader
+    must stay within the lengths it wrote.
+    """
+
+    def __init__(
+        self, max_reqs: int, max_context_len: int, device: str | torch.device = "cpu"
+    ) -> None:
+        if isinstance(max_reqs, bool) or not isinstance(max_reqs, int) or max_reqs < 1:
+            raise ValueError(f"max_reqs must be a positive int, got {max_reqs!r}")
+        if (
+            isinstance(max_context_len, bool)
+            or not isinstance(max_context_len, int)
+            or max_context_len < 1
+        ):
+            raise ValueError(f"max_context_len must be a positive int, got {max_context_len!r}")
+        self.max_reqs = max_reqs
+        self.max_context_len = max_context_len
+        self.device = torch.device(device)
+        self.req_to_token = torch.zeros(
+            (max_reqs, max_context_len), dtype=torch.int64, device=self.device
+        )
+        self._in_use = [False] * max_reqs
+        self._free_rows: list[int] = []
+        self.clear()
+
+    def available_size(self) -> int:
+        """Number of free request rows."""
+        return len(self._free_rows)
+
+    def alloc(self) -> int | None:
+        """A free row index (lowest first on a fresh pool), or None when all are taken."""
+        if not self._free_rows:
+            return None
+        row = self._free_rows.pop()
+        self._in_use[row] = True
+        return row
+
+    def free(self, req_pool_idx: int) -> None:
+        """Return a row; freeing a row that is not held raises RuntimeError."""
+        row = self._check_row(req_pool_idx, must_be_held=False)
+        if not self._in_use[row]:
+            raise RuntimeError(f"double free of req_pool_idx {row}")
+        self._in_use[row] = False
+        self._free_rows.append(row)
+
+    def clear(self) -> None:
+        """Every row free again."""
+        self._in_use = [False] * self.max_reqs
+        # Popped from the end, so the lowest row is handed out first.
+        self._free_rows = list(range(self.max_reqs - 1, -1, -1))
+
+    def write(self, req_pool_idx: int, start: int, slots: torch.Tensor) -> None:
+        """Store `slots` at positions [start, start + len(slots)) of the row."""
+        row = self._check_row(req_pool_idx)
+        if not isinstance(slots, torch.Tensor):
+            raise TypeError(f"slots must be a torch.Tensor, got {type(slots).__name__}")
+        if slots.dim() != 1:
+            raise ValueError(f"slots must be 1-D, got shape {tuple(slots.shape)}")
+        start = as_int_arg("start", start)
+        end = start + slots.numel()
+        self._check_span(start, end)
+        self.req_to_token[row, start:end] = slots.to(self.req_to_token.device, torch.int64)
+
+    def read(self, req_pool_idx: int, start: int, end: int) -> torch.Tensor:
+        """A copy of positions [start, end) of the row (safe to keep across later writes)."""
+        row = self._check_row(req_pool_idx)
+        start, end = as_int_arg("start", start), as_int_arg("end", end)
+        self._check_span(start, end)
+        return self.req_to_token[row, start:end].clone()
+
+    def _check_row(self, req_pool_idx: int, must_be_held: bool = True) -> int:
+        row = as_int_arg("req_pool_idx", req_pool_idx)
+        if not 0 <= row < self.max_reqs:
+            raise ValueError(f"req_pool_idx must be in [0, {self.max_reqs}), got {row}")
+        if must_be_held and not self._in_use[row]:
+            raise RuntimeError(f"req_pool_idx {row} is not allocated")
+        return row
+
+    def _check_span(self, start: int, end: int) -> None:
+        if not 0 <= start <= end <= self.max_context_len:
+            raise ValueError(
+                f"positions [start={start}, end={end}) must lie within "
+                f"[0, max_context_len={self.max_context_len}]"
+            )
