@@ -1,0 +1,82 @@
+"""The ``radixserve`` program: ``radixserve serve [options]`` and ``radixserve version``.
+
+``serve`` takes SGLang's ``sglang serve`` command line unchanged. Exit codes: 0 success (and
+``--help``), 1 the server could not start, 2 a bad command line or unusable option values.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import sys
+from collections.abc import Sequence
+
+from radixserve import __version__
+
+logger = logging.getLogger(__name__)
+
+_COMMANDS = ("serve", "version")
+_USAGE = """usage: radixserve <command> [options]
+
+commands:
+  serve     start the HTTP server; takes the `sglang serve` command line
+            (radixserve serve --help lists every option)
+  version   print the radixserve version
+"""
+_LOG_FORMAT = "[%(asctime)s] %(levelname)s %(name)s: %(message)s"
+
+
+def _configure_logging(level: str) -> None:
+    # basicConfig leaves logging alone when the embedding program already configured it.
+    logging.basicConfig(format=_LOG_FORMAT)
+    logging.getLogger().setLevel(level.upper())
+
+
+def _error(prog: str, message: str, code: int) -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return code
+
+
+def _serve(argv: Sequence[str]) -> int:
+    from radixserve.server_args import OptionError, ServerArgs, ServerArgsError
+
+    # Deprecation notices are printed while parsing, before --log-level is known.
+    _configure_logging("info")
+    try:
+        server_args = ServerArgs.from_cli(argv)
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    except (OptionError, ServerArgsError) as exc:
+        return _error("radixserve serve", str(exc), 2)
+    _configure_logging(server_args.log_level)
+    server_args.warn_not_applicable()
+    try:
+        server_args.check_port_available()
+    except ServerArgsError as exc:
+        return _error("radixserve serve", str(exc), 2)
+    try:
+        from radixserve.entrypoints.http_server import launch_server
+    except ImportError as exc:
+        return _error("radixserve serve", f"the HTTP server is not available ({exc})", 1)
+    launch_server(server_args)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the program with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        print(_USAGE, end="", file=sys.stderr)
+        return 2
+    command, rest = args[0], args[1:]
+    if command in ("-h", "--help"):
+        print(_USAGE, end="")
+        return 0
+    if command in ("version", "--version"):
+        print(f"radixserve {__version__}")
+        return 0
+    if command == "serve":
+        return _serve(rest)
+    close = difflib.get_close_matches(command, _COMMANDS, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else f" (commands: {', '.join(_COMMANDS)})"
+    return _error("radixserve", f"unknown command '{command}'{hint}", 2)

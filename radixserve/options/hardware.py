@@ -1,0 +1,115 @@
+"""What the machine offers, for resolving "auto" options. torch is imported only when needed."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+_GIB = 1 << 30
+# cgroup v1 reports "no limit" as a huge number rather than "max".
+_NO_CGROUP_LIMIT = 1 << 60
+
+
+def detect_device() -> str:
+    """'cuda' when a CUDA device is usable, else 'cpu'."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+@functools.cache
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU feature flags of the first core (empty when /proc/cpuinfo is unreadable)."""
+    try:
+        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")) and ":" in line:
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def cpu_has_fast_bf16(flags: frozenset[str] | None = None) -> bool:
+    """True when the CPU computes bfloat16 natively (AVX512-BF16 or AMX-BF16)."""
+    flags = cpu_flags() if flags is None else flags
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def cuda_supports_bf16() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_bf16_supported())
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        text = Path(path).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _meminfo_total(meminfo: str) -> int | None:
+    try:
+        lines = Path(meminfo).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def cpu_memory_bytes(
+    meminfo: str = "/proc/meminfo",
+    cgroup_files: tuple[str, ...] = (
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ),
+) -> int | None:
+    """Usable RAM: MemTotal, lowered to the container's cgroup limit when there is one.
+
+    SGLang uses the smallest NUMA node instead; a container limit matters more here, since
+    going past it gets the server killed.
+    """
+    total = _meminfo_total(meminfo)
+    for path in cgroup_files:
+        limit = _read_int(path)
+        if limit is not None and limit < _NO_CGROUP_LIMIT:
+            total = limit if total is None else min(total, limit)
+    return total
+
+
+def cuda_memory_bytes(index: int = 0) -> int | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.get_device_properties(index).total_memory)
+
+
+def device_memory_bytes(device: str) -> int | None:
+    """Total memory of ``device`` ('cpu' or 'cuda'); None when unknown.
+
+    ``mem_fraction_static`` is a fraction of this number, so the KV pool sizer should use it
+    too.
+    """
+    if device == "cuda":
+        return cuda_memory_bytes()
+    if device == "cpu":
+        return cpu_memory_bytes()
+    return None
+
+
+def gib(num_bytes: int) -> float:
+    return num_bytes / _GIB

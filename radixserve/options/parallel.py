@@ -1,0 +1,130 @@
+"""Options: tensor, pipeline, data and context parallelism."""
+
+from __future__ import annotations
+
+from radixserve.options.spec import IMPLEMENTED, NOT_APPLICABLE, OptionSpec, bool_opt, flag, value
+from radixserve.options.value_types import INT, STR
+
+AREA = "Parallelism"
+
+OPTIONS: tuple[OptionSpec, ...] = (
+    value(
+        "--nccl-port",
+        INT,
+        None,
+        "Port for the distributed (NCCL) environment setup.",
+        support=NOT_APPLICABLE,
+    ),
+    value("--dist-timeout", INT, None, "Timeout in seconds for torch.distributed initialisation."),
+    value(
+        "--dist-init-addr",
+        STR,
+        None,
+        "Host:port used to initialise the distributed backend across nodes.",
+        aliases=("--nccl-init-addr",),
+    ),
+    value("--gated-launch-port", INT, None, "Port of the gated-launch control server."),
+    value("--nnodes", INT, 1, "Number of nodes."),
+    value("--node-rank", INT, 0, "Rank of this node."),
+    value(
+        "--tp-size",
+        INT,
+        1,
+        "Tensor parallelism size (only 1 is supported yet).",
+        support=IMPLEMENTED,
+        aliases=("--tensor-parallel-size",),
+    ),
+    value(
+        "--dcp-size",
+        INT,
+        1,
+        "Decode context parallelism size.",
+        aliases=("--decode-context-parallel-size",),
+    ),
+    value(
+        "--pp-size",
+        INT,
+        1,
+        "Pipeline parallelism size (only 1 is supported yet).",
+        support=IMPLEMENTED,
+        aliases=("--pipeline-parallel-size",),
+    ),
+    value(
+        "--pp-max-micro-batch-size",
+        INT,
+        None,
+        "Maximum micro batch size under pipeline parallelism.",
+    ),
+    value("--pp-async-batch-depth", INT, 0, "Async batch depth under pipeline parallelism."),
+    value(
+        "--dp-size",
+        INT,
+        1,
+        "Data parallelism size (only 1 is supported yet).",
+        support=IMPLEMENTED,
+        aliases=("--data-parallel-size",),
+    ),
+    value(
+        "--load-balance-method",
+        STR,
+        "auto",
+        "How requests are spread over data-parallel workers.",
+        choices=("auto", "round_robin", "follow_bootstrap_room", "total_requests", "total_tokens"),
+    ),
+    value(
+        "--attn-cp-size",
+        INT,
+        1,
+        "Attention context parallelism size.",
+        aliases=("--attention-context-parallel-size",),
+    ),
+    value(
+        "--moe-dp-size", INT, 1, "MoE data parallelism size.", aliases=("--moe-data-parallel-size",)
+    ),
+    value("--dwdp-size", INT, 1, "Distributed weight data parallelism group size."),
+    value(
+        "--dcp-comm-backend",
+        STR,
+        "ag_rs",
+        "Communication backend for decode context parallel attention.",
+        support=NOT_APPLICABLE,
+        choices=("ag_rs", "a2a", "fi_a2a"),
+    ),
+    bool_opt(
+        "--dcp-replicate-q-proj", "Replicate the Q projection on each decode context parallel rank."
+    ),
+    flag("--enable-prefill-cp", "Enable context parallelism for prefill."),
+    value(
+        "--cp-strategy",
+        STR,
+        None,
+        "Sharding strategy for prefill context parallelism.",
+        choices=("zigzag", "interleave"),
+    ),
+    flag(
+        "--enable-dsa-cache-layer-split",
+        "Split DSA cache layers across context parallel ranks.",
+        support=NOT_APPLICABLE,
+    ),
+    flag(
+        "--enable-cp-decode-attn-tp",
+        "Slice attention weights per context parallel rank during decode.",
+    ),
+    flag("--enable-dp-attention", "Data parallel attention with tensor parallel FFN."),
+    flag(
+        "--enable-dp-attention-local-control-broadcast",
+        "Broadcast control messages within attention TP groups under DP attention.",
+    ),
+    flag("--enable-dp-lm-head", "Vocabulary-parallel LM head across the attention TP group."),
+    bool_opt("--enable-tp-lm-head-all-to-all", "Use all-to-all for the tensor parallel LM head."),
+    flag(
+        "--enable-attn-tp-input-scattered",
+        "Allow scattered attention input under tensor parallelism.",
+        support=NOT_APPLICABLE,
+    ),
+    flag("--enable-shared-experts-attn-tp", "Run shared experts with attention TP layout."),
+    flag("--enable-dense-mlp-attn-tp", "Run dense MLP layers with attention TP layout."),
+    flag("--enable-layernorm-sp", "Sequence-parallel layer norm.", support=NOT_APPLICABLE),
+    flag("--disable-attn-tp-gather", "Disable the scheduler-side attention TP gather."),
+    flag("--enable-p2p-check", "Check GPU peer-to-peer access.", support=NOT_APPLICABLE),
+)

@@ -1,0 +1,79 @@
+"""Options: quantization and data types."""
+
+from __future__ import annotations
+
+from radixserve.options.choices import KV_CACHE_DTYPE_CHOICES, QUANTIZATION_CHOICES
+from radixserve.options.spec import IMPLEMENTED, NOT_APPLICABLE, OptionSpec, flag, value
+from radixserve.options.value_types import STR
+
+AREA = "Quantization and data type"
+
+OPTIONS: tuple[OptionSpec, ...] = (
+    value(
+        "--dtype",
+        STR,
+        "auto",
+        "Weight and activation dtype. 'auto' picks bfloat16 where the hardware supports it fast, else float16 on CUDA or float32 on CPU; 'half' is float16, 'float' is float32.",
+        support=IMPLEMENTED,
+        choices=("auto", "half", "float16", "bfloat16", "float", "float32"),
+    ),
+    value(
+        "--quantization",
+        STR,
+        None,
+        "Quantization method of the weights.",
+        choices=QUANTIZATION_CHOICES,
+    ),
+    value(
+        "--quantization-param-path",
+        STR,
+        None,
+        "JSON file with KV cache scaling factors (for FP8 KV cache).",
+    ),
+    value(
+        "--kv-cache-dtype",
+        STR,
+        "auto",
+        "KV cache dtype; 'auto' follows the model dtype.",
+        support=IMPLEMENTED,
+        choices=KV_CACHE_DTYPE_CHOICES,
+        supported_choices=("auto", "bf16", "bfloat16"),
+    ),
+    flag("--enable-fp32-lm-head", "Compute the LM head (logits) in float32."),
+    value(
+        "--modelopt-quant",
+        STR,
+        None,
+        "ModelOpt quantization config (fp8, int4_awq, w4a8_awq, nvfp4, ...).",
+    ),
+    value(
+        "--modelopt-checkpoint-restore-path",
+        STR,
+        None,
+        "Restore a saved ModelOpt quantized checkpoint from this path.",
+    ),
+    value(
+        "--modelopt-checkpoint-save-path",
+        STR,
+        None,
+        "Save the ModelOpt quantized checkpoint to this path.",
+    ),
+    value(
+        "--modelopt-export-path",
+        STR,
+        None,
+        "Export the ModelOpt quantized model in Hugging Face format to this path.",
+    ),
+    flag("--quantize-and-serve", "Quantize with ModelOpt and serve right away without exporting."),
+    value(
+        "--rl-quant-profile",
+        STR,
+        None,
+        "FlashRL quantization profile (for --load-format flash_rl).",
+    ),
+    flag(
+        "--enable-tf32-matmul",
+        "Let float32 matmuls use TensorFloat32 (CUDA only).",
+        support=NOT_APPLICABLE,
+    ),
+)

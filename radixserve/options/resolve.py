@@ -1,0 +1,184 @@
+"""Resolve every "auto"/unset option to a concrete value that fits the device.
+
+Works on a plain {dest: value} dict so ServerArgs can resolve before it freezes. SGLang does the
+same in ``ServerArgs.__post_init__``; the rules below follow it (see sglang-surface 1.5) except
+where a CPU needs different numbers, which is said where it happens.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any, NamedTuple
+
+from radixserve.options import hardware
+
+logger = logging.getLogger(__name__)
+
+_MIB = 1 << 20
+_GIB = 1 << 30
+
+# SGLang's table keyed by device memory in GiB: (upper bound, chunked prefill, decode graph bs).
+_CUDA_TABLE = ((20, 2048, 8), (35, 2048, 24), (60, 4096, 32), (90, 8192, 256), (160, 8192, 256))
+_CUDA_LARGEST = (16384, 512)
+_UNKNOWN_MEMORY = (4096, 160)
+_UNKNOWN_MEM_FRACTION = 0.88
+
+# On a CPU prefill is compute-bound well below SGLang's 2048-16384 token chunks, so bigger chunks
+# add no throughput but stall every running decode for the whole chunk; 512 keeps them moving.
+CPU_CHUNKED_PREFILL_SIZE = 512
+# Weights plus KV pool on a CPU: half the RAM, but never more than 16 GiB by default, so a big
+# host does not pre-allocate a KV pool far beyond any realistic load (raise it with
+# --mem-fraction-static or --max-total-tokens).
+CPU_MEM_FRACTION = 0.5
+CPU_STATIC_BUDGET_BYTES = 16 * _GIB
+
+_DTYPE_ALIASES = {
+    "half": "float16",
+    "float16": "float16",
+    "float": "float32",
+    "float32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+}
+
+
+# Parser names SGLang renamed; it translates the old ones with a warning, and so do we.
+_RENAMED_TOOL_CALL_PARSERS = {"qwen25": "qwen", "glm45": "glm"}
+
+
+class Resolution(NamedTuple):
+    """Resolved values plus what "auto" picked for hardware-only knobs (for the warning check)."""
+
+    values: dict[str, Any]
+    auto: dict[str, Any]
+
+
+def _cuda_row(memory: int | None) -> tuple[int, int]:
+    if memory is None:
+        return _UNKNOWN_MEMORY
+    size_gib = memory / _GIB
+    for bound, chunk, graph_bs in _CUDA_TABLE:
+        if size_gib < bound:
+            return chunk, graph_bs
+    return _CUDA_LARGEST
+
+
+def default_chunked_prefill_size(device: str, memory: int | None) -> int:
+    if device == "cpu":
+        return CPU_CHUNKED_PREFILL_SIZE
+    return _cuda_row(memory)[0]
+
+
+def default_mem_fraction_static(
+    device: str, memory: int | None, chunked_prefill_size: int, tp_size: int, pp_size: int
+) -> float:
+    """SGLang's reserve formula on CUDA; a RAM budget on CPU (see CPU_STATIC_BUDGET_BYTES)."""
+    if memory is None or memory <= 0:
+        return _UNKNOWN_MEM_FRACTION
+    if device == "cpu":
+        return round(min(CPU_MEM_FRACTION, CPU_STATIC_BUDGET_BYTES / memory), 3)
+    memory_mib = memory / _MIB
+    # Activations of one prefill chunk, the runtime, and NCCL buffers. No CUDA-graph reserve:
+    # radixserve captures no graphs.
+    reserved = 512 + max(chunked_prefill_size, 2048) * 1.5 + tp_size * pp_size / 8 * 1024
+    if memory_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((memory_mib - reserved) / memory_mib, 3)
+
+
+def default_cuda_graph_max_bs(device: str, memory: int | None, torch_compile_max_bs: int) -> int:
+    # On CPU SGLang's decode "graphs" are torch.compile graphs bounded by torch_compile_max_bs.
+    if device == "cpu":
+        return torch_compile_max_bs
+    return _cuda_row(memory)[1]
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """'auto' -> bfloat16 where the hardware computes it natively, else float16/float32."""
+    if dtype != "auto":
+        return _DTYPE_ALIASES.get(dtype, dtype)
+    if device == "cuda":
+        return "bfloat16" if hardware.cuda_supports_bf16() else "float16"
+    return "bfloat16" if hardware.cpu_has_fast_bf16() else "float32"
+
+
+def resolve_kv_cache_dtype(kv_cache_dtype: str, dtype: str) -> str:
+    """'auto' follows the model dtype; 'bf16' is spelled 'bfloat16'."""
+    if kv_cache_dtype == "auto":
+        return dtype
+    return _DTYPE_ALIASES.get(kv_cache_dtype, kv_cache_dtype)
+
+
+def _resolve_model(values: dict[str, Any]) -> None:
+    if values.get("model_path") is None:
+        from radixserve.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+
+        values["model_path"] = str(ensure_default_model())
+        if values.get("served_model_name") is None:
+            values["served_model_name"] = DEFAULT_MODEL_NAME
+    model_path = values["model_path"]
+    if values.get("tokenizer_path") is None:
+        values["tokenizer_path"] = model_path
+    if values.get("served_model_name") is None:
+        values["served_model_name"] = model_path
+    # SGLang also switches to the GGUF loader when handed a .gguf file.
+    if values.get("load_format") == "auto" and str(model_path).endswith(".gguf"):
+        values["load_format"] = "gguf"
+
+
+def _resolve_backends(values: dict[str, Any]) -> None:
+    values["attention_backend"] = values.get("attention_backend") or "torch_native"
+    for phase in ("prefill_attention_backend", "decode_attention_backend"):
+        values[phase] = values.get(phase) or values["attention_backend"]
+    values["sampling_backend"] = values.get("sampling_backend") or "pytorch"
+    values["grammar_backend"] = values.get("grammar_backend") or "xgrammar"
+
+
+def _resolve_renamed(values: dict[str, Any]) -> None:
+    old = values.get("tool_call_parser")
+    if old in _RENAMED_TOOL_CALL_PARSERS:
+        new = _RENAMED_TOOL_CALL_PARSERS[old]
+        logger.warning("--tool-call-parser %s is deprecated; use %s instead.", old, new)
+        values["tool_call_parser"] = new
+
+
+def _resolve_memory(values: dict[str, Any], auto: dict[str, Any]) -> None:
+    device = values["device"]
+    unset = values.get("chunked_prefill_size") is None or values.get("mem_fraction_static") is None
+    # Reading RAM size is cheap, but CUDA's table also needs the size for the graph batch size.
+    memory = hardware.device_memory_bytes(device) if unset or device == "cuda" else None
+    if values.get("chunked_prefill_size") is None:
+        values["chunked_prefill_size"] = default_chunked_prefill_size(device, memory)
+    if values.get("mem_fraction_static") is None:
+        values["mem_fraction_static"] = default_mem_fraction_static(
+            device,
+            memory,
+            values["chunked_prefill_size"],
+            values.get("tp_size", 1),
+            values.get("pp_size", 1),
+        )
+    graph_bs = default_cuda_graph_max_bs(device, memory, values.get("torch_compile_max_bs", 32))
+    auto["cuda_graph_max_bs_decode"] = graph_bs
+    if values.get("cuda_graph_max_bs_decode") is None:
+        values["cuda_graph_max_bs_decode"] = graph_bs
+
+
+def resolve(values: dict[str, Any]) -> Resolution:
+    """Fill every unset/"auto" value; ``values`` must hold every dest (defaults included)."""
+    values = dict(values)
+    auto: dict[str, Any] = {}
+    _resolve_model(values)
+    device = values.get("device") or hardware.detect_device()
+    values["device"] = str(device).split(":")[0]  # 'cuda:0' -> 'cuda', as SGLang does
+    if values.get("random_seed") is None:
+        values["random_seed"] = random.randint(0, 1 << 30)
+    if values.get("page_size") is None:
+        values["page_size"] = 1
+    if values.get("log_level_http") is None:
+        values["log_level_http"] = values.get("log_level", "info")
+    _resolve_backends(values)
+    _resolve_renamed(values)
+    if values["device"] in ("cpu", "cuda"):
+        _resolve_memory(values, auto)
+    return Resolution(values, auto)
