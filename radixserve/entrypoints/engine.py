@@ -1,7 +1,7 @@
 """The offline Engine: SGLang's `Engine` API for batch use in Python.
 
-    engine = Engine(model_path=..., **server_args)
-    engine.generate("Hello", {"max_new_tokens": 16, "temperature": 0})
+engine = Engine(model_path=..., **server_args)
+engine.generate("Hello", {"max_new_tokens": 16, "temperature": 0})
 """
 
 from __future__ import annotations
@@ -80,8 +80,15 @@ class Engine:
         """One prompt gives one dict; a list gives a list (n > 1 gives n dicts per prompt,
         prompt-major). With stream=True, an iterator of chunks whose "text" is the new text."""
         items, single = self._expand(
-            prompt, input_ids, sampling_params, rid, return_logprob, logprob_start_len,
-            top_logprobs_num, stream, priority,
+            prompt,
+            input_ids,
+            sampling_params,
+            rid,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            stream,
+            priority,
         )
         if stream:
             if len(items) != 1:
@@ -89,7 +96,9 @@ class Engine:
             return self._stream(*items[0])
         self._warm_shared_prompts(items)
         sinks = [self._submit(msg) for msg, _ in items]
-        results = [self._collect(state, sink) for (_, state), sink in zip(items, sinks, strict=True)]
+        results = [
+            self._collect(state, sink) for (_, state), sink in zip(items, sinks, strict=True)
+        ]
         return results[0] if single else results
 
     async def async_generate(
@@ -105,8 +114,15 @@ class Engine:
         priority: int | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         items, single = self._expand(
-            prompt, input_ids, sampling_params, rid, return_logprob, logprob_start_len,
-            top_logprobs_num, stream, priority,
+            prompt,
+            input_ids,
+            sampling_params,
+            rid,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            stream,
+            priority,
         )
         if stream:
             if len(items) != 1:
@@ -135,9 +151,16 @@ class Engine:
 
     # -- internals --------------------------------------------------------------------------
     def _expand(
-        self, prompt: Prompt, input_ids: InputIds, sampling_params: Params,
-        rid: Any, return_logprob: bool, logprob_start_len: int | None,
-        top_logprobs_num: int | None, stream: bool, priority: int | None,
+        self,
+        prompt: Prompt,
+        input_ids: InputIds,
+        sampling_params: Params,
+        rid: Any,
+        return_logprob: bool,
+        logprob_start_len: int | None,
+        top_logprobs_num: int | None,
+        stream: bool,
+        priority: int | None,
     ) -> tuple[list[tuple[TokenizedGenerateReq, RequestState]], bool]:
         prompts, ids_list, single = _normalise_inputs(prompt, input_ids)
         count = len(prompts) if prompts is not None else len(ids_list or [])
@@ -155,9 +178,13 @@ class Engine:
                     self.tokenizer_manager.build_request(
                         prompt=prompts[i] if prompts is not None else None,
                         input_ids=ids_list[i] if ids_list is not None else None,
-                        sampling_params=params, rid=item_rid, return_logprob=return_logprob,
-                        logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-                        stream=stream, priority=priority,
+                        sampling_params=params,
+                        rid=item_rid,
+                        return_logprob=return_logprob,
+                        logprob_start_len=logprob_start_len,
+                        top_logprobs_num=top_logprobs_num,
+                        stream=stream,
+                        priority=priority,
                     )
                 )
             single = single and n == 1
@@ -174,7 +201,8 @@ class Engine:
         for key, copies in seen.items():
             if copies > 1:
                 warm = TokenizedGenerateReq(
-                    rid=f"warm-{id(key)}-{len(key)}", input_ids=list(key),
+                    rid=f"warm-{id(key)}-{len(key)}",
+                    input_ids=list(key),
                     sampling_params={"max_new_tokens": 0},
                 )
                 sink = self._submit(warm)

@@ -14,7 +14,13 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from radixserve.messages import AbortReq, FinishReason, FlushCacheReq, ReqOutput, TokenizedGenerateReq
+from radixserve.messages import (
+    AbortReq,
+    FinishReason,
+    FlushCacheReq,
+    ReqOutput,
+    TokenizedGenerateReq,
+)
 
 if TYPE_CHECKING:
     from radixserve.managers.scheduler import Scheduler

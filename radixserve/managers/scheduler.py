@@ -116,11 +116,7 @@ class Scheduler:
         return None
 
     def abort(self, msg: AbortReq) -> None:
-        doomed = [
-            r
-            for r in self._live_reqs()
-            if msg.abort_all or r.rid == msg.rid
-        ]
+        doomed = [r for r in self._live_reqs() if msg.abort_all or r.rid == msg.rid]
         for req in doomed:
             self._finish(req, FinishReason("abort", message=msg.message))
         self.waiting = [r for r in self.waiting if not r.finished]

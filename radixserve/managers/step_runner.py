@@ -75,7 +75,9 @@ class StepRunner:
             if req.return_logprob and req.top_logprobs_num and out.top_logprobs is not None:
                 vals, tids = out.top_logprobs
                 k = req.top_logprobs_num
-                res.top_logprobs = list(zip(vals[j, :k].tolist(), tids[j, :k].tolist(), strict=True))
+                res.top_logprobs = list(
+                    zip(vals[j, :k].tolist(), tids[j, :k].tolist(), strict=True)
+                )
             results[i] = res
             j += 1
         return results
@@ -121,9 +123,7 @@ class StepRunner:
         )
         return step, sample_pos, input_rows
 
-    def _input_logprobs(
-        self, req: Req, n: int, logits: torch.Tensor, rows: list[int]
-    ) -> None:
+    def _input_logprobs(self, req: Req, n: int, logits: torch.Tensor, rows: list[int]) -> None:
         """Logprob of each prompt token given the tokens before it, from logprob_start_len on.
         The first prompt token has no logprob (None), as in SGLang."""
         prompt = req.origin_input_ids
@@ -139,9 +139,7 @@ class StepRunner:
             req.input_token_logprobs.append((float(logprobs[offset, token]), token))
             if k:
                 vals, ids = torch.topk(logprobs[offset], k)
-                req.input_top_logprobs.append(
-                    list(zip(vals.tolist(), ids.tolist(), strict=True))
-                )
+                req.input_top_logprobs.append(list(zip(vals.tolist(), ids.tolist(), strict=True)))
         if req.logprob_start_len == 0 and first_pos == 0:
             req.input_token_logprobs.insert(0, (None, prompt[0]))
             if k:

@@ -75,7 +75,9 @@ class TokenizerManager:
         else:
             ids = self._check_ids(input_ids)
         if not ids:
-            raise RequestError("The prompt is empty.", "text" if prompt is not None else "input_ids")
+            raise RequestError(
+                "The prompt is empty.", "text" if prompt is not None else "input_ids"
+            )
         params = SamplingParams.from_dict(sampling_params)
         params.verify(self.vocab_size)
         self._check_length(len(ids), params)
@@ -140,9 +142,13 @@ class TokenizerManager:
         state.text += delta
         state.output_ids.extend(out.new_token_ids)
         if state.return_logprob:
-            state.output_token_logprobs.extend([lp, tid, None] for lp, tid in out.output_token_logprobs)
+            state.output_token_logprobs.extend(
+                [lp, tid, None] for lp, tid in out.output_token_logprobs
+            )
             state.output_top_logprobs.extend(_top(t) for t in out.output_top_logprobs)
-            state.input_token_logprobs.extend([lp, tid, None] for lp, tid in out.input_token_logprobs)
+            state.input_token_logprobs.extend(
+                [lp, tid, None] for lp, tid in out.input_token_logprobs
+            )
             state.input_top_logprobs.extend(_top(t) for t in out.input_top_logprobs)
         return {
             "text": delta,

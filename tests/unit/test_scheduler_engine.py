@@ -119,7 +119,8 @@ def test_request_that_can_never_fit_is_refused(engine_factory: Any) -> None:
 def test_abort_mid_stream_frees_kv(engine_factory: Any) -> None:
     engine = engine_factory()
     stream = engine.generate(
-        input_ids=prompts(1)[0], sampling_params={"max_new_tokens": 200, "ignore_eos": True},
+        input_ids=prompts(1)[0],
+        sampling_params={"max_new_tokens": 200, "ignore_eos": True},
         stream=True,
     )
     first = next(stream)
@@ -132,8 +133,10 @@ def test_abort_mid_stream_frees_kv(engine_factory: Any) -> None:
 def test_abort_by_rid_ends_request_with_abort(engine_factory: Any) -> None:
     engine = engine_factory()
     stream = engine.generate(
-        input_ids=prompts(1)[0], sampling_params={"max_new_tokens": 500, "ignore_eos": True},
-        stream=True, rid="victim",
+        input_ids=prompts(1)[0],
+        sampling_params={"max_new_tokens": 500, "ignore_eos": True},
+        stream=True,
+        rid="victim",
     )
     next(stream)
     engine.abort_request("victim")
@@ -190,7 +193,10 @@ def test_input_logprobs_cover_the_prompt(engine_factory: Any) -> None:
     engine = engine_factory()
     prompt = prompts(1, seed=4)[0]
     result = engine.generate(
-        input_ids=prompt, sampling_params=GREEDY, return_logprob=True, logprob_start_len=0,
+        input_ids=prompt,
+        sampling_params=GREEDY,
+        return_logprob=True,
+        logprob_start_len=0,
         top_logprobs_num=2,
     )
     meta = result["meta_info"]
@@ -198,5 +204,7 @@ def test_input_logprobs_cover_the_prompt(engine_factory: Any) -> None:
     assert meta["input_token_logprobs"][0][0] is None
     assert all(lp <= 0 for lp, _, _ in meta["input_token_logprobs"][1:])
     assert len(meta["output_token_logprobs"]) == GREEDY["max_new_tokens"]
-    for (lp, tid, _), top in zip(meta["output_token_logprobs"], meta["output_top_logprobs"], strict=True):
+    for (lp, tid, _), top in zip(
+        meta["output_token_logprobs"], meta["output_top_logprobs"], strict=True
+    ):
         assert top[0][1] == tid and abs(top[0][0] - lp) < 1e-5  # greedy picks the top token
