@@ -1,0 +1,71 @@
+"""Tensor-parallel group state and the collectives the TP-aware layers need.
+
+With torch.distributed not initialised everything is single-rank: rank 0, size 1, and the
+collectives are identities. Layers call these functions through the module (never import the
+names) so that tests can monkeypatch a fake tp size.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+# None means "the default (WORLD) group when torch.distributed is initialised".
+_TP_GROUP: dist.ProcessGroup | None = None
+
+
+def set_tp_group(group: dist.ProcessGroup | None) -> None:
+    """Use `group` for tensor parallelism (None: the default group)."""
+    global _TP_GROUP
+    _TP_GROUP = group
+
+
+def get_tp_group() -> dist.ProcessGroup | None:
+    return _TP_GROUP
+
+
+def _distributed_ready() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_tp_rank() -> int:
+    if not _distributed_ready():
+        return 0
+    return dist.get_rank(group=_TP_GROUP)
+
+
+def get_tp_size() -> int:
+    if not _distributed_ready():
+        return 1
+    return dist.get_world_size(group=_TP_GROUP)
+
+
+def tensor_model_parallel_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum `tensor` over the TP ranks (in place when there is more than one rank)."""
+    if get_tp_size() == 1:
+        return tensor
+    dist.all_reduce(tensor, group=_TP_GROUP)
+    return tensor
+
+
+def tensor_model_parallel_all_gather(tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Concatenate every TP rank's `tensor` along `dim`, in rank order."""
+    world = get_tp_size()
+    if world == 1:
+        return tensor
+    parts = [torch.empty_like(tensor) for _ in range(world)]
+    dist.all_gather(parts, tensor.contiguous(), group=_TP_GROUP)
+    return torch.cat(parts, dim=dim)
+
+
+def divide(numerator: int, denominator: int, what: str = "size") -> int:
+    """Exact division, with an error that says which dimension does not split over TP ranks."""
+    if numerator % denominator != 0:
+        raise ValueError(
+            f"{what} ({numerator}) is not divisible by the tensor parallel size ({denominator})"
+        )
+    return numerator // denominator

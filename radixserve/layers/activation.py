@@ -1,0 +1,31 @@
+"""Gated activations applied to a fused [gate | up] projection."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+
+class SiluAndMul(nn.Module):
+    """silu(x[..., :d]) * x[..., d:] for x of last dimension 2d (gate first, then up)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        return F.silu(x[..., :d]) * x[..., d:]
+
+
+_ACTIVATIONS = {"silu": SiluAndMul}
+
+
+def get_act_and_mul(name: str) -> nn.Module:
+    """The gated activation for config.hidden_act."""
+    try:
+        return _ACTIVATIONS[name]()
+    except KeyError:
+        supported = ", ".join(sorted(_ACTIVATIONS))
+        raise ValueError(f"hidden_act {name!r} is not supported; supported: {supported}") from None

@@ -1,0 +1,32 @@
+"""Hidden states -> float32 logits over the real vocabulary."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixserve.distributed import parallel_state as ps
+from radixserve.layers.vocab_embedding import VocabParallelEmbedding
+
+logger = logging.getLogger(__name__)
+
+
+class LogitsProcessor(nn.Module):
+    """Projects hidden states with the (possibly tied) LM head weight.
+
+    The matmul runs in the model dtype (as the reference implementation does); the result is
+    gathered over TP ranks, stripped of vocabulary padding and returned as float32.
+    """
+
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+
+    def forward(self, hidden: torch.Tensor, lm_head: VocabParallelEmbedding) -> torch.Tensor:
+        bias = getattr(lm_head, "bias", None)
+        logits = F.linear(hidden, lm_head.weight, bias)
+        logits = ps.tensor_model_parallel_all_gather(logits, dim=-1)
+        return logits[..., : self.vocab_size].float()

@@ -1,0 +1,297 @@
+"""GGUF checkpoints: dequantise once into a cached Hugging Face folder.
+
+The folder (config.json, safetensors, tokenizer files with the chat template) lives under
+<user cache>/radixserve/gguf/<name>-<size>-<hash of path, size, mtime>/ and is written to a temp
+folder then renamed, so a half-written conversion is never used and the second start skips the
+conversion entirely. Config and tokenizer come from transformers' GGUF readers; tensor names and
+llama.cpp's q/k row permutation are handled here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+logger = logging.getLogger(__name__)
+
+CACHE_DIR_ENV = "RADIXSERVE_CACHE_DIR"
+# Bump when the converted layout changes, so stale caches are not reused.
+CONVERTER_VERSION = 1
+SHARD_BYTES = 2 * 2**30
+
+# general.architecture values we convert (llama.cpp stores Mistral as llama).
+_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+# transformers' model_type for a GGUF -> the HF architecture written to config.json.
+_HF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+# Architectures whose q/k rows llama.cpp's converter permuted (for its rope kernel).
+_PERMUTED_QK = {"llama"}
+
+_TOP_LEVEL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+# Present in some GGUFs but derived from the config on our side.
+_IGNORED_NAMES = {"rope_freqs"}
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+
+def find_gguf_file(path: Path, force: bool = False) -> Path | None:
+    """The GGUF behind a model path: the file itself, or the only .gguf in a folder without a
+    config.json (with `force`, even when there is one). None when it is not a GGUF model."""
+    if path.is_file():
+        return path if path.suffix.lower() == ".gguf" or force else None
+    if not path.is_dir() or ((path / "config.json").is_file() and not force):
+        return None
+    found = sorted(path.glob("*.gguf"))
+    if len(found) > 1:
+        names = ", ".join(f.name for f in found)
+        raise ValueError(f"{path} holds several GGUF files ({names}); pass one file as the model")
+    if not found and force:
+        raise FileNotFoundError(f"no .gguf file in {path}")
+    return found[0] if found else None
+
+
+def cache_root() -> Path:
+    override = os.environ.get(CACHE_DIR_ENV)
+    if override:
+        return Path(override).expanduser() / "gguf"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("radixserve")) / "gguf"
+
+
+def cached_folder(gguf_path: Path) -> Path:
+    """Where the conversion of `gguf_path` lives (whether or not it exists yet)."""
+    path = gguf_path.resolve()
+    stat = path.stat()
+    key = f"{path}|{stat.st_size}|{stat.st_mtime_ns}|{CONVERTER_VERSION}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_root() / f"{path.stem}-{stat.st_size}-{digest}"
+
+
+def ensure_converted(gguf_path: Path) -> Path:
+    """The cached HF folder for `gguf_path`, converting it first if needed."""
+    if not gguf_path.is_file():
+        raise FileNotFoundError(f"GGUF file {gguf_path} does not exist")
+    target = cached_folder(gguf_path)
+    if target.is_dir():
+        logger.info("Using the converted GGUF cached at %s", target)
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # The lock keeps concurrent starts (TP ranks, tokenizer and scheduler processes) from
+    # converting the same file twice.
+    with _file_lock(target.parent / f".{target.name}.lock"):
+        if target.is_dir():
+            return target
+        # Leftovers of a conversion that was killed: nobody else can be using them (we hold
+        # the lock).
+        for stale in target.parent.glob(f".tmp-{target.name}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
+        try:
+            convert_gguf(gguf_path, tmp)
+            os.rename(tmp, target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("Converted %s to %s", gguf_path, target)
+    return target
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Write config.json, tokenizer files and dequantised safetensors for `gguf_path`."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(gguf_path)
+    except Exception as e:  # the reader raises assorted errors on truncated or foreign files
+        raise ValueError(f"corrupt or unreadable GGUF file {gguf_path}: {e}") from e
+    arch = _read_string(reader, "general.architecture", gguf_path)
+    if arch not in _GGUF_ARCHITECTURES:
+        supported = ", ".join(_GGUF_ARCHITECTURES)
+        raise ValueError(
+            f"GGUF architecture {arch!r} in {gguf_path} is not supported; supported: {supported}"
+        )
+    config = _write_config(reader, arch, gguf_path, out_dir)
+    _write_tokenizer(gguf_path, out_dir)
+    permute = arch in _PERMUTED_QK
+    heads = (config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads)
+    _write_tensors(reader, gguf_path, out_dir, heads if permute else None)
+    marker = {"source": str(gguf_path.resolve()), "converter_version": CONVERTER_VERSION}
+    (out_dir / "radixserve_gguf.json").write_text(json.dumps(marker, indent=2) + "\n")
+
+
+def _read_string(reader: object, key: str, gguf_path: Path) -> str:
+    field = reader.fields.get(key)  # type: ignore[attr-defined]
+    if field is None:
+        raise ValueError(f"GGUF file {gguf_path} has no {key} metadata")
+    return str(field.contents())
+
+
+def _write_config(reader: object, arch: str, gguf_path: Path, out_dir: Path) -> object:
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    except Exception as e:
+        raise ValueError(f"cannot read the model config from GGUF file {gguf_path}: {e}") from e
+    hf_arch = _HF_ARCHITECTURES.get(config.model_type)
+    if hf_arch is None:
+        raise ValueError(f"GGUF file {gguf_path}: unsupported model type {config.model_type!r}")
+    config.architectures = [hf_arch]
+    # transformers does not map the per-head size; without it Qwen3 falls back to a default.
+    key_length = reader.fields.get(f"{arch}.attention.key_length")  # type: ignore[attr-defined]
+    if key_length is not None:
+        config.head_dim = int(key_length.contents())
+    config.save_pretrained(out_dir)
+    return config
+
+
+def _write_tokenizer(gguf_path: Path, out_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    except Exception as e:
+        raise ValueError(f"cannot read the tokenizer from GGUF file {gguf_path}: {e}") from e
+    tokenizer.save_pretrained(out_dir)
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """The HF name of a GGUF tensor; None for tensors we derive ourselves."""
+    base, _, suffix = gguf_name.rpartition(".")
+    if suffix not in ("weight", "bias") or not base:
+        raise ValueError(f"unexpected GGUF tensor name {gguf_name!r}")
+    if base in _IGNORED_NAMES:
+        return None
+    if base in _TOP_LEVEL_NAMES:
+        return f"{_TOP_LEVEL_NAMES[base]}.{suffix}"
+    match = _BLOCK_RE.match(base)
+    if match and match.group(2) in _BLOCK_NAMES:
+        return f"model.layers.{match.group(1)}.{_BLOCK_NAMES[match.group(2)]}.{suffix}"
+    raise ValueError(f"unknown GGUF tensor name {gguf_name!r}")
+
+
+def unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's per-head row order for q/k (it interleaves the two rotary halves).
+
+    llama.cpp's converter lays each head's rows out as (half, pair, ...) -> (pair, half, ...);
+    swapping the two axes back restores the HF order. Works for weights and biases.
+    """
+    rows = weight.shape[0]
+    if rows % (2 * num_heads):
+        raise ValueError(f"cannot unpermute {rows} rows over {num_heads} heads")
+    per_half = rows // num_heads // 2
+    grouped = weight.reshape(num_heads, per_half, 2, *weight.shape[1:])
+    return grouped.swapaxes(1, 2).reshape(weight.shape)
+
+
+def _dequantize(tensor: object) -> torch.Tensor:
+    from gguf import GGMLQuantizationType, dequantize
+
+    qtype = tensor.tensor_type  # type: ignore[attr-defined]
+    data = dequantize(tensor.data, qtype)  # type: ignore[attr-defined]
+    # Always copy: the reader's arrays are read-only views of a memory-mapped file.
+    target = np.float16 if qtype == GGMLQuantizationType.F16 else np.float32
+    return torch.from_numpy(np.array(data, dtype=target, order="C", copy=True))
+
+
+def _write_tensors(
+    reader: object, gguf_path: Path, out_dir: Path, qk_heads: tuple[int, int] | None
+) -> None:
+    """Dequantise tensor by tensor into ~2 GiB safetensors shards, flushed as they fill."""
+    writer = _ShardWriter(out_dir)
+    tensors = reader.tensors  # type: ignore[attr-defined]
+    for tensor in tqdm(tensors, desc=f"Converting {gguf_path.name}", unit="tensor"):
+        try:
+            name = hf_tensor_name(tensor.name)
+            if name is None:
+                continue
+            value = _dequantize(tensor)
+        except Exception as e:
+            raise ValueError(f"cannot convert tensor {tensor.name} of {gguf_path}: {e}") from e
+        if qk_heads is not None and (".q_proj." in name or ".k_proj." in name):
+            heads = qk_heads[0] if ".q_proj." in name else qk_heads[1]
+            value = torch.from_numpy(np.ascontiguousarray(unpermute_qk(value.numpy(), heads)))
+        writer.add(name, value)
+    writer.close()
+
+
+class _ShardWriter:
+    """Writes model.safetensors, or model-NNNNN.safetensors shards plus the index."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.pending: dict[str, torch.Tensor] = {}
+        self.pending_bytes = 0
+        self.weight_map: dict[str, str] = {}
+        self.total_bytes = 0
+        self.num_written = 0
+
+    def add(self, name: str, value: torch.Tensor) -> None:
+        if self.pending and self.pending_bytes + value.nbytes > SHARD_BYTES:
+            self._flush(f"model-{self.num_written + 1:05d}.safetensors")
+        self.pending[name] = value
+        self.pending_bytes += value.nbytes
+
+    def _flush(self, file_name: str) -> None:
+        from safetensors.torch import save_file
+
+        save_file(self.pending, str(self.out_dir / file_name), metadata={"format": "pt"})
+        for name, value in self.pending.items():
+            self.weight_map[name] = file_name
+            self.total_bytes += value.nbytes
+        self.pending, self.pending_bytes = {}, 0
+        self.num_written += 1
+
+    def close(self) -> None:
+        if self.num_written == 0:
+            self._flush("model.safetensors")
+            return
+        if self.pending:
+            self._flush(f"model-{self.num_written + 1:05d}.safetensors")
+        index = {"metadata": {"total_size": self.total_bytes}, "weight_map": self.weight_map}
+        text = json.dumps(index, indent=2) + "\n"
+        (self.out_dir / "model.safetensors.index.json").write_text(text)

@@ -1,0 +1,210 @@
+"""The Llama family (Llama 2/3.x, SmolLM, Mistral), also the base of Qwen2 and Qwen3.
+
+Model code only: it sees token ids, positions and the ForwardBatch its attention layers pass on,
+and returns hidden states or logits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+from torch import nn
+
+from radixserve.layers.activation import get_act_and_mul
+from radixserve.layers.layernorm import RMSNorm
+from radixserve.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from radixserve.layers.logits_processor import LogitsProcessor
+from radixserve.layers.radix_attention import RadixAttention
+from radixserve.layers.rotary_embedding import RotaryEmbedding, get_rope
+from radixserve.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+from radixserve.models.weight_utils import StackedParam, load_weights_into
+
+if TYPE_CHECKING:
+    from radixserve.model_executor.forward_batch import ForwardBatch
+    from radixserve.models.config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+
+class AttentionOptions(NamedTuple):
+    qkv_bias: bool
+    o_bias: bool
+    qk_norm: bool  # RMSNorm over each head of q and k before RoPE (Qwen3)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        inter = config.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(
+            config.hidden_size, [inter, inter], bias=config.mlp_bias
+        )
+        self.down_proj = RowParallelLinear(inter, config.hidden_size, bias=config.mlp_bias)
+        self.act_fn = get_act_and_mul(config.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaAttention(nn.Module):
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer_id: int,
+        rotary_emb: RotaryEmbedding,
+        options: AttentionOptions,
+    ) -> None:
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size,
+            config.head_dim,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            bias=options.qkv_bias,
+        )
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * config.head_dim, config.hidden_size, bias=options.o_bias
+        )
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if options.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if options.qk_norm else None
+        self.rotary_emb = rotary_emb
+        self.attn = RadixAttention(
+            layer_id, self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5
+        )
+
+    def _norm_heads(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        return norm(x.reshape(num_tokens, -1, self.head_dim)).reshape(num_tokens, -1)
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self._norm_heads(q, self.q_norm)
+            k = self._norm_heads(k, self.k_norm)
+        q, k = self.rotary_emb(positions, q, k)
+        out = self.attn(q, k, v, forward_batch)
+        return self.o_proj(out)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer_id: int,
+        rotary_emb: RotaryEmbedding,
+        options: AttentionOptions,
+    ) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_id, rotary_emb, options)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        forward_batch: ForwardBatch,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # The residual stream is carried separately so each norm can fuse the preceding add.
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, forward_batch)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig, options: AttentionOptions) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        # One table for all layers: it can be large (context_len x head_dim floats).
+        self.rotary_emb = get_rope(
+            config.head_dim,
+            config.head_dim,
+            max_position=config.context_len,
+            base=config.rope_theta,
+            rope_scaling=config.rope_scaling,
+            original_max_position=config.max_position_embeddings,
+        )
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, self.rotary_emb, options)
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        residual: torch.Tensor | None = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual, forward_batch)
+        if residual is None:  # a model with no layers
+            return self.norm(hidden)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    """Decoder-only LM: forward -> final-normed hidden states; compute_logits -> float32."""
+
+    stacked_params = (
+        StackedParam("qkv_proj", "q_proj", "q"),
+        StackedParam("qkv_proj", "k_proj", "k"),
+        StackedParam("qkv_proj", "v_proj", "v"),
+        StackedParam("gate_up_proj", "gate_proj", 0),
+        StackedParam("gate_up_proj", "up_proj", 1),
+    )
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, self.attention_options(config))
+        if config.tie_word_embeddings:
+            self.lm_head: VocabParallelEmbedding = self.model.embed_tokens
+        else:
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.logits_processor = LogitsProcessor(config.vocab_size)
+
+    @classmethod
+    def attention_options(cls, config: ModelConfig) -> AttentionOptions:
+        return AttentionOptions(config.attention_bias, config.attention_bias, qk_norm=False)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, forward_batch)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.logits_processor(hidden, self.lm_head)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load HF-named tensors; raises ValueError naming any tensor the checkpoint lacks."""
+        skip = ["rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached"]
+        if self.config.tie_word_embeddings:
+            skip.append("lm_head.weight")  # some tied checkpoints still store a copy
+        load_weights_into(self, weights, self.stacked_params, skip)
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Mistral checkpoints are Llama-shaped."""

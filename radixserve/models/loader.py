@@ -1,0 +1,141 @@
+"""load_model: model path + load options -> a model with weights on the target device."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from radixserve.models.config import ModelConfig, looks_like_hub_id
+from radixserve.models.dummy import init_dummy_weights
+from radixserve.models.registry import get_model_class
+from radixserve.models.weight_utils import (
+    find_weight_files,
+    iterate_weights,
+    resolve_local_model,
+)
+
+logger = logging.getLogger(__name__)
+
+LOAD_FORMATS = ("auto", "safetensors", "pt", "gguf", "dummy")
+_HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+
+
+class LoadedModel(NamedTuple):
+    model: nn.Module
+    config: ModelConfig
+    # An HF-style folder with config.json and the tokenizer files (for a GGUF: the converted
+    # cache folder), suitable for get_tokenizer.
+    model_dir: Path
+
+
+def load_model(
+    model_path: str,
+    *,
+    load_format: str = "auto",
+    dtype: str = "auto",
+    device: str = "cpu",
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    context_length: int | None = None,
+    json_model_override_args: str = "{}",
+    download_dir: str | None = None,
+    seed: int = 0,
+) -> LoadedModel:
+    """Build the model named by config.json and fill its weights (`seed` is for dummy)."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(
+            f"--load-format {load_format!r} is not supported; supported: {', '.join(LOAD_FORMATS)}"
+        )
+    start = time.perf_counter()
+    model_dir = resolve_model_dir(model_path, load_format, revision, download_dir)
+    config = ModelConfig.from_pretrained(
+        model_dir,
+        context_length=context_length,
+        dtype=dtype,
+        revision=revision,
+        trust_remote_code=trust_remote_code,
+        json_model_override_args=json_model_override_args,
+        device=device,
+    )
+    model_class = get_model_class(config.architectures)
+    target = torch.device(device)
+    with _default_dtype(config.dtype), target:
+        model = model_class(config)
+    if load_format == "dummy":
+        init_dummy_weights(model, seed=seed)
+    else:
+        files = find_weight_files(model_dir, "auto" if load_format == "gguf" else load_format)
+        model.load_weights(iterate_weights(files, progress=_is_first_rank()))
+    model.eval()
+    num_params = sum(p.numel() for p in model.parameters())
+    logger.info(
+        "Loaded %s (%s, %.1fM parameters, %s on %s) in %.1f s",
+        model_path,
+        model_class.__name__,
+        num_params / 1e6,
+        str(config.dtype).removeprefix("torch."),
+        target,
+        time.perf_counter() - start,
+    )
+    return LoadedModel(model, config, model_dir)
+
+
+def resolve_model_dir(
+    model_path: str,
+    load_format: str = "auto",
+    revision: str | None = None,
+    download_dir: str | None = None,
+) -> Path:
+    """The local HF folder for a model path: the folder itself, a GGUF's converted cache folder,
+    or a hub download."""
+    path = Path(os.path.expanduser(model_path))
+    if path.exists():
+        return resolve_local_model(path, load_format)
+    if not looks_like_hub_id(model_path):
+        raise FileNotFoundError(f"model path {model_path} does not exist")
+    return _download(model_path, load_format, revision, download_dir)
+
+
+def _download(
+    repo_id: str, load_format: str, revision: str | None, download_dir: str | None
+) -> Path:
+    from huggingface_hub import snapshot_download
+
+    patterns = list(_HUB_PATTERNS)
+    if load_format == "pt":
+        patterns.append("*.bin")
+    try:
+        local = snapshot_download(
+            repo_id, revision=revision, cache_dir=download_dir, allow_patterns=patterns
+        )
+    except Exception as e:
+        raise FileNotFoundError(
+            f"model path {repo_id} is not a local path and could not be downloaded: {e}"
+        ) from e
+    return Path(local)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    # Parameters are created with the default dtype; switching it builds the model directly
+    # in the target dtype instead of building in float32 and converting (double memory).
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _is_first_rank() -> bool:
+    from radixserve.distributed import parallel_state
+
+    return parallel_state.get_tp_rank() == 0

@@ -1,0 +1,36 @@
+"""config.json `architectures` -> model class, imported lazily."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Sequence
+
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+# architecture name -> (module under radixserve.models, class name)
+_MODELS: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("llama", "MistralForCausalLM"),
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_MODELS)
+
+
+def get_model_class(architectures: Sequence[str]) -> type[nn.Module]:
+    """The class for the first supported name in `architectures`."""
+    for arch in architectures:
+        if arch in _MODELS:
+            module_name, class_name = _MODELS[arch]
+            module = importlib.import_module(f"radixserve.models.{module_name}")
+            return getattr(module, class_name)
+    raise ValueError(
+        f"Model architectures {list(architectures)} are not supported; supported: "
+        f"{', '.join(supported_architectures())}"
+    )

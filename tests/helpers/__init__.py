@@ -1,0 +1,1 @@
+"""Shared test helpers: a manual prefill/decode driver, tiny checkpoints, HF references."""

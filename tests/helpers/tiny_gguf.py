@@ -1,0 +1,110 @@
+"""Write tiny GGUF files the way llama.cpp's converter does, from a tiny HF model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+_TOP = {
+    "model.embed_tokens": "token_embd",
+    "model.norm": "output_norm",
+    "lm_head": "output",
+}
+_BLOCK = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+# A small byte-less BPE vocabulary: special tokens, letters and a few merges.
+_TOKENS = ["<unk>", "<s>", "</s>"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+_TOKENS += [chr(c) for c in range(ord("A"), ord("Z") + 1)] + ["Ġ", "ab", "abc", "Ġa"]
+_MERGES = ["a b", "ab c", "Ġ a"]
+CHAT_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+
+
+def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """llama.cpp's q/k row permutation (convert_hf_to_gguf.py, LlamaModel.permute)."""
+    half = weight.shape[0] // num_heads // 2
+    grouped = weight.reshape(num_heads, 2, half, *weight.shape[1:])
+    return grouped.swapaxes(1, 2).reshape(weight.shape)
+
+
+def gguf_name(hf_name: str) -> str:
+    module, _, suffix = hf_name.rpartition(".")
+    if module in _TOP:
+        return f"{_TOP[module]}.{suffix}"
+    parts = module.split(".")
+    return f"blk.{parts[2]}.{_BLOCK['.'.join(parts[3:])]}.{suffix}"
+
+
+def write_tiny_gguf(
+    path: Path, hf_model: torch.nn.Module, arch: str = "llama", quantize: bool = True
+) -> Path:
+    """Write `hf_model` (vocab_size must be len(_TOKENS) = 59 or less) as a GGUF of `arch`.
+
+    2-D weights other than the embedding are stored Q8_0 when `quantize`, else F32. q/k rows are
+    permuted for llama, as llama.cpp does.
+    """
+    import gguf
+
+    cfg = hf_model.config
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(f"tiny-{arch}")
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    writer.add_rope_dimension_count(head_dim)
+    _add_tokenizer(writer, cfg.vocab_size)
+    for name, tensor in hf_model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        value = tensor.float().numpy()
+        target = gguf_name(name)
+        if arch == "llama" and ".attn_q." in target:
+            value = llama_cpp_permute(value, heads)
+        elif arch == "llama" and ".attn_k." in target:
+            value = llama_cpp_permute(value, kv_heads)
+        if quantize and value.ndim == 2 and not target.startswith("token_embd"):
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            writer.add_tensor(target, gguf.quants.quantize(value, q8), raw_dtype=q8)
+        else:
+            writer.add_tensor(target, np.ascontiguousarray(value, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _add_tokenizer(writer: object, vocab_size: int) -> None:
+    if vocab_size > len(_TOKENS):
+        raise ValueError(f"tiny GGUF vocabularies hold at most {len(_TOKENS)} tokens")
+    tokens = _TOKENS[:vocab_size]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
+    writer.add_token_merges(_MERGES)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_chat_template(CHAT_TEMPLATE)

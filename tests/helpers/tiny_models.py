@@ -1,0 +1,69 @@
+"""Tiny random Hugging Face checkpoints (2 layers, hidden 64) for fast CPU tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_BASE: dict[str, Any] = {
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6,
+    "initializer_range": 0.1,
+    "tie_word_embeddings": False,
+    "eos_token_id": 2,
+    "bos_token_id": 1,
+}
+
+ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def tiny_hf_config(arch: str = "llama", **overrides: Any) -> Any:
+    """A transformers config for a tiny model of `arch` (llama, qwen2, qwen3, mistral)."""
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    classes = {
+        "llama": LlamaConfig,
+        "qwen2": Qwen2Config,
+        "qwen3": Qwen3Config,
+        "mistral": MistralConfig,
+    }
+    kwargs = dict(_BASE)
+    if arch in ("qwen3", "mistral"):
+        kwargs["head_dim"] = 16
+    if arch == "mistral":
+        kwargs["sliding_window"] = None
+    kwargs.update(overrides)
+    return classes[arch](**kwargs)
+
+
+def tiny_hf_model(config: Any, seed: int = 0) -> torch.nn.Module:
+    """An HF causal LM with random weights, norms and biases included (HF inits those to 1/0,
+    which would leave their loading untested)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+            elif name.endswith(".bias"):
+                param.normal_(0.0, 0.1)
+    return model.eval()
+
+
+def make_tiny_checkpoint(
+    out_dir: Path, arch: str = "llama", seed: int = 0, **config_overrides: Any
+) -> torch.nn.Module:
+    """Save a tiny random model of `arch` to out_dir (safetensors) and return the HF model."""
+    model = tiny_hf_model(tiny_hf_config(arch, **config_overrides), seed)
+    model.save_pretrained(out_dir)
+    return model

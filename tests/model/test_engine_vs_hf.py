@@ -1,0 +1,157 @@
+"""The engine's greedy output on the real default model equals HF transformers', token for token
+(float32), whether requests run alone or batched, with the radix cache on or off, and with a
+chunked-prefill size that splits every prompt. A divergence is accepted only where the reference
+model's top two logits are a near tie at that position."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from radixserve import Engine
+from tests.helpers.hf_reference import hf_greedy, hf_logits
+
+MAX_NEW = 24
+CHUNK = 6
+TIE_GAP = 1e-3
+GREEDY = {"temperature": 0, "max_new_tokens": MAX_NEW}
+
+CHAT_QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain photosynthesis in one sentence.",
+    "List three prime numbers.",
+    "How do I reverse a list in Python?",
+    "Translate 'good morning' into Spanish.",
+    "Give me a tip for sleeping better.",
+    "What is 12 times 12?",
+]
+PLAIN_TEXTS = [
+    "The quick brown fox jumps over the lazy dog. The dog",
+    "Once upon a time, in a small village by the mountains, there lived",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+    "The three primary colors are red, blue and",
+    "In 1969, the first humans landed on the Moon. The mission was called",
+    "import numpy as np\n\narr = np.arange(10)\nprint(",
+    "Water boils at 100 degrees Celsius at sea level, but at higher altitudes",
+    "The mitochondria is known as the powerhouse of the cell because",
+    "A recipe for pancakes: mix flour, eggs and milk, then",
+    "Monday, Tuesday, Wednesday, Thursday,",
+    "The first law of thermodynamics states that energy cannot be",
+    " ".join(["The history of the Roman Empire spans many centuries."] * 6),
+]
+
+
+@pytest.fixture(scope="module")
+def engine(default_gguf: Path) -> Iterator[Engine]:
+    with Engine(model_path=str(default_gguf), dtype="float32", max_total_tokens=16384) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(engine: Engine) -> list[list[int]]:
+    tok = engine.tokenizer
+    chats = [
+        tok.encode(
+            tok.apply_chat_template(
+                [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
+            ),
+            add_special_tokens=False,
+        )
+        for q in CHAT_QUESTIONS
+    ]
+    plain = [tok.encode(t) for t in PLAIN_TEXTS]
+    prompts = [list(ids) for ids in chats + plain]
+    assert len(prompts) >= 20 and min(len(p) for p in prompts) > CHUNK
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def reference(
+    hf_default_model: Any, prompt_ids: list[list[int]], engine: Engine
+) -> list[list[int]]:
+    eos = [engine.tokenizer.eos_token_id]
+    return [hf_greedy(hf_default_model, p, MAX_NEW, stop_ids=eos) for p in prompt_ids]
+
+
+def assert_matches_reference(
+    hf_model: Any, prompts: list[list[int]], ours: list[list[int]], ref: list[list[int]]
+) -> None:
+    for prompt, got, want in zip(prompts, ours, ref, strict=True):
+        if got == want:
+            continue
+        i = next((k for k, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+        assert i is not None, f"same prefix but different lengths: {got} vs {want}"
+        logits = hf_logits(hf_model, prompt + want[:i])[-1]
+        top2 = logits.topk(2).values
+        gap = float(top2[0] - top2[1])
+        assert gap < TIE_GAP, f"diverged at token {i} without a near tie (gap {gap:.4g})"
+
+
+def run_alone(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
+    return [engine.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in prompts]
+
+
+def run_batch(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
+    return [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=GREEDY)]
+
+
+def test_greedy_alone_and_batched_match_hf(
+    engine: Engine, prompt_ids: list[list[int]], reference: list[list[int]], hf_default_model: Any
+) -> None:
+    engine.flush_cache()
+    alone = run_alone(engine, prompt_ids)
+    assert_matches_reference(hf_default_model, prompt_ids, alone, reference)
+    batched = run_batch(engine, prompt_ids)  # now also hitting the prefix cache
+    assert_matches_reference(hf_default_model, prompt_ids, batched, reference)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"disable_radix_cache": True}, {"chunked_prefill_size": CHUNK}],
+    ids=["radix-off", f"chunked-{CHUNK}"],
+)
+def test_greedy_matches_hf_across_cache_and_chunking(
+    default_gguf: Path,
+    options: dict[str, Any],
+    prompt_ids: list[list[int]],
+    reference: list[list[int]],
+    hf_default_model: Any,
+) -> None:
+    with Engine(
+        model_path=str(default_gguf), dtype="float32", max_total_tokens=16384, **options
+    ) as eng:
+        batched = run_batch(eng, prompt_ids)
+        assert_matches_reference(hf_default_model, prompt_ids, batched, reference)
+        info = eng.get_server_info()
+        assert info["available_kv_tokens"] + info["cached_tokens"] == info["max_total_num_tokens"]
+
+
+def test_shared_prefix_hits_the_cache_and_computes_less(engine: Engine) -> None:
+    engine.flush_cache()
+    system = "You are a helpful assistant who answers briefly and precisely. " * 4
+    questions = ["What is 2+2?", "Name a color.", "Say hi.", "Name a fruit."]
+    before = engine.get_server_info()
+    results = engine.generate([system + q for q in questions[:1]], GREEDY)
+    results += engine.generate([system + q for q in questions[1:]], GREEDY)
+    after = engine.get_server_info()
+    cached = [r["meta_info"]["cached_tokens"] for r in results]
+    assert cached[0] == 0 and all(c > 20 for c in cached[1:])
+    prompt_total = sum(r["meta_info"]["prompt_tokens"] for r in results)
+    computed = after["prefill_tokens_total"] - before["prefill_tokens_total"]
+    assert computed == prompt_total - sum(cached)
+
+
+def test_text_prompt_and_stop_string(engine: Engine) -> None:
+    prompt = "Count from one to ten: one, two, three,"
+    params = {**GREEDY, "stop": [" seven", "never-seen"]}
+    out = engine.generate(prompt, params)
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": " seven"}
+    assert out["text"] == " four, five, six,"
+    streamed = "".join(c["text"] for c in engine.generate(prompt, params, stream=True))
+    assert streamed == out["text"]
+    kept = engine.generate(prompt, {**params, "no_stop_trim": True})
+    assert kept["text"] == " four, five, six, seven"
