@@ -145,6 +145,12 @@ class Engine:
                 "max_total_num_tokens": s.kv.allocator.size,
                 "available_kv_tokens": s.kv.allocator.available_size(),
                 "cached_tokens": s.kv.prefix_cache.total_size(),
+                "prompt_tokens_total": s.stats.prompt_tokens,
+                "cached_prompt_tokens_total": s.stats.cached_prompt_tokens,
+                "prefill_tokens_total": s.stats.prefill_tokens,
+                "generation_tokens_total": s.stats.generated_tokens,
+                "num_retractions_total": s.stats.retractions,
+                "cache_hit_rate": s.stats.cache_hit_rate,
             }
 
         return self.loop.call(snapshot)

@@ -35,6 +35,8 @@ class IncrementalDetokenizer:
         self.read_offset = 0
 
     def _decode(self, ids: Sequence[int]) -> str:
+        if self.tokenizer is None:  # --skip-tokenizer-init: clients read output_ids
+            return ""
         kwargs: dict[str, Any] = {"skip_special_tokens": self.skip_special_tokens}
         if not self.spaces_between_special_tokens:
             kwargs["spaces_between_special_tokens"] = False

@@ -84,6 +84,27 @@ class ScheduledBatch:
     reqs: list[Req]
     extend_lens: list[int]
     is_decode: bool
+    # Prefill entries come first; in a mixed batch the running decodes follow them.
+    num_prefill_reqs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_prefill_reqs is None:
+            self.num_prefill_reqs = 0 if self.is_decode else len(self.reqs)
 
     def __len__(self) -> int:
         return len(self.reqs)
+
+
+@dataclass
+class SchedulerStats:
+    """Counters since start (what /metrics and /server_info report)."""
+
+    prompt_tokens: int = 0  # prompt tokens of admitted requests
+    cached_prompt_tokens: int = 0  # of those, served from the prefix cache
+    prefill_tokens: int = 0  # tokens actually run through prefill (recomputation included)
+    generated_tokens: int = 0
+    retractions: int = 0
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0

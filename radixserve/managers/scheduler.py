@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from radixserve.managers.finish_checker import FinishChecker
 from radixserve.managers.kv_manager import KVManager
 from radixserve.managers.retraction import NewTokenRatio, retraction_order
-from radixserve.managers.schedule_batch import Req, ScheduledBatch
+from radixserve.managers.schedule_batch import Req, ScheduledBatch, SchedulerStats
 from radixserve.managers.schedule_policy import PolicyConfig, PrefillAdder, SchedulePolicy
 from radixserve.managers.step_runner import StepRunner
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
@@ -70,6 +70,7 @@ class Scheduler:
         self.stream_reqs: set[str] = set()
         self.pending_outputs: list[ReqOutput] = []
         self.check_kv_each_step = False
+        self.stats = SchedulerStats()
 
     # -- intake -----------------------------------------------------------------------------
     def add_request(self, msg: TokenizedGenerateReq) -> None:
@@ -166,6 +167,8 @@ class Scheduler:
         prefill = self._schedule_prefill()
         if prefill is not None:
             if self.args.enable_mixed_chunk and self.running and self._reserve_decode_slots():
+                self._alloc_decode_slots()
+                prefill.num_prefill_reqs = len(prefill.reqs)
                 prefill.reqs.extend(self.running)
                 prefill.extend_lens.extend([1] * len(self.running))
             return prefill
@@ -173,7 +176,13 @@ class Scheduler:
             return None
         if not self._reserve_decode_slots():
             return None
+        self._alloc_decode_slots()
         return ScheduledBatch(list(self.running), [1] * len(self.running), is_decode=True)
+
+    def _alloc_decode_slots(self) -> None:
+        for req in self.running:
+            if self.kv.alloc_extend(req, 1) is None:  # _reserve_decode_slots made room
+                raise RuntimeError(f"KV allocation failed for request {req.rid} after reserving")
 
     def _schedule_prefill(self) -> ScheduledBatch | None:
         if not self.waiting and self.chunked_req is None:
@@ -219,6 +228,8 @@ class Scheduler:
         if not req.admitted_once:
             req.cached_tokens = len(prefix)
             req.admitted_once = True
+            self.stats.cached_prompt_tokens += len(prefix)
+            self.stats.prompt_tokens += len(req.origin_input_ids)
         if self._add_admitted(adder, req):
             return True
         self.kv.release(req)
@@ -265,6 +276,7 @@ class Scheduler:
         self.running.remove(victim)
         self.kv.release(victim)
         victim.num_retractions += 1
+        self.stats.retractions += 1
         self.waiting.insert(0, victim)
         self.ratio.after_retraction(self.running)
         logger.info(
@@ -278,6 +290,8 @@ class Scheduler:
     def _process(self, batch: ScheduledBatch, results: Sequence[Any]) -> None:
         if batch.is_decode:
             self.ratio.decay()
+        else:
+            self.stats.prefill_tokens += sum(batch.extend_lens[: batch.num_prefill_reqs])
         still_running: list[Req] = []
         for req, extend_len, result in zip(batch.reqs, batch.extend_lens, results, strict=True):
             req.kv_len += extend_len
@@ -289,6 +303,7 @@ class Scheduler:
                 self._finish(req, FinishReason("length"))
                 continue
             result.apply(req)
+            self.stats.generated_tokens += 1
             reason = self.finish_checker.check(req)
             if reason is not None:
                 self._finish(req, reason)

@@ -7,7 +7,6 @@ StepInputs (plain lists) and gets logits back.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -16,6 +15,7 @@ import torch
 from radixserve.layers.attention.registry import create_attention_backend
 from radixserve.mem_cache.kv_cache import KVCache
 from radixserve.model_executor.forward_batch import ForwardBatch, ForwardMode
+from radixserve.options.hardware import device_memory_bytes
 
 if TYPE_CHECKING:
     from radixserve.models.config import ModelConfig
@@ -56,7 +56,7 @@ class ModelRunner:
         loaded = load_model(
             server_args.model_path,
             load_format=server_args.load_format,
-            dtype=server_args.dtype,
+            dtype=server_args.resolved_dtype,
             device=server_args.device,
             revision=server_args.revision,
             trust_remote_code=server_args.trust_remote_code,
@@ -87,9 +87,9 @@ class ModelRunner:
         )
 
     def _kv_dtype(self) -> torch.dtype:
-        if self.server_args.kv_cache_dtype in ("bf16", "bfloat16"):
-            return torch.bfloat16
-        return self.dtype
+        if self.server_args.kv_cache_dtype == "auto":
+            return self.dtype
+        return getattr(torch, self.server_args.resolved_kv_cache_dtype)
 
     def _plan_memory(self) -> MemoryPlan:
         cfg = self.model_config
@@ -98,7 +98,8 @@ class ModelRunner:
             cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self._kv_dtype()
         )
         weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        budget = int(_device_memory_bytes(self.device) * args.mem_fraction_static) - weight_bytes
+        memory = device_memory_bytes(self.device.type) or 0
+        budget = int(memory * args.mem_fraction_static) - weight_bytes
         from_memory = max(budget // per_token, 0)
         total = from_memory if args.max_total_tokens is None else args.max_total_tokens
         if args.max_total_tokens is not None and args.max_total_tokens > from_memory:
@@ -144,10 +145,3 @@ class ModelRunner:
         self.attn_backend.init_forward_metadata(fb)
         hidden = self.model(fb.input_ids, fb.positions, fb)
         return self.model.compute_logits(hidden[fb.logits_indices]).float()
-
-
-def _device_memory_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return free
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
