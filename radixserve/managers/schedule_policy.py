@@ -115,15 +115,15 @@ class PrefillAdder:
 
     def plan(self, req: Req, extend_len: int, kv_needed: int) -> int:
         """How many of the request's next `extend_len` tokens this batch can take (0: none)."""
-        if self.reqs and extend_len > self.rem_input_tokens and self.rem_chunk_tokens is None:
-            return 0
-        fits_whole = self.rem_chunk_tokens is None or extend_len <= self.rem_chunk_tokens
-        if fits_whole and kv_needed + self.reserve_for(req) <= self.rem_total_tokens:
+        if self.rem_chunk_tokens is None or extend_len <= self.rem_chunk_tokens:
+            if self.reqs and extend_len > self.rem_input_tokens:
+                return 0
+            if kv_needed + self.reserve_for(req) > self.rem_total_tokens:
+                return 0
             return extend_len
-        limit = min(self.rem_total_tokens, extend_len - 1)
-        if self.rem_chunk_tokens is not None:
-            limit = min(limit, self.rem_chunk_tokens)
-        take = limit // self.page_size * self.page_size
+        # Too long for this batch's chunk budget: take a page-aligned chunk.
+        take = min(self.rem_chunk_tokens, self.rem_total_tokens)
+        take = take // self.page_size * self.page_size
         return max(take, 0)
 
     def commit(self, req: Req, extend_len: int, kv_needed: int, chunked: bool) -> None:
