@@ -32,6 +32,52 @@ class FlushCacheReq:
 
 
 @dataclass
+class GetInfoReq:
+    """Ask the scheduler for its live state (queue lengths, KV usage, counters)."""
+
+
+@dataclass
+class ControlCall:
+    """A control message that wants an answer, matched by call_id."""
+
+    call_id: int
+    request: FlushCacheReq | GetInfoReq
+
+
+@dataclass
+class ControlReply:
+    call_id: int
+    result: Any
+
+
+@dataclass
+class DetokParams:
+    """What the detokenizer needs to turn a request's token ids into text."""
+
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    stop_strings: tuple[str, ...] = ()
+    no_stop_trim: bool = False
+
+
+@dataclass
+class SchedulerReady:
+    """Sent once by the scheduler process after the model is loaded and warmed up."""
+
+    model_dir: str
+    vocab_size: int
+    context_len: int
+    max_total_tokens: int
+    max_running_requests: int
+    architectures: tuple[str, ...]
+
+
+@dataclass
+class SchedulerFailed:
+    message: str
+
+
+@dataclass
 class FinishReason:
     """SGLang's shape: {"type": "stop"|"length"|"abort", "matched": ..., "message": ...}."""
 
@@ -67,3 +113,12 @@ class ReqOutput:
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    # Set on a request's first output, for the detokenizer.
+    detok: DetokParams | None = None
+    # The new text, filled in by the detokenizer.
+    text: str | None = None
+
+
+@dataclass
+class BatchOutput:
+    outputs: list[ReqOutput]

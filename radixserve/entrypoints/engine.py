@@ -12,9 +12,10 @@ import queue
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
-from radixserve.managers.engine_loop import EngineLoop
+from radixserve.managers.inprocess_runtime import InProcessRuntime, tokenizer_path_for
+from radixserve.managers.multiprocess_runtime import MultiProcessRuntime
 from radixserve.managers.tokenizer_manager import RequestError, RequestState, TokenizerManager
-from radixserve.messages import FlushCacheReq, ReqOutput, TokenizedGenerateReq
+from radixserve.messages import FlushCacheReq, GetInfoReq, ReqOutput, TokenizedGenerateReq
 from radixserve.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -25,34 +26,48 @@ Params = Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
 
 
 class Engine:
-    """Runs the scheduler on a background thread of this process.
+    """SGLang's offline Engine.
 
     Keyword arguments are ServerArgs fields (SGLang's names), e.g. `mem_fraction_static=0.5`.
+    `runtime="process"` (the default, as in SGLang) runs the scheduler and the detokenizer in
+    child processes; `runtime="thread"` runs them on a thread of this process, which starts
+    faster and exposes `engine.scheduler` for inspection.
     """
 
-    def __init__(self, server_args: ServerArgs | None = None, **kwargs: Any) -> None:
-        from radixserve.managers.scheduler import Scheduler
-        from radixserve.model_executor.model_runner import ModelRunner
-        from radixserve.utils.tokenizer import get_tokenizer
-
+    def __init__(
+        self, server_args: ServerArgs | None = None, runtime: str = "process", **kwargs: Any
+    ) -> None:
         self.server_args = server_args or ServerArgs.from_kwargs(**kwargs)
         args = self.server_args
-        self.runner = ModelRunner(args)
-        tokenizer_path = (
-            args.tokenizer_path if args.tokenizer_path != args.model_path else self.runner.model_dir
+        self.runtime: InProcessRuntime | MultiProcessRuntime
+        if runtime == "thread":
+            self.runtime = InProcessRuntime(args)
+            self.tokenizer = self.runtime.tokenizer
+        elif runtime == "process":
+            self.runtime = MultiProcessRuntime(args)
+            self.tokenizer = None
+            if not args.skip_tokenizer_init:
+                from radixserve.utils.tokenizer import get_tokenizer
+
+                self.tokenizer = get_tokenizer(
+                    tokenizer_path_for(args, self.runtime.ready.model_dir),
+                    tokenizer_mode=args.tokenizer_mode,
+                    trust_remote_code=args.trust_remote_code,
+                    revision=args.revision,
+                )
+        else:
+            raise ValueError(f"runtime must be 'process' or 'thread', not {runtime!r}")
+        self.model_info = self.runtime.ready
+        self.tokenizer_manager = TokenizerManager(
+            self.tokenizer, self.model_info.vocab_size, self.model_info.context_len
         )
-        self.tokenizer = None
-        if not args.skip_tokenizer_init:
-            self.tokenizer = get_tokenizer(
-                tokenizer_path,
-                tokenizer_mode=args.tokenizer_mode,
-                trust_remote_code=args.trust_remote_code,
-                revision=args.revision,
-            )
-        cfg = self.runner.model_config
-        self.scheduler = Scheduler(args, self.runner, self.tokenizer)
-        self.tokenizer_manager = TokenizerManager(self.tokenizer, cfg.vocab_size, cfg.context_len)
-        self.loop = EngineLoop(self.scheduler)
+
+    @property
+    def scheduler(self) -> Any:
+        """The live Scheduler (runtime="thread" only)."""
+        if not isinstance(self.runtime, InProcessRuntime):
+            raise AttributeError("engine.scheduler is only available with runtime='thread'")
+        return self.runtime.scheduler
 
     # -- context manager --------------------------------------------------------------------
     def __enter__(self) -> Engine:
@@ -62,7 +77,7 @@ class Engine:
         self.shutdown()
 
     def shutdown(self) -> None:
-        self.loop.shutdown()
+        self.runtime.shutdown()
 
     # -- generation -------------------------------------------------------------------------
     def generate(
@@ -132,28 +147,16 @@ class Engine:
         return results[0] if single else list(results)
 
     def abort_request(self, rid: str | None = None, abort_all: bool = False) -> None:
-        self.loop.abort(rid, abort_all)
+        self.runtime.abort(rid, abort_all)
 
     def flush_cache(self) -> bool:
-        return bool(self.loop.call(FlushCacheReq()))
+        return bool(self.runtime.call(FlushCacheReq()))
 
     def get_server_info(self) -> dict[str, Any]:
-        def snapshot(s: Any) -> dict[str, Any]:
-            return {
-                "num_running_reqs": len(s.running),
-                "num_waiting_reqs": len(s.waiting),
-                "max_total_num_tokens": s.kv.allocator.size,
-                "available_kv_tokens": s.kv.allocator.available_size(),
-                "cached_tokens": s.kv.prefix_cache.total_size(),
-                "prompt_tokens_total": s.stats.prompt_tokens,
-                "cached_prompt_tokens_total": s.stats.cached_prompt_tokens,
-                "prefill_tokens_total": s.stats.prefill_tokens,
-                "generation_tokens_total": s.stats.generated_tokens,
-                "num_retractions_total": s.stats.retractions,
-                "cache_hit_rate": s.stats.cache_hit_rate,
-            }
+        return dict(self.runtime.call(GetInfoReq()))
 
-        return self.loop.call(snapshot)
+    def is_alive(self) -> bool:
+        return self.runtime.is_alive()
 
     # -- internals --------------------------------------------------------------------------
     def _expand(
@@ -216,7 +219,7 @@ class Engine:
 
     def _submit(self, msg: TokenizedGenerateReq) -> queue.Queue[ReqOutput]:
         sink: queue.Queue[ReqOutput] = queue.Queue()
-        self.loop.submit(msg, sink.put)
+        self.runtime.submit(msg, sink.put)
         return sink
 
     def _collect(self, state: RequestState, sink: queue.Queue[ReqOutput]) -> dict[str, Any]:
@@ -236,7 +239,7 @@ class Engine:
                 yield self.tokenizer_manager.apply_output(state, out)
         finally:
             if not finished:  # the consumer stopped early: free the request's KV
-                self.loop.abort(msg.rid)
+                self.runtime.abort(msg.rid)
 
     async def _acollect(self, msg: TokenizedGenerateReq, state: RequestState) -> dict[str, Any]:
         async for out in self._aoutputs(msg):
@@ -256,7 +259,7 @@ class Engine:
         if the consumer stops early."""
         aloop = asyncio.get_running_loop()
         aqueue: asyncio.Queue[ReqOutput] = asyncio.Queue()
-        self.loop.submit(msg, lambda out: aloop.call_soon_threadsafe(aqueue.put_nowait, out))
+        self.runtime.submit(msg, lambda out: aloop.call_soon_threadsafe(aqueue.put_nowait, out))
         finished = False
         try:
             while not finished:
@@ -265,7 +268,7 @@ class Engine:
                 yield out
         finally:
             if not finished:
-                self.loop.abort(msg.rid)
+                self.runtime.abort(msg.rid)
 
 
 def _normalise_inputs(

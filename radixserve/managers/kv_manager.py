@@ -134,6 +134,12 @@ class KVManager:
             self.allocator.free(freed)
         return True
 
+    def hard_reset(self) -> None:
+        """Forget every owner: only when no request is live (after a failed step)."""
+        self.prefix_cache.reset()
+        self.allocator.clear()
+        self.req_to_token_pool.clear()
+
     # -- accounting -------------------------------------------------------------------------
     def owned_tokens(self, reqs: Iterable[Req]) -> int:
         total = 0

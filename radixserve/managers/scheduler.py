@@ -21,7 +21,13 @@ from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.mem_cache.radix_cache import RadixCache
 from radixserve.mem_cache.req_to_token_pool import ReqToTokenPool
-from radixserve.messages import AbortReq, FinishReason, ReqOutput, TokenizedGenerateReq
+from radixserve.messages import (
+    AbortReq,
+    DetokParams,
+    FinishReason,
+    ReqOutput,
+    TokenizedGenerateReq,
+)
 from radixserve.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -130,12 +136,36 @@ class Scheduler:
             return False
         return self.kv.flush_cache()
 
-    def fail_all(self, message: str) -> list[ReqOutput]:
+    def fail_all(self, message: str) -> None:
         """End every live request with an error (after a failed step); keeps KV consistent."""
         for req in self._live_reqs():
             self._finish(req, FinishReason("abort", message=message, status_code=500))
         self.waiting, self.running, self.chunked_req = [], [], None
-        return self.step_outputs_only()
+        try:
+            self.kv.check_conservation([])
+        except RuntimeError:
+            # The failed step may have allocated slots it never recorded; start memory afresh.
+            logger.warning("KV bookkeeping was inconsistent after the failure; resetting it")
+            self.kv.hard_reset()
+
+    def info(self) -> dict[str, Any]:
+        """Live state for /server_info and metrics."""
+        stats = self.stats
+        return {
+            "num_running_reqs": len(self.running) + int(self.chunked_req is not None),
+            "num_waiting_reqs": len(self.waiting),
+            "max_total_num_tokens": self.kv.allocator.size,
+            "max_running_requests": self.max_running_requests,
+            "available_kv_tokens": self.kv.allocator.available_size(),
+            "cached_tokens": self.kv.prefix_cache.total_size(),
+            "token_usage": 1.0 - self.kv.available_tokens() / self.kv.allocator.size,
+            "prompt_tokens_total": stats.prompt_tokens,
+            "cached_prompt_tokens_total": stats.cached_prompt_tokens,
+            "prefill_tokens_total": stats.prefill_tokens,
+            "generation_tokens_total": stats.generated_tokens,
+            "num_retractions_total": stats.retractions,
+            "cache_hit_rate": stats.cache_hit_rate,
+        }
 
     def step_outputs_only(self) -> list[ReqOutput]:
         outputs, self.pending_outputs = self.pending_outputs, []
@@ -146,6 +176,12 @@ class Scheduler:
         return bool(self.waiting or self.running or self.chunked_req or self.pending_outputs)
 
     def step(self) -> list[ReqOutput]:
+        """Run one step and return every output produced since the last call."""
+        self.step_and_stash()
+        return self.step_outputs_only()
+
+    def step_and_stash(self) -> None:
+        """Run one step (if there is a batch); outputs wait in pending_outputs."""
         batch = self._schedule()
         if batch is not None:
             results = self.step_runner.run(batch)
@@ -154,7 +190,6 @@ class Scheduler:
                 self.kv.check_conservation(self._live_reqs())
         elif not self.running:
             self.ratio.reset()
-        return self.step_outputs_only()
 
     def _live_reqs(self) -> list[Req]:
         live = [*self.waiting, *self.running]
@@ -330,7 +365,17 @@ class Scheduler:
     def _output(self, req: Req) -> ReqOutput:
         start = req.sent_offset
         req.sent_offset = len(req.output_ids)
+        detok = None
+        if start == 0:
+            params = req.sampling_params
+            detok = DetokParams(
+                skip_special_tokens=params.skip_special_tokens,
+                spaces_between_special_tokens=params.spaces_between_special_tokens,
+                stop_strings=tuple(params.stop or ()),
+                no_stop_trim=params.no_stop_trim,
+            )
         return ReqOutput(
+            detok=detok,
             rid=req.rid,
             new_token_ids=req.output_ids[start:],
             finished=req.finished_reason,

@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixserve.managers.detokenizer import IncrementalDetokenizer
 from radixserve.messages import ReqOutput, TokenizedGenerateReq
 from radixserve.sampling.sampling_params import SamplingParams
 
@@ -29,7 +28,6 @@ class RequestError(ValueError):
 class RequestState:
     rid: str
     prompt_tokens: int
-    detokenizer: IncrementalDetokenizer
     return_logprob: bool
     start_time: float = field(default_factory=time.monotonic)
     output_ids: list[int] = field(default_factory=list)
@@ -92,14 +90,7 @@ class TokenizerManager:
             stream=stream,
             priority=priority,
         )
-        detok = IncrementalDetokenizer(
-            self.tokenizer,
-            skip_special_tokens=params.skip_special_tokens,
-            spaces_between_special_tokens=params.spaces_between_special_tokens,
-            stop_strings=params.stop or (),
-            no_stop_trim=params.no_stop_trim,
-        )
-        state = RequestState(msg.rid, len(ids), detok, msg.return_logprob)
+        state = RequestState(msg.rid, len(ids), msg.return_logprob)
         return msg, state
 
     def _check_ids(self, input_ids: Sequence[int] | None) -> list[int]:
@@ -133,12 +124,7 @@ class TokenizerManager:
     def apply_output(self, state: RequestState, out: ReqOutput) -> dict[str, Any]:
         """Fold a scheduler output into the request state; return the chunk to hand out
         (its "text" is the new text only; the state keeps the full text)."""
-        matched = out.finished.matched if out.finished is not None else None
-        delta = state.detokenizer.add(
-            out.new_token_ids,
-            finished=out.finished is not None,
-            matched_stop=matched if isinstance(matched, str) else None,
-        )
+        delta = out.text or ""  # the detokenizer's share
         state.text += delta
         state.output_ids.extend(out.new_token_ids)
         if state.return_logprob:

@@ -23,6 +23,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def make_engine(model_dir: Path, **kwargs: Any) -> Engine:
     options: dict[str, Any] = {
+        "runtime": "thread",
         "model_path": str(model_dir),
         "load_format": "dummy",
         "dtype": "float32",

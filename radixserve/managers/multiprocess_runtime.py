@@ -1,0 +1,187 @@
+"""The server's runtime: a scheduler process and a detokenizer process behind ZMQ.
+
+    API process --PUSH--> scheduler --PUSH--> detokenizer --PUSH--> API process (reader thread)
+
+Children die with this process (even on SIGKILL). If a child dies, every waiting request
+fails once with an error and `is_alive()` turns False (the server then answers /health with
+503 and exits non-zero).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import queue
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from radixserve.managers.detokenizer_process import run_detokenizer_process
+from radixserve.managers.process_utils import ipc_address
+from radixserve.managers.request_router import RequestRouter, RuntimeDeadError, Sink
+from radixserve.managers.scheduler_process import run_scheduler_process
+from radixserve.messages import AbortReq, SchedulerFailed, SchedulerReady, TokenizedGenerateReq
+
+if TYPE_CHECKING:
+    from radixserve.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+STARTUP_TIMEOUT_S = 1800.0
+CALL_TIMEOUT_S = 60.0
+WATCH_INTERVAL_S = 0.5
+
+
+class EngineStartupError(RuntimeError):
+    pass
+
+
+class MultiProcessRuntime:
+    def __init__(
+        self, server_args: ServerArgs, on_death: Callable[[str], None] | None = None
+    ) -> None:
+        self.server_args = server_args
+        self.on_death = on_death
+        self.router = RequestRouter()
+        self._dead_reason: str | None = None
+        self._stopping = False
+        self._folder = Path(tempfile.mkdtemp(prefix="radixserve-ipc-"))
+        sched_in = ipc_address(self._folder, "scheduler")
+        detok_in = ipc_address(self._folder, "detokenizer")
+        api_in = ipc_address(self._folder, "api")
+        self._ctx = zmq.Context()
+        self._receiver = self._ctx.socket(zmq.PULL)
+        self._receiver.bind(api_in)
+        self._sender = self._ctx.socket(zmq.PUSH)
+        self._sender.connect(sched_in)
+        self._send_lock = threading.Lock()
+        spawn = mp.get_context("spawn")
+        pid = os.getpid()
+        self.processes = [
+            spawn.Process(
+                target=run_scheduler_process,
+                args=(server_args, sched_in, detok_in, pid),
+                name="radixserve-scheduler",
+                daemon=True,
+            ),
+            spawn.Process(
+                target=run_detokenizer_process,
+                args=(server_args, detok_in, api_in, pid),
+                name="radixserve-detokenizer",
+                daemon=True,
+            ),
+        ]
+        for proc in self.processes:
+            proc.start()
+        try:
+            self.ready = self._wait_ready()
+        except BaseException:
+            self.shutdown()
+            raise
+        self._reader = threading.Thread(target=self._read, name="radixserve-reader", daemon=True)
+        self._reader.start()
+        self._watcher = threading.Thread(target=self._watch, name="radixserve-watch", daemon=True)
+        self._watcher.start()
+
+    # -- startup ----------------------------------------------------------------------------
+    def _wait_ready(self) -> SchedulerReady:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._receiver.poll(500):
+                msg = self._receiver.recv_pyobj()
+                if isinstance(msg, SchedulerReady):
+                    return msg
+                if isinstance(msg, SchedulerFailed):
+                    raise EngineStartupError(f"The engine failed to start: {msg.message}")
+            for proc in self.processes:
+                if not proc.is_alive():
+                    raise EngineStartupError(
+                        f"{proc.name} exited with code {proc.exitcode} during startup"
+                    )
+        raise EngineStartupError(f"The engine did not start within {STARTUP_TIMEOUT_S:.0f} s")
+
+    # -- API-side threads -------------------------------------------------------------------
+    def _read(self) -> None:
+        while not self._stopping:
+            try:
+                if not self._receiver.poll(200):
+                    continue
+                msg = self._receiver.recv_pyobj()
+            except zmq.ZMQError:
+                return
+            self.router.on_message(msg)
+
+    def _watch(self) -> None:
+        while not self._stopping:
+            time.sleep(WATCH_INTERVAL_S)
+            for proc in self.processes:
+                if not proc.is_alive() and not self._stopping:
+                    self._died(f"{proc.name} exited unexpectedly (code {proc.exitcode})")
+                    return
+
+    def _died(self, reason: str) -> None:
+        logger.error("%s", reason)
+        self._dead_reason = reason
+        self.router.fail_all(f"The engine stopped: {reason}", status_code=500)
+        if self.on_death is not None:
+            self.on_death(reason)
+
+    # -- public -----------------------------------------------------------------------------
+    def is_alive(self) -> bool:
+        return self._dead_reason is None and all(p.is_alive() for p in self.processes)
+
+    def _send(self, msg: Any) -> None:
+        with self._send_lock:
+            self._sender.send_pyobj(msg)
+
+    def submit(self, msg: TokenizedGenerateReq, sink: Sink) -> None:
+        if not self.is_alive():
+            raise RuntimeDeadError(self._dead_reason or "The engine is not running.")
+        self.router.register(msg.rid, sink)
+        self._send(msg)
+
+    def abort(self, rid: str | None = None, abort_all: bool = False) -> None:
+        if self.is_alive():
+            self._send(AbortReq(rid=rid, abort_all=abort_all))
+
+    def call(self, request: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
+        if not self.is_alive():
+            raise RuntimeDeadError(self._dead_reason or "The engine is not running.")
+        call, reply = self.router.new_call(request)
+        self._send(call)
+        try:
+            result = reply.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError("The scheduler did not answer in time.") from None
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def shutdown(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        reader = getattr(self, "_reader", None)
+        if reader is not None:
+            reader.join(timeout=2)
+        for proc in self.processes:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in self.processes:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        self.router.fail_all("The engine is shutting down.", status_code=503)
+        self._receiver.close(linger=0)
+        self._sender.close(linger=0)
+        self._ctx.term()
+        for item in self._folder.iterdir():
+            item.unlink(missing_ok=True)
+        self._folder.rmdir()

@@ -1,0 +1,103 @@
+"""The scheduler's event loop, independent of transport: receive messages, run steps, emit
+outputs. The in-process engine runs it on a thread over queues; the server runs it in its own
+process over ZMQ.
+
+A message or step that raises fails only what it must (the one request, or the batch in
+flight, each ending once with an abort) and the loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from radixserve.messages import (
+    AbortReq,
+    BatchOutput,
+    ControlCall,
+    ControlReply,
+    FinishReason,
+    FlushCacheReq,
+    GetInfoReq,
+    ReqOutput,
+    TokenizedGenerateReq,
+)
+
+if TYPE_CHECKING:
+    from radixserve.managers.detokenizer_manager import DetokenizerManager
+    from radixserve.managers.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+IDLE_WAIT_S = 0.05
+
+Receive = Callable[[float | None], list[Any]]  # timeout (None: do not block) -> messages
+Emit = Callable[[Any], None]
+
+
+class SchedulerLoop:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        receive: Receive,
+        emit: Emit,
+        detokenizer: DetokenizerManager | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.receive = receive
+        self.emit = emit
+        self.detokenizer = detokenizer
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            timeout = None if self.scheduler.has_work() else IDLE_WAIT_S
+            for msg in self.receive(timeout):
+                self.handle(msg)
+            if self.stop_event.is_set():
+                break
+            if self.scheduler.has_work():
+                self._step()
+            self._flush_outputs()
+
+    def handle(self, msg: Any) -> None:
+        try:
+            if isinstance(msg, TokenizedGenerateReq):
+                self.scheduler.add_request(msg)
+            elif isinstance(msg, AbortReq):
+                self.scheduler.abort(msg)
+            elif isinstance(msg, ControlCall):
+                self.emit(ControlReply(msg.call_id, self._control(msg.request)))
+            else:
+                logger.error("Scheduler got an unknown message %s", type(msg).__name__)
+        except Exception as exc:
+            logger.exception("Failed to handle %s", type(msg).__name__)
+            if isinstance(msg, TokenizedGenerateReq):
+                reason = FinishReason("abort", message=f"Invalid request: {exc}", status_code=400)
+                self.scheduler.pending_outputs.append(ReqOutput(msg.rid, [], reason, 0, 0, 0))
+            elif isinstance(msg, ControlCall):
+                self.emit(ControlReply(msg.call_id, exc))
+
+    def _control(self, request: Any) -> Any:
+        if isinstance(request, FlushCacheReq):
+            return self.scheduler.flush_cache()
+        if isinstance(request, GetInfoReq):
+            return self.scheduler.info()
+        raise TypeError(f"unknown control request {type(request).__name__}")
+
+    def _step(self) -> None:
+        try:
+            self.scheduler.step_and_stash()
+        except Exception:
+            logger.exception("Scheduler step failed; aborting the requests in flight")
+            self.scheduler.fail_all("Internal error while running the batch.")
+
+    def _flush_outputs(self) -> None:
+        outputs = self.scheduler.step_outputs_only()
+        if not outputs:
+            return
+        if self.detokenizer is not None:
+            self.detokenizer.handle(outputs)
+        self.emit(BatchOutput(outputs))
