@@ -34,7 +34,9 @@ def run_overloaded(gguf: Path, count: int, max_new: int, pool: int) -> None:
     with Engine(model_path=str(gguf), dtype="float32", max_total_tokens=8192) as roomy:
         prompts = [chat_ids(roomy, QUESTIONS[i % len(QUESTIONS)] + f" ({i})") for i in range(count)]
         alone = [roomy.generate(input_ids=p, sampling_params=params)["output_ids"] for p in prompts]
-    with Engine(model_path=str(gguf), dtype="float32", max_total_tokens=pool) as tight:
+    with Engine(
+        model_path=str(gguf), dtype="float32", max_total_tokens=pool, runtime="thread"
+    ) as tight:
         tight.scheduler.check_kv_each_step = True
         results = tight.generate(input_ids=prompts, sampling_params=params)
         info = tight.get_server_info()

@@ -209,3 +209,24 @@ def test_input_logprobs_cover_the_prompt(engine_factory: Any) -> None:
         meta["output_token_logprobs"], meta["output_top_logprobs"], strict=True
     ):
         assert top[0][1] == tid and abs(top[0][0] - lp) < 1e-5  # greedy picks the top token
+
+
+def test_async_generate_and_stream(engine_factory: Any) -> None:
+    import asyncio
+
+    engine = engine_factory()
+    inputs = prompts(3, seed=21)
+    expected = [r["output_ids"] for r in engine.generate(input_ids=inputs, sampling_params=GREEDY)]
+
+    async def main() -> tuple[list[list[int]], list[int]]:
+        results = await engine.async_generate(input_ids=inputs, sampling_params=GREEDY)
+        stream = await engine.async_generate(
+            input_ids=inputs[0], sampling_params=GREEDY, stream=True
+        )
+        streamed: list[int] = []
+        async for chunk in stream:
+            streamed.extend(chunk["output_ids"])
+        return [r["output_ids"] for r in results], streamed
+
+    batch, streamed = asyncio.run(main())
+    assert batch == expected and streamed == expected[0]

@@ -1,0 +1,94 @@
+"""The architecture's boundaries, enforced by walking every module's imports (including the
+ones under TYPE_CHECKING and inside functions)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "radixserve"
+
+# package (or module) prefix -> radixserve modules it may import (prefix match)
+ALLOWED: dict[str, tuple[str, ...]] = {
+    "radixserve.models": (
+        "radixserve.models",
+        "radixserve.layers",
+        "radixserve.distributed",
+        "radixserve.utils",
+        "radixserve.model_executor.forward_batch",
+    ),
+    "radixserve.layers": (
+        "radixserve.layers",
+        "radixserve.distributed",
+        "radixserve.utils",
+        "radixserve.model_executor.forward_batch",
+        "radixserve.mem_cache.kv_cache",
+    ),
+    "radixserve.mem_cache": ("radixserve.mem_cache",),
+    "radixserve.sampling": ("radixserve.sampling",),
+    "radixserve.managers.tokenizer_manager": (
+        "radixserve.managers.detokenizer",
+        "radixserve.messages",
+        "radixserve.sampling.sampling_params",
+    ),
+}
+# package prefix -> radixserve modules it must never import
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "radixserve.entrypoints": (
+        "radixserve.models",
+        "radixserve.layers",
+        "radixserve.model_executor",
+        "radixserve.mem_cache",
+        "radixserve.managers.scheduler",
+    ),
+}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def radixserve_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.startswith("radixserve"):
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("radixserve"))
+    return found
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: module_name(p))
+def test_module_respects_boundaries(path: Path) -> None:
+    name = module_name(path)
+    imports = radixserve_imports(path)
+    for prefix, allowed in ALLOWED.items():
+        if within(name, prefix):
+            bad = sorted(i for i in imports if not any(within(i, a) for a in allowed))
+            assert not bad, f"{name} may not import {bad}"
+    for prefix, forbidden in FORBIDDEN.items():
+        if within(name, prefix):
+            bad = sorted(i for i in imports if any(within(i, f) for f in forbidden))
+            assert not bad, f"{name} may not import {bad}"
+
+
+def test_the_walker_sees_imports() -> None:
+    # Guard against a walker that silently finds nothing.
+    assert "radixserve.layers.radix_attention" in radixserve_imports(
+        PACKAGE / "models" / "llama.py"
+    )
