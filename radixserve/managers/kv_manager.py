@@ -135,8 +135,9 @@ class KVManager:
         return True
 
     def hard_reset(self) -> None:
-        """Forget every owner: only when no request is live (after a failed step)."""
-        self.prefix_cache.reset()
+        """Forget every owner: only when no request is live (after a failed step). Locks held
+        by the failed requests die with the tree."""
+        self.prefix_cache.force_reset()
         self.allocator.clear()
         self.req_to_token_pool.clear()
 

@@ -73,6 +73,7 @@ class Scheduler:
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked_req: Req | None = None
+        self.in_flight: list[Req] = []  # the batch being run, for fail_all
         self.stream_reqs: set[str] = set()
         self.pending_outputs: list[ReqOutput] = []
         self.check_kv_each_step = False
@@ -137,16 +138,25 @@ class Scheduler:
         return self.kv.flush_cache()
 
     def fail_all(self, message: str) -> None:
-        """End every live request with an error (after a failed step); keeps KV consistent."""
-        for req in self._live_reqs():
-            self._finish(req, FinishReason("abort", message=message, status_code=500))
-        self.waiting, self.running, self.chunked_req = [], [], None
-        try:
-            self.kv.check_conservation([])
-        except RuntimeError:
-            # The failed step may have allocated slots it never recorded; start memory afresh.
-            logger.warning("KV bookkeeping was inconsistent after the failure; resetting it")
-            self.kv.hard_reset()
+        """End every live request with an error after a failed step.
+
+        The step may have died half-way (slots allocated but not recorded, a batch admitted but
+        not yet running), so instead of releasing request by request, every request in flight
+        ends once and the KV bookkeeping starts afresh (the prefix cache is dropped).
+        """
+        doomed = {id(r): r for r in self._live_reqs()}
+        for req in self.in_flight:
+            doomed.setdefault(id(req), req)
+        self.waiting, self.running, self.chunked_req, self.in_flight = [], [], None, []
+        for req in doomed.values():
+            if req.finished:
+                continue
+            req.finished_reason = FinishReason("abort", message=message, status_code=500)
+            req.req_pool_idx = None
+            req.last_node = None
+            self.stream_reqs.discard(req.rid)
+            self.pending_outputs.append(self._output(req))
+        self.kv.hard_reset()
 
     def info(self) -> dict[str, Any]:
         """Live state for /server_info and metrics."""
@@ -184,8 +194,10 @@ class Scheduler:
         """Run one step (if there is a batch); outputs wait in pending_outputs."""
         batch = self._schedule()
         if batch is not None:
+            self.in_flight = batch.reqs
             results = self.step_runner.run(batch)
             self._process(batch, results)
+            self.in_flight = []
             if self.check_kv_each_step:
                 self.kv.check_conservation(self._live_reqs())
         elif not self.running:

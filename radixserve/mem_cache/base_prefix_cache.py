@@ -87,6 +87,15 @@ class BasePrefixCache(ABC):
     def reset(self) -> torch.Tensor:
         """Drop everything and return every slot held; raises RuntimeError if a lock is held."""
 
+    def force_reset(self) -> None:
+        """Drop everything, locks included, without returning slots: for recovery after a
+        failure, when the caller resets the allocator too."""
+        self._drop_all()
+
+    @abstractmethod
+    def _drop_all(self) -> None:
+        """Forget every node and lock."""
+
     @abstractmethod
     def check_integrity(self) -> None:
         """Raise AssertionError if an internal invariant is broken (for tests and debugging)."""

@@ -75,6 +75,9 @@ class ChunkCache(BasePrefixCache):
     def reset(self) -> torch.Tensor:
         return self._empty()
 
+    def _drop_all(self) -> None:
+        """Nothing is stored."""
+
     def check_integrity(self) -> None:
         """Nothing is stored, so there is nothing that could be inconsistent."""
 

@@ -178,6 +178,11 @@ class RadixCache(BasePrefixCache):
         self._init_tree()
         return self._concat(values)
 
+    def _drop_all(self) -> None:
+        for node in self._iter_nodes():
+            node.parent = None
+        self._init_tree()
+
     def check_integrity(self) -> None:
         evictable = protected = 0
         leaves: set[TreeNode] = set()

@@ -230,3 +230,24 @@ def test_async_generate_and_stream(engine_factory: Any) -> None:
 
     batch, streamed = asyncio.run(main())
     assert batch == expected and streamed == expected[0]
+
+
+def test_a_failed_step_ends_requests_once_and_the_engine_recovers(engine_factory: Any) -> None:
+    engine = engine_factory()
+    runner = engine.scheduler.runner
+    real_forward = runner.forward
+    calls = {"n": 0}
+
+    def flaky_forward(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 3:  # fail in the middle of decoding
+            raise RuntimeError("injected failure")
+        return real_forward(*args, **kwargs)
+
+    runner.forward = flaky_forward
+    results = engine.generate(input_ids=prompts(4, seed=8), sampling_params=GREEDY)
+    reasons = [r["meta_info"]["finish_reason"] for r in results]
+    assert all(r["type"] == "abort" and r["status_code"] == 500 for r in reasons)
+    ok = engine.generate(input_ids=[5, 6, 7], sampling_params=GREEDY)
+    assert ok["meta_info"]["finish_reason"]["type"] == "length"
+    assert_kv_idle(engine)
