@@ -1,0 +1,200 @@
+"""Running generation requests against the engine for the HTTP routes.
+
+Two shapes: `run` (non-streaming: one engine call for all items, abandoned and aborted when the
+client disconnects) and `open_streams` + `merge` (one engine stream per item, all validated
+before the first byte is sent, merged into `(index, chunk)` pairs; closing the merged iterator
+aborts every unfinished item).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from starlette.requests import Request
+
+from radixserve.entrypoints.openai.errors import ApiError
+from radixserve.observability.metrics import ServingMetrics
+
+logger = logging.getLogger(__name__)
+
+DISCONNECT_POLL_S = 0.2
+
+
+class ClientGone(ApiError):
+    def __init__(self) -> None:
+        # 499 is nginx's "client closed request"; nobody reads this response.
+        super().__init__(499, "The client closed the connection.")
+
+
+@dataclass
+class GenItem:
+    """One prompt times one sample: exactly one engine request."""
+
+    sampling_params: dict[str, Any]
+    prompt: str | None = None
+    input_ids: list[int] | None = None
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+class LogprobOptions(NamedTuple):
+    return_logprob: bool = False
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = None
+
+
+async def call_engine(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call a blocking engine method off the event loop (or await it if it is async)."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args, **kwargs)
+    result = await asyncio.to_thread(fn, *args, **kwargs)
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+async def await_unless_disconnected(request: Request | None, task: asyncio.Future[Any]) -> Any:
+    """Wait for `task`; if the client goes away first, cancel it and raise ClientGone."""
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if request is not None and await request.is_disconnected():
+                raise ClientGone()
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+
+class GenerationRunner:
+    def __init__(self, engine: Any, metrics: ServingMetrics | None = None) -> None:
+        self.engine = engine
+        self.metrics = metrics
+
+    def _engine_kwargs(self, items: Sequence[GenItem], opts: LogprobOptions) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "sampling_params": [dict(it.sampling_params) for it in items],
+            "rid": [it.rid for it in items],
+            "return_logprob": opts.return_logprob,
+            "logprob_start_len": opts.logprob_start_len,
+            "top_logprobs_num": opts.top_logprobs_num,
+        }
+        if all(it.input_ids is not None for it in items):
+            kwargs["input_ids"] = [list(it.input_ids or []) for it in items]
+        elif all(it.prompt is not None for it in items):
+            kwargs["prompt"] = [it.prompt for it in items]
+        else:
+            raise ValueError("items mix text prompts and token ids")
+        return kwargs
+
+    async def run(
+        self, request: Request | None, items: Sequence[GenItem], opts: LogprobOptions
+    ) -> list[dict[str, Any]]:
+        """All items in one engine call; one result dict per item, in order."""
+        start = time.monotonic()
+        kwargs = self._engine_kwargs(items, opts)
+        task = asyncio.ensure_future(self.engine.async_generate(**kwargs, stream=False))
+        try:
+            results = await await_unless_disconnected(request, task)
+        except ClientGone:
+            for it in items:
+                self.engine.abort_request(rid=it.rid)
+            logger.info("Client disconnected; aborted %d requests", len(items))
+            raise
+        results = results if isinstance(results, list) else [results]
+        if self.metrics is not None:
+            for res in results:
+                self.metrics.observe_finished(res.get("meta_info") or {}, time.monotonic() - start)
+        return results
+
+    async def open_streams(
+        self, items: Sequence[GenItem], opts: LogprobOptions
+    ) -> list[AsyncIterator[dict[str, Any]]]:
+        """Validate every item and return its (not yet started) stream. Raises before any
+        stream starts, so a bad item leaves nothing running."""
+        streams: list[AsyncIterator[dict[str, Any]]] = []
+        try:
+            for it in items:
+                kwargs = self._engine_kwargs([it], opts)
+                kwargs["sampling_params"] = kwargs["sampling_params"][0]
+                kwargs["rid"] = it.rid
+                key = "input_ids" if "input_ids" in kwargs else "prompt"
+                kwargs[key] = kwargs[key][0]
+                streams.append(await self.engine.async_generate(**kwargs, stream=True))
+        except BaseException:
+            for stream in streams:
+                await _aclose(stream)
+            raise
+        return streams
+
+    async def merge(
+        self, streams: Sequence[AsyncIterator[dict[str, Any]]]
+    ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+        """Chunks of all streams as they come, tagged with the stream's index."""
+        tracked = [self._tracked(s) for s in streams]
+        if len(tracked) == 1:
+            try:
+                async for chunk in tracked[0]:
+                    yield 0, chunk
+            finally:
+                await _aclose(tracked[0])
+            return
+        queue: asyncio.Queue[tuple[int, dict[str, Any] | None, BaseException | None]]
+        queue = asyncio.Queue()
+
+        async def pump(index: int, stream: AsyncIterator[dict[str, Any]]) -> None:
+            try:
+                async for chunk in stream:
+                    queue.put_nowait((index, chunk, None))
+            except Exception as exc:
+                queue.put_nowait((index, None, exc))
+                return
+            queue.put_nowait((index, None, None))
+
+        tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(tracked)]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                index, chunk, exc = await queue.get()
+                if exc is not None:
+                    raise exc
+                if chunk is None:
+                    remaining -= 1
+                    continue
+                yield index, chunk
+        finally:
+            # Cancelling a pump closes its engine stream, which aborts that request.
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for stream in tracked:
+                await _aclose(stream)
+
+    async def _tracked(
+        self, stream: AsyncIterator[dict[str, Any]]
+    ) -> AsyncIterator[dict[str, Any]]:
+        tracker = self.metrics.stream_tracker() if self.metrics is not None else None
+        try:
+            async for chunk in stream:
+                if tracker is not None:
+                    tracker.on_chunk(chunk)
+                yield chunk
+        finally:
+            await _aclose(stream)
+
+
+async def _aclose(stream: Any) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(Exception):
+            await aclose()

@@ -1,0 +1,159 @@
+"""POST /generate: SGLang's native generation route.
+
+Text or input_ids, one or a batch; `sampling_params.n` samples per prompt (results prompt-major,
+as SGLang). Streaming sends SGLang's cumulative text (or deltas with
+--incremental-streaming-output) as SSE, with an "index" per chunk for batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import Request
+
+from radixserve.entrypoints.generation import GenItem, LogprobOptions
+from radixserve.entrypoints.openai.common import finish_of
+from radixserve.entrypoints.openai.errors import ApiError
+from radixserve.entrypoints.openai.execute import start_generation
+from radixserve.entrypoints.openai.protocol import GenerateReqInput
+from radixserve.entrypoints.request_body import read_model
+from radixserve.entrypoints.serving_context import ServingContext, get_ctx
+from radixserve.entrypoints.sse import streaming_response
+from radixserve.sampling.sampling_params import MAX_N
+
+logger = logging.getLogger(__name__)
+ROUTE = "/generate"
+_LOGPROB_KEYS = (
+    "output_token_logprobs",
+    "input_token_logprobs",
+    "output_top_logprobs",
+    "input_top_logprobs",
+)
+
+
+@dataclass
+class _Plan:
+    req: GenerateReqInput
+    items: list[GenItem]
+    single: bool  # one prompt, n == 1, not given as a list: answer a dict, not a list
+    opts: LogprobOptions
+
+
+def _pop_n(params: dict[str, Any], where: str) -> int:
+    n = params.pop("n", 1)
+    if n is None:
+        return 1
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+        raise ApiError(400, f"n must be an integer in [1, {MAX_N}], got {n!r}.", param=where)
+    return n
+
+
+def plan_generate(req: GenerateReqInput) -> _Plan:
+    if req.text is not None:
+        prompts: list[Any] = [req.text] if isinstance(req.text, str) else list(req.text)
+        batch = not isinstance(req.text, str)
+    else:
+        ids = req.input_ids or []
+        batch = bool(ids) and isinstance(ids[0], list)
+        prompts = list(ids) if batch else [ids]
+    if not prompts:
+        raise ApiError(
+            400, "The batch is empty.", param="text" if req.text is not None else "input_ids"
+        )
+    params_list = _per_prompt(req.sampling_params, len(prompts), "sampling_params")
+    rids = _per_prompt(req.rid, len(prompts), "rid")
+    items: list[GenItem] = []
+    total_n = 0
+    for i, prompt in enumerate(prompts):
+        params = dict(params_list[i] or {})
+        n = _pop_n(params, "sampling_params.n" if not batch else f"sampling_params[{i}].n")
+        total_n += n
+        base = rids[i] or uuid.uuid4().hex
+        for copy in range(n):
+            rid = base if n == 1 else f"{base}-{copy}"
+            text, ids = (prompt, None) if req.text is not None else (None, prompt)
+            items.append(GenItem(dict(params), text, ids, rid))
+    seen: set[str] = set()
+    for it in items:
+        if it.rid in seen:
+            raise ApiError(400, f"Duplicate request id {it.rid!r} in the batch.", param="rid")
+        seen.add(it.rid)
+    opts = LogprobOptions(req.return_logprob, req.logprob_start_len, req.top_logprobs_num)
+    return _Plan(req, items, single=not batch and total_n == 1, opts=opts)
+
+
+def _per_prompt(value: Any, count: int, name: str) -> list[Any]:
+    if isinstance(value, list):
+        if len(value) != count:
+            raise ApiError(400, f"{name} has {len(value)} entries for {count} prompts.", param=name)
+        return list(value)
+    return [value] * count
+
+
+def _with_token_text(ctx: ServingContext, meta: Mapping[str, Any]) -> dict[str, Any]:
+    """return_text_in_logprobs: fill the text slot of each [logprob, id, text] entry."""
+    out = dict(meta)
+    for key in _LOGPROB_KEYS:
+        if key not in out:
+            continue
+        if key.endswith("top_logprobs"):
+            out[key] = [
+                [[e[0], e[1], ctx.decode_token(int(e[1]))] for e in top] if top else top
+                for top in out[key]
+            ]
+        else:
+            out[key] = [[e[0], e[1], ctx.decode_token(int(e[1]))] for e in out[key]]
+    return out
+
+
+def _shape(ctx: ServingContext, plan: _Plan, result: dict[str, Any]) -> dict[str, Any]:
+    meta = result.get("meta_info") or {}
+    meta = dict(meta, weight_version=ctx.config.weight_version)
+    if plan.req.return_text_in_logprobs:
+        meta = _with_token_text(ctx, meta)
+    return {**result, "meta_info": meta}
+
+
+async def _stream(
+    ctx: ServingContext, plan: _Plan, streams: list[AsyncIterator[dict[str, Any]]]
+) -> AsyncIterator[dict[str, Any]]:
+    incremental = ctx.config.incremental_streaming_output
+    texts = [""] * len(plan.items)
+    ids: list[list[int]] = [[] for _ in plan.items]
+    async for idx, chunk in ctx.runner.merge(streams):
+        finish_of(chunk.get("meta_info") or {})  # an abort with an error status ends the stream
+        texts[idx] += chunk.get("text", "")
+        ids[idx].extend(chunk.get("output_ids") or [])
+        out = _shape(ctx, plan, chunk)
+        if not incremental:
+            out["text"], out["output_ids"] = texts[idx], list(ids[idx])
+        if not plan.single:
+            out["index"] = idx
+        yield out
+
+
+async def generate(request: Request) -> Response:
+    ctx = get_ctx(request)
+    req = await read_model(request, GenerateReqInput)
+    plan = plan_generate(req)
+    if ctx.request_log.enabled:
+        inputs = req.text if req.text is not None else req.input_ids
+        ctx.request_log.received(ROUTE, plan.items[0].rid, inputs, req.sampling_params)
+    started = await start_generation(ctx, request, plan.items, plan.opts, stream=req.stream)
+    if started.streams is not None:
+        return streaming_response(
+            _stream(ctx, plan, started.streams), on_close=started.ticket.release
+        )
+    results = [_shape(ctx, plan, r) for r in started.results or []]
+    if plan.single:
+        finish_of(results[0]["meta_info"])  # an abort with an error status becomes that error
+    for res in results:
+        ctx.request_log.finished(
+            ROUTE, res["meta_info"].get("id", ""), res.get("text"), res["meta_info"]
+        )
+    return JSONResponse(results[0] if plan.single else results)

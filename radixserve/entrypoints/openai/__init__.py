@@ -1,0 +1,3 @@
+"""OpenAI-compatible API: request models, handlers and the error shape."""
+
+from __future__ import annotations

@@ -1,0 +1,168 @@
+"""One error shape for every route: OpenAI's `{"error": {"message", "type", "param", "code"}}`.
+
+Handlers raise `ApiError` (or let a `ValueError` carrying `.param` escape); the exception
+handlers installed by `install_error_handlers` turn everything into that body. Bodies never
+carry a traceback or a host path: unexpected exceptions become a generic 500 and are logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+
+# OpenAI's error `type` per status (the official clients map statuses to exception classes).
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+}
+# Absolute paths in exception messages would leak the host layout to clients.
+_PATH_RE = re.compile(r"(?:[A-Za-z]:)?(?:/[\w.@+-]+){2,}/?")
+
+
+class ApiError(Exception):
+    """An HTTP error with OpenAI's body; `param` names the offending request field."""
+
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        *,
+        param: str | None = None,
+        err_type: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.param = param
+        self.err_type = err_type or error_type(status_code)
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.status_code, param=self.param, err_type=self.err_type)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
+
+
+def error_type(status_code: int) -> str:
+    if status_code in _TYPES:
+        return _TYPES[status_code]
+    return "invalid_request_error" if status_code < 500 else "internal_server_error"
+
+
+def scrub(message: str) -> str:
+    """Remove absolute file paths from a message meant for a client."""
+    return _PATH_RE.sub("<path>", message)
+
+
+def error_body(
+    message: str, status_code: int, *, param: str | None = None, err_type: str | None = None
+) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": message,
+            "type": err_type or error_type(status_code),
+            "param": param,
+            "code": status_code,
+        }
+    }
+
+
+def bad_request(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param)
+
+
+def from_value_error(exc: ValueError, param_names: Mapping[str, str] | None = None) -> ApiError:
+    """A 400 for a ValueError from the engine (`RequestError`, `SamplingParamsError`), with
+    the engine's parameter name mapped back to the name the client used."""
+    param = getattr(exc, "param", None)
+    message = scrub(str(exc)) or "Invalid request."
+    if param_names and param in param_names:
+        new = param_names[param]
+        message = message.replace(param, new)
+        param = new
+    return ApiError(400, message, param=param)
+
+
+def validation_error_to_api(exc: ValidationError | RequestValidationError) -> ApiError:
+    """Pydantic errors become a 400 whose param is the first failing field's path."""
+    errors = exc.errors()
+    if not errors:
+        return ApiError(400, "Invalid request body.")
+    param = _field_path(errors[0].get("loc", ()))
+    # A union field fails once per member type: report all of them for that one field.
+    messages: list[str] = []
+    for err in errors:
+        if _field_path(err.get("loc", ())) == param:
+            msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+            if msg not in messages:
+                messages.append(msg)
+    where = f"{param}: " if param else ""
+    return ApiError(400, scrub(where + "; or ".join(messages)), param=param or None)
+
+
+# Pydantic puts union member tags ("str", "list[int]", "ContentPart") into error locations.
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none", "bytes"})
+
+
+def _is_type_tag(part: str) -> bool:
+    return "[" in part or part in _TYPE_TAGS or part[:1].isupper() or "-" in part
+
+
+def _field_path(loc: Any) -> str:
+    out = ""
+    for part in loc:
+        if part == "body":
+            continue
+        if isinstance(part, int):
+            out += f"[{part}]"
+            continue
+        if _is_type_tag(str(part)):
+            break
+        out += f".{part}" if out else str(part)
+    return out
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _request_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return validation_error_to_api(exc).response()
+
+    @app.exception_handler(ValidationError)
+    async def _validation(_: Request, exc: ValidationError) -> JSONResponse:
+        return validation_error_to_api(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        detail = exc.detail if isinstance(exc.detail, str) else None
+        message = detail or HTTPStatus(exc.status_code).phrase
+        return ApiError(exc.status_code, message, headers=exc.headers).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("Unhandled error on %s %s", request.method, request.url.path)
+        return ApiError(500, "Internal server error.").response()

@@ -1,0 +1,53 @@
+"""The OpenAI-compatible routes under /v1."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import Request
+
+from radixserve.entrypoints.openai.errors import ApiError
+from radixserve.entrypoints.openai.serving_chat import create_chat_completion
+from radixserve.entrypoints.openai.serving_completions import create_completion
+from radixserve.entrypoints.openai.serving_embedding import create_embedding
+from radixserve.entrypoints.openai.serving_tokenize import detokenize, tokenize
+from radixserve.entrypoints.serving_context import ServingContext, get_ctx
+
+
+def _model_card(ctx: ServingContext) -> dict[str, Any]:
+    return {
+        "id": ctx.model_name,
+        "object": "model",
+        "created": int(ctx.state.started_at),
+        "owned_by": "sglang",
+        "root": ctx.config.model_path,
+        "max_model_len": ctx.context_len,
+    }
+
+
+async def list_models(request: Request) -> Response:
+    ctx = get_ctx(request)
+    return JSONResponse({"object": "list", "data": [_model_card(ctx)]})
+
+
+async def retrieve_model(request: Request, model: str) -> Response:
+    ctx = get_ctx(request)
+    if model != ctx.model_name:
+        raise ApiError(
+            404, f"The model {model!r} does not exist.", param="model", err_type="not_found_error"
+        )
+    return JSONResponse(_model_card(ctx))
+
+
+def build_router() -> APIRouter:
+    router = APIRouter()
+    router.add_api_route("/v1/models", list_models, methods=["GET"])
+    router.add_api_route("/v1/models/{model:path}", retrieve_model, methods=["GET"])
+    router.add_api_route("/v1/completions", create_completion, methods=["POST"])
+    router.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
+    router.add_api_route("/v1/embeddings", create_embedding, methods=["POST"])
+    router.add_api_route("/v1/tokenize", tokenize, methods=["POST"])
+    router.add_api_route("/v1/detokenize", detokenize, methods=["POST"])
+    return router

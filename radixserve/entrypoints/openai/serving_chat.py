@@ -1,0 +1,175 @@
+"""POST /v1/chat/completions."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import Request
+
+from radixserve.entrypoints.generation import GenItem, LogprobOptions
+from radixserve.entrypoints.openai.chat_template import render_chat
+from radixserve.entrypoints.openai.common import (
+    LogprobCursor,
+    LogprobFormatter,
+    finish_of,
+    include_usage,
+    new_id,
+    now_s,
+    usage_of,
+)
+from radixserve.entrypoints.openai.execute import start_generation
+from radixserve.entrypoints.openai.protocol import ChatCompletionRequest
+from radixserve.entrypoints.openai.sampling import chat_param_names, chat_sampling_params
+from radixserve.entrypoints.request_body import read_model
+from radixserve.entrypoints.serving_context import ServingContext, get_ctx
+from radixserve.entrypoints.sse import streaming_response
+
+logger = logging.getLogger(__name__)
+ROUTE = "/v1/chat/completions"
+
+
+@dataclass
+class _Plan:
+    req: ChatCompletionRequest
+    rid: str
+    items: list[GenItem]
+    opts: LogprobOptions
+
+
+def plan_chat(ctx: ServingContext, req: ChatCompletionRequest) -> _Plan:
+    ctx.check_model(req.model)
+    params = chat_sampling_params(req)
+    prompt_ids = render_chat(ctx.require_tokenizer("Chat completion"), req, ctx.chat_template)
+    rid = new_id("chatcmpl")
+    if isinstance(req.rid, str) and req.rid:
+        rids = [req.rid] if req.n == 1 else [f"{req.rid}-{k}" for k in range(req.n)]
+    else:
+        rids = [f"{rid}-{k}" for k in range(req.n)]
+    items = [GenItem(dict(params), None, list(prompt_ids), r) for r in rids]
+    opts = LogprobOptions(return_logprob=req.logprobs, top_logprobs_num=req.top_logprobs or 0)
+    return _Plan(req, rid, items, opts)
+
+
+def _response(ctx: ServingContext, plan: _Plan, results: Sequence[dict[str, Any]]) -> dict:
+    fmt = LogprobFormatter(ctx.decode_token)
+    metas = [r.get("meta_info") or {} for r in results]
+    choices = []
+    for k, (res, meta) in enumerate(zip(results, metas, strict=True)):
+        finish = finish_of(meta)
+        logprobs = None
+        if plan.opts.return_logprob:
+            entries = meta.get("output_token_logprobs") or []
+            logprobs = {"content": fmt.chat(entries, meta.get("output_top_logprobs") or [])}
+        message = {
+            "role": "assistant",
+            "content": res.get("text", ""),
+            "reasoning_content": None,
+            "tool_calls": None,
+        }
+        choices.append(
+            {
+                "index": k,
+                "message": message,
+                "logprobs": logprobs,
+                "finish_reason": finish.reason,
+                "matched_stop": finish.matched,
+            }
+        )
+    return {
+        "id": plan.rid,
+        "object": "chat.completion",
+        "created": now_s(),
+        "model": ctx.model_name,
+        "choices": choices,
+        "usage": usage_of(metas, plan.req.n, ctx.config.enable_cache_report),
+    }
+
+
+def _chunk(plan: _Plan, ctx: ServingContext, created: int, choice: dict[str, Any]) -> dict:
+    return {
+        "id": plan.rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": ctx.model_name,
+        "choices": [choice],
+    }
+
+
+async def _stream_chunks(
+    ctx: ServingContext, plan: _Plan, streams: list[AsyncIterator[dict[str, Any]]]
+) -> AsyncIterator[dict[str, Any]]:
+    fmt = LogprobFormatter(ctx.decode_token)
+    created = now_s()
+    count = len(plan.items)
+    cursors = [LogprobCursor() for _ in range(count)]
+    started = [False] * count
+    metas: list[Mapping[str, Any]] = [{} for _ in range(count)]
+    async for idx, chunk in ctx.runner.merge(streams):
+        meta = chunk.get("meta_info") or {}
+        finish = finish_of(meta)
+        if not started[idx]:
+            started[idx] = True
+            role = {
+                "index": idx,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            yield _chunk(plan, ctx, created, role)
+        text = chunk.get("text", "")
+        logprobs = None
+        if plan.opts.return_logprob:
+            entries, tops = cursors[idx].take(meta)
+            if entries:
+                logprobs = {"content": fmt.chat(entries, tops)}
+        if finish.reason is not None:
+            metas[idx] = meta
+        if not text and logprobs is None and finish.reason is None:
+            continue
+        choice = {
+            "index": idx,
+            "delta": {"content": text} if text else {},
+            "logprobs": logprobs,
+            "finish_reason": finish.reason,
+            "matched_stop": finish.matched,
+        }
+        yield _chunk(plan, ctx, created, choice)
+    usage = usage_of(metas, plan.req.n, ctx.config.enable_cache_report)
+    if include_usage(ctx, plan.req.stream_options):
+        yield {
+            "id": plan.rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": ctx.model_name,
+            "choices": [],
+            "usage": usage,
+        }
+    ctx.request_log.finished(ROUTE, plan.rid, None, usage)
+
+
+async def create_chat_completion(request: Request) -> Response:
+    ctx = get_ctx(request)
+    req = await read_model(request, ChatCompletionRequest)
+    plan = plan_chat(ctx, req)
+    if ctx.request_log.enabled:
+        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        ctx.request_log.received(ROUTE, plan.rid, messages, plan.items[0].sampling_params)
+    started = await start_generation(
+        ctx,
+        request,
+        plan.items,
+        plan.opts,
+        stream=req.stream,
+        param_names=chat_param_names(req),
+    )
+    if started.streams is not None:
+        return streaming_response(
+            _stream_chunks(ctx, plan, started.streams), on_close=started.ticket.release
+        )
+    body = _response(ctx, plan, started.results or [])
+    ctx.request_log.finished(ROUTE, plan.rid, body["choices"], body["usage"])
+    return JSONResponse(body)

@@ -1,0 +1,220 @@
+"""POST /v1/completions."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import Request
+
+from radixserve.entrypoints.generation import GenItem, LogprobOptions
+from radixserve.entrypoints.openai.common import (
+    LogprobCursor,
+    LogprobFormatter,
+    finish_of,
+    include_usage,
+    new_id,
+    now_s,
+    usage_of,
+)
+from radixserve.entrypoints.openai.errors import ApiError
+from radixserve.entrypoints.openai.execute import start_generation
+from radixserve.entrypoints.openai.protocol import CompletionRequest
+from radixserve.entrypoints.openai.sampling import (
+    COMPLETION_PARAM_NAMES,
+    completion_sampling_params,
+)
+from radixserve.entrypoints.request_body import read_model
+from radixserve.entrypoints.serving_context import ServingContext, get_ctx
+from radixserve.entrypoints.sse import streaming_response
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Plan:
+    """A validated request: one GenItem per prompt and sample, prompt-major."""
+
+    req: CompletionRequest
+    rid: str
+    items: list[GenItem]
+    echo_texts: list[str]
+    opts: LogprobOptions
+
+
+def _prompts(req: CompletionRequest) -> tuple[list[str] | None, list[list[int]] | None]:
+    prompt = req.prompt
+    if isinstance(prompt, str):
+        return [prompt], None
+    if not prompt:
+        raise ApiError(400, "prompt must not be empty.", param="prompt")
+    if all(isinstance(p, str) for p in prompt):
+        return list(prompt), None  # type: ignore[arg-type]
+    if all(isinstance(p, int) for p in prompt):
+        return None, [list(prompt)]  # type: ignore[arg-type]
+    return None, [list(p) for p in prompt]  # type: ignore[union-attr]
+
+
+def _item_rids(base: str, user_rid: str | list[str] | None, count: int) -> list[str]:
+    if isinstance(user_rid, list):
+        if len(user_rid) != count:
+            raise ApiError(
+                400, f"rid has {len(user_rid)} entries for {count} choices.", param="rid"
+            )
+        return list(user_rid)
+    if isinstance(user_rid, str) and user_rid:
+        return [user_rid] if count == 1 else [f"{user_rid}-{k}" for k in range(count)]
+    return [f"{base}-{k}" for k in range(count)]
+
+
+def plan_completion(ctx: ServingContext, req: CompletionRequest) -> _Plan:
+    ctx.check_model(req.model)
+    texts, ids_list = _prompts(req)
+    params = completion_sampling_params(req)
+    rid = new_id("cmpl")
+    count = len(texts or ids_list or []) * req.n
+    rids = _item_rids(rid, req.rid, count)
+    items: list[GenItem] = []
+    echo_texts: list[str] = []
+    for i in range(count // req.n):
+        text = texts[i] if texts is not None else None
+        ids = ids_list[i] if ids_list is not None else None
+        if req.echo and text is not None:
+            echo_texts.append(text)
+        elif req.echo:
+            echo_texts.append(ctx.require_tokenizer("echo of token ids").decode(ids or []))
+        for _ in range(req.n):
+            items.append(GenItem(dict(params), text, ids, rids[len(items)]))
+    want_logprobs = req.logprobs is not None
+    opts = LogprobOptions(
+        return_logprob=want_logprobs,
+        logprob_start_len=0 if (want_logprobs and req.echo) else None,
+        top_logprobs_num=req.logprobs or 0,
+    )
+    return _Plan(req, rid, items, echo_texts, opts)
+
+
+def _input_logprobs(meta: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
+    """Prompt logprobs (echo) with their top lists padded to the same length."""
+    entries = list(meta.get("input_token_logprobs") or [])
+    tops = list(meta.get("input_top_logprobs") or [])[: len(entries)]
+    return entries, tops + [None] * (len(entries) - len(tops))
+
+
+def _logprobs(fmt: LogprobFormatter, meta: Mapping[str, Any], with_input: bool) -> dict[str, Any]:
+    entries, tops = _input_logprobs(meta) if with_input else ([], [])
+    entries += list(meta.get("output_token_logprobs") or [])
+    tops += list(meta.get("output_top_logprobs") or [])
+    return fmt.completion(entries, tops, 0)
+
+
+def _response(ctx: ServingContext, plan: _Plan, results: Sequence[dict[str, Any]]) -> dict:
+    fmt = LogprobFormatter(ctx.decode_token)
+    choices = []
+    metas = [r.get("meta_info") or {} for r in results]
+    for k, (res, meta) in enumerate(zip(results, metas, strict=True)):
+        finish = finish_of(meta)
+        prefix = plan.echo_texts[k // plan.req.n] if plan.req.echo else ""
+        logprobs = None
+        if plan.opts.return_logprob:
+            logprobs = _logprobs(fmt, meta, plan.req.echo)
+        choices.append(
+            {
+                "index": k,
+                "text": prefix + res.get("text", ""),
+                "logprobs": logprobs,
+                "finish_reason": finish.reason,
+                "matched_stop": finish.matched,
+            }
+        )
+    return {
+        "id": plan.rid,
+        "object": "text_completion",
+        "created": now_s(),
+        "model": ctx.model_name,
+        "choices": choices,
+        "usage": usage_of(metas, plan.req.n, ctx.config.enable_cache_report),
+    }
+
+
+async def _stream_chunks(
+    ctx: ServingContext, plan: _Plan, streams: list[AsyncIterator[dict[str, Any]]]
+) -> AsyncIterator[dict[str, Any]]:
+    fmt = LogprobFormatter(ctx.decode_token)
+    created = now_s()
+    count = len(plan.items)
+    cursors = [LogprobCursor() for _ in range(count)]
+    offsets = [0] * count
+    started = [False] * count
+    metas: list[Mapping[str, Any]] = [{} for _ in range(count)]
+    async for idx, chunk in ctx.runner.merge(streams):
+        meta = chunk.get("meta_info") or {}
+        finish = finish_of(meta)
+        text = chunk.get("text", "")
+        first = not started[idx]
+        started[idx] = True
+        if first and plan.req.echo:
+            text = plan.echo_texts[idx // plan.req.n] + text
+        logprobs = None
+        if plan.opts.return_logprob:
+            entries, tops = cursors[idx].take(meta)
+            if first and plan.req.echo:
+                in_entries, in_tops = _input_logprobs(meta)
+                entries, tops = in_entries + entries, in_tops + tops
+            if entries:
+                logprobs = fmt.completion(entries, tops, offsets[idx])
+                offsets[idx] += sum(len(t) for t in logprobs["tokens"])
+        if finish.reason is not None:
+            metas[idx] = meta
+        if not text and logprobs is None and finish.reason is None:
+            continue
+        choice = {
+            "index": idx,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": finish.reason,
+            "matched_stop": finish.matched,
+        }
+        yield {
+            "id": plan.rid,
+            "object": "text_completion",
+            "created": created,
+            "model": ctx.model_name,
+            "choices": [choice],
+        }
+    usage = usage_of(metas, plan.req.n, ctx.config.enable_cache_report)
+    if include_usage(ctx, plan.req.stream_options):
+        yield {
+            "id": plan.rid,
+            "object": "text_completion",
+            "created": created,
+            "model": ctx.model_name,
+            "choices": [],
+            "usage": usage,
+        }
+    ctx.request_log.finished("/v1/completions", plan.rid, None, usage)
+
+
+async def create_completion(request: Request) -> Response:
+    ctx = get_ctx(request)
+    req = await read_model(request, CompletionRequest)
+    plan = plan_completion(ctx, req)
+    ctx.request_log.received("/v1/completions", plan.rid, req.prompt, plan.items[0].sampling_params)
+    started = await start_generation(
+        ctx,
+        request,
+        plan.items,
+        plan.opts,
+        stream=req.stream,
+        param_names=COMPLETION_PARAM_NAMES,
+    )
+    if started.streams is not None:
+        return streaming_response(
+            _stream_chunks(ctx, plan, started.streams), on_close=started.ticket.release
+        )
+    body = _response(ctx, plan, started.results or [])
+    ctx.request_log.finished("/v1/completions", plan.rid, body["choices"], body["usage"])
+    return JSONResponse(body)

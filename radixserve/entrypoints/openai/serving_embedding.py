@@ -1,0 +1,69 @@
+"""POST /v1/embeddings and the native POST /encode.
+
+Embedding models are a later step: until the engine offers `async_encode`, both routes answer
+400 with a clear message (also with --is-embedding), after checking the body like any route.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import Request
+
+from radixserve.entrypoints.openai.errors import ApiError, from_value_error
+from radixserve.entrypoints.openai.protocol import EmbeddingRequest
+from radixserve.entrypoints.request_body import read_json, read_model
+from radixserve.entrypoints.serving_context import ServingContext, get_ctx
+
+NOT_EMBEDDING = "This server does not serve an embedding model (start it with --is-embedding)."
+NOT_IMPLEMENTED = "Embedding models are not supported by this engine yet."
+
+
+def _encoder(ctx: ServingContext) -> Any:
+    if not ctx.config.is_embedding:
+        raise ApiError(400, NOT_EMBEDDING, param="model")
+    encode = getattr(ctx.engine, "async_encode", None)
+    if encode is None:
+        raise ApiError(400, NOT_IMPLEMENTED, param="model")
+    return encode
+
+
+async def create_embedding(request: Request) -> Response:
+    ctx = get_ctx(request)
+    req = await read_model(request, EmbeddingRequest)
+    ctx.check_model(req.model)
+    encode = _encoder(ctx)
+    inputs: Any = req.input
+    key = (
+        "prompt"
+        if isinstance(inputs, str) or (inputs and isinstance(inputs[0], str))
+        else ("input_ids")
+    )
+    try:
+        results = await encode(**{key: inputs})
+    except ValueError as exc:
+        raise from_value_error(exc, {"text": "input", "input_ids": "input"}) from exc
+    results = results if isinstance(results, list) else [results]
+    data = [
+        {"object": "embedding", "index": i, "embedding": r["embedding"]}
+        for i, r in enumerate(results)
+    ]
+    prompt_tokens = sum(int((r.get("meta_info") or {}).get("prompt_tokens") or 0) for r in results)
+    usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+    return JSONResponse({"object": "list", "data": data, "model": ctx.model_name, "usage": usage})
+
+
+async def encode(request: Request) -> Response:
+    ctx = get_ctx(request)
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise ApiError(400, "The request body must be a JSON object.")
+    encoder = _encoder(ctx)
+    try:
+        result = await encoder(
+            prompt=body.get("text"), input_ids=body.get("input_ids"), rid=body.get("rid")
+        )
+    except ValueError as exc:
+        raise from_value_error(exc) from exc
+    return JSONResponse(result)

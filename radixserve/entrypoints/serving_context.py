@@ -1,0 +1,86 @@
+"""What every route needs, built once per app and kept on `app.state.ctx`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+
+from radixserve.entrypoints.generation import GenerationRunner
+from radixserve.entrypoints.http_config import HttpConfig
+from radixserve.entrypoints.http_state import ServerState
+from radixserve.entrypoints.openai.errors import ApiError
+from radixserve.entrypoints.request_log import RequestLogger
+from radixserve.observability.metrics import ServingMetrics
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ServingContext:
+    engine: Any
+    server_args: Any
+    config: HttpConfig
+    state: ServerState
+    runner: GenerationRunner
+    metrics: ServingMetrics | None
+    request_log: RequestLogger
+    chat_template: str | None = None
+    # Set by the server runner: asks the server to exit (the engine died).
+    on_fatal: Callable[[], None] | None = None
+
+    @property
+    def tokenizer(self) -> Any:
+        return getattr(self.engine, "tokenizer", None)
+
+    @property
+    def model_config(self) -> Any:
+        """vocab_size, context_len, architectures: the engine's `model_info` (what the
+        scheduler reported when ready), or the in-process runner's model config."""
+        info = getattr(self.engine, "model_info", None)
+        if info is not None:
+            return info
+        return self.engine.runner.model_config
+
+    @property
+    def context_len(self) -> int:
+        return int(self.model_config.context_len)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model_config.vocab_size)
+
+    @property
+    def model_name(self) -> str:
+        return self.config.served_model_name
+
+    def require_tokenizer(self, what: str) -> Any:
+        if self.tokenizer is None:
+            raise ApiError(
+                400, f"{what} needs a tokenizer, but the server runs with --skip-tokenizer-init."
+            )
+        return self.tokenizer
+
+    def check_model(self, name: str | None) -> None:
+        """OpenAI routes name a model; only the served one (or none) is accepted."""
+        if name is None or name == "" or name == self.model_name:
+            return
+        raise ApiError(
+            404,
+            f"The model {name!r} does not exist; this server serves {self.model_name!r}.",
+            param="model",
+            err_type="not_found_error",
+        )
+
+    def decode_token(self, token_id: int) -> str:
+        tok = self.tokenizer
+        if tok is None:
+            return str(token_id)
+        return str(tok.decode([token_id]))
+
+
+def get_ctx(request: Request) -> ServingContext:
+    return request.app.state.ctx

@@ -1,0 +1,203 @@
+"""Prometheus metrics with SGLang's `sglang:` names and its `model_name` label.
+
+Counters and latency histograms are fed by the HTTP layer as requests progress; the gauges
+(running and queued requests, KV usage, cache hit rate) come from the engine snapshot handed to
+`render` at scrape time, so they are never stale. Each server owns its own registry, so several
+apps in one process (tests) do not collide.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+logger = logging.getLogger(__name__)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# SGLang's default buckets.
+TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0)
+ITL_BUCKETS = (
+    0.002,
+    0.004,
+    0.006,
+    0.008,
+    0.010,
+    0.015,
+    0.020,
+    0.025,
+    0.030,
+    0.035,
+    0.040,
+    0.060,
+    0.080,
+    0.100,
+    0.200,
+    0.400,
+    0.600,
+    0.800,
+    1.000,
+    2.000,
+    4.000,
+    6.000,
+)
+E2E_BUCKETS = (
+    0.1,
+    0.2,
+    0.4,
+    0.6,
+    0.8,
+    1.0,
+    2.0,
+    4.0,
+    6.0,
+    8.0,
+    10.0,
+    20.0,
+    40.0,
+    60.0,
+    80.0,
+    100.0,
+    200.0,
+    400.0,
+    800.0,
+)
+
+
+class _EngineGauges(Collector):
+    """Gauges computed from the engine snapshot of the current scrape."""
+
+    def __init__(self, metrics: ServingMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        info = self.metrics.snapshot
+        total = float(info.get("max_total_num_tokens") or 0)
+        available = float(info.get("available_kv_tokens") or 0)
+        cached = float(info.get("cached_tokens") or 0)
+        # Tokens held by requests: what is neither free nor kept only by the prefix cache.
+        used = max(total - available - cached, 0.0) if total else 0.0
+        usage = info.get("token_usage")
+        hit_rate = info.get("cache_hit_rate")
+        values = {
+            "num_running_reqs": ("The number of running requests", info.get("num_running_reqs")),
+            "num_queue_reqs": (
+                "The number of requests in the waiting queue",
+                info.get("num_waiting_reqs"),
+            ),
+            "num_used_tokens": ("The number of used tokens", used),
+            "max_total_num_tokens": ("Maximum total number of tokens", total),
+            "token_usage": (
+                "The token usage",
+                usage if usage is not None else (used / total if total else 0),
+            ),
+            # The scheduler's own rate counts every prompt; ours only what went through HTTP.
+            "cache_hit_rate": (
+                "The cache hit rate",
+                hit_rate if hit_rate is not None else self.metrics.cache_hit_rate(),
+            ),
+        }
+        for name, (doc, value) in values.items():
+            family = GaugeMetricFamily(f"sglang:{name}", doc, labels=["model_name"])
+            family.add_metric([self.metrics.model_name], float(value or 0))
+            yield family
+
+
+class ServingMetrics:
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.snapshot: Mapping[str, Any] = {}
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = ["model_name"]
+
+        def counter(name: str, doc: str) -> Any:
+            c = Counter(f"sglang:{name}", doc, labels, registry=self.registry)
+            return c.labels(model_name)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+            h = Histogram(f"sglang:{name}", doc, labels, buckets=buckets, registry=self.registry)
+            return h.labels(model_name)
+
+        self.prompt_tokens = counter("prompt_tokens_total", "Number of prefill tokens processed.")
+        self.generation_tokens = counter(
+            "generation_tokens_total", "Number of generation tokens processed."
+        )
+        self.cached_tokens = counter("cached_tokens_total", "Number of cached prompt tokens.")
+        self.num_requests = counter("num_requests_total", "Number of requests processed.")
+        self.num_aborted = counter("num_aborted_requests_total", "Number of requests aborted.")
+        self.ttft = histogram(
+            "time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            TTFT_BUCKETS,
+        )
+        self.itl = histogram(
+            "inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            ITL_BUCKETS,
+        )
+        self.e2e = histogram(
+            "e2e_request_latency_seconds",
+            "Histogram of End-to-end request latency in seconds",
+            E2E_BUCKETS,
+        )
+        self._prompt_sum = 0
+        self._cached_sum = 0
+        self.registry.register(_EngineGauges(self))
+
+    def cache_hit_rate(self) -> float:
+        return self._cached_sum / self._prompt_sum if self._prompt_sum else 0.0
+
+    def observe_finished(self, meta: Mapping[str, Any], e2e_s: float) -> None:
+        """Count one finished generation from its final `meta_info`."""
+        prompt = int(meta.get("prompt_tokens") or 0)
+        cached = int(meta.get("cached_tokens") or 0)
+        self.prompt_tokens.inc(prompt)
+        self.generation_tokens.inc(int(meta.get("completion_tokens") or 0))
+        self.cached_tokens.inc(cached)
+        self._prompt_sum += prompt
+        self._cached_sum += cached
+        self.num_requests.inc()
+        reason = meta.get("finish_reason") or {}
+        if isinstance(reason, Mapping) and reason.get("type") == "abort":
+            self.num_aborted.inc()
+        self.e2e.observe(e2e_s)
+
+    def stream_tracker(self) -> StreamTracker:
+        return StreamTracker(self)
+
+    def render(self, engine_snapshot: Mapping[str, Any] | None = None) -> bytes:
+        """The exposition text; gauges use `engine_snapshot` (`Engine.get_server_info()`)."""
+        self.snapshot = dict(engine_snapshot or {})
+        return generate_latest(self.registry)
+
+
+class StreamTracker:
+    """Times one streamed generation: TTFT at its first tokens, then inter-token latency."""
+
+    def __init__(self, metrics: ServingMetrics) -> None:
+        self.metrics = metrics
+        self.start = time.monotonic()
+        self.last: float | None = None
+        self.done = False
+
+    def on_chunk(self, chunk: Mapping[str, Any]) -> None:
+        now = time.monotonic()
+        new_tokens = len(chunk.get("output_ids") or ())
+        if new_tokens:
+            if self.last is None:
+                self.metrics.ttft.observe(now - self.start)
+            else:
+                gap = (now - self.last) / new_tokens
+                for _ in range(new_tokens):
+                    self.metrics.itl.observe(gap)
+            self.last = now
+        meta = chunk.get("meta_info") or {}
+        if meta.get("finish_reason") is not None and not self.done:
+            self.done = True
+            self.metrics.observe_finished(meta, now - self.start)

@@ -1,0 +1,106 @@
+"""Start `python -m radixserve serve` as a subprocess on 127.0.0.1 for end-to-end tests.
+
+Imported by the tests/e2e modules (one server per module keeps the suite to minutes).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+STARTUP_TIMEOUT_S = float(os.environ.get("RADIXSERVE_E2E_STARTUP_TIMEOUT", "600"))
+# Small KV pool: the tests need little, and the machine is shared.
+BASE_ARGS = ("--dtype", "float32", "--max-total-tokens", "16384", "--log-level", "warning")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    def __init__(
+        self, *extra_args: str, env: dict[str, str] | None = None, scheme: str = "http"
+    ) -> None:
+        self.port = free_port()
+        self.base_url = f"{scheme}://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open for the process
+            mode="w+", prefix="radixserve-e2e-", suffix=".log", delete=False
+        )
+        command = [
+            sys.executable,
+            "-m",
+            "radixserve",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *BASE_ARGS,
+            *extra_args,
+        ]
+        self.proc = subprocess.Popen(
+            command,
+            cwd=REPO,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+
+    def logs(self) -> str:
+        if not self.log.closed:
+            self.log.flush()
+        return Path(self.log.name).read_text(errors="replace")[-4000:]
+
+    def wait_ready(self, headers: dict[str, str] | None = None) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.logs()}")
+            try:
+                r = httpx.get(f"{self.base_url}/health", timeout=2, verify=False)
+                if r.status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"server not ready after {STARTUP_TIMEOUT_S} s:\n{self.logs()}")
+
+    def info(self, headers: dict[str, str] | None = None) -> dict[str, Any]:
+        r = httpx.get(f"{self.base_url}/get_server_info", headers=headers, timeout=10, verify=False)
+        r.raise_for_status()
+        return r.json()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return int(self.proc.returncode)
+
+
+def start_server(
+    *extra_args: str, scheme: str = "http", env: dict[str, str] | None = None
+) -> ServerProcess:
+    server = ServerProcess(*extra_args, env=env, scheme=scheme)
+    try:
+        server.wait_ready()
+    except BaseException:
+        server.stop(signal.SIGKILL)
+        raise
+    return server

@@ -1,0 +1,309 @@
+"""A fake engine for the HTTP tests: the real TokenizerManager and SamplingParams validate and
+shape results; a scripted "model" replies with a fixed text, one byte-token per step.
+
+Imported by the other test_http_* modules; it holds no tests itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from radixserve.entrypoints.http_server import create_app
+from radixserve.managers.detokenizer import IncrementalDetokenizer
+from radixserve.managers.tokenizer_manager import RequestError, TokenizerManager
+from radixserve.messages import FinishReason, ReqOutput, TokenizedGenerateReq
+
+VOCAB = 300
+CONTEXT = 128
+BOS, EOS = 1, 2
+REPLY = "Hello world! The answer is 42."
+MODEL = "fake-org/fake-model"
+
+
+class FakeTokenizer:
+    """Byte-level: token id = byte + 3; ids 0-2 are pad, BOS and EOS."""
+
+    chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+    eos_token_id = EOS
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = [b + 3 for b in text.encode("utf-8")]
+        return ([BOS] if add_special_tokens else []) + ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True, **_: Any) -> str:
+        out = bytearray()
+        for tid in ids:
+            if 3 <= tid < 259:
+                out.append(tid - 3)
+            elif not skip_special_tokens:
+                out.extend({BOS: b"<s>", EOS: b"</s>"}.get(tid, b"<unk>"))
+        return out.decode("utf-8", errors="replace")
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tokenize: bool = True,
+        add_generation_prompt: bool = False,
+        continue_final_message: bool = False,
+        chat_template: str | None = None,
+        **kwargs: Any,
+    ) -> str:
+        import jinja2
+
+        template = jinja2.Template(chat_template or self.chat_template)
+        text = template.render(messages=messages, add_generation_prompt=add_generation_prompt)
+        if add_generation_prompt:
+            text += "<assistant>"
+        return text
+
+
+def reply_tokens(count: int) -> list[int]:
+    ids = [b + 3 for b in REPLY.encode("utf-8")]
+    return [ids[i % len(ids)] for i in range(count)]
+
+
+class FakeEngine:
+    def __init__(self, **engine_opts: Any) -> None:
+        self.tokenizer = FakeTokenizer()
+        self.model_info = SimpleNamespace(
+            vocab_size=VOCAB,
+            context_len=CONTEXT,
+            architectures=("FakeForCausalLM",),
+            max_running_requests=4,
+            model_dir="/fake/dir",
+        )
+        self.tokenizer_manager = TokenizerManager(self.tokenizer, VOCAB, CONTEXT)
+        self.token_delay = float(engine_opts.get("token_delay", 0.0))
+        self.gate: asyncio.Event | None = engine_opts.get("gate")
+        self.fail_after: int | None = engine_opts.get("fail_after")
+        self.active: dict[str, int] = {}
+        self.aborted: list[str] = []
+        self.abort_flags: set[str] = set()
+        self.seen_prompts: set[tuple[int, ...]] = set()
+        self.calls: list[dict[str, Any]] = []
+        self.alive = True
+
+    # -- the engine API used by the HTTP layer ----------------------------------------------
+    async def async_generate(
+        self,
+        prompt: Any = None,
+        sampling_params: Any = None,
+        input_ids: Any = None,
+        return_logprob: bool = False,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        stream: bool = False,
+        rid: Any = None,
+        priority: int | None = None,
+    ) -> Any:
+        self.calls.append(
+            {
+                "prompt": prompt,
+                "input_ids": input_ids,
+                "sampling_params": sampling_params,
+                "rid": rid,
+                "stream": stream,
+            }
+        )
+        single = isinstance(prompt, str) or (
+            input_ids is not None and all(isinstance(x, int) for x in input_ids)
+        )
+        prompts = [prompt] if isinstance(prompt, str) else prompt
+        ids_list = [input_ids] if single and input_ids is not None else input_ids
+        count = len(prompts if prompts is not None else ids_list)
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * count
+        rids = rid if isinstance(rid, list) else [rid] * count
+        items = []
+        for i in range(count):
+            items.append(
+                self.tokenizer_manager.build_request(
+                    prompt=prompts[i] if prompts is not None else None,
+                    input_ids=ids_list[i] if ids_list is not None else None,
+                    sampling_params=params[i],
+                    rid=rids[i],
+                    return_logprob=return_logprob,
+                    logprob_start_len=logprob_start_len,
+                    top_logprobs_num=top_logprobs_num,
+                    stream=stream,
+                )
+            )
+        if stream:
+            if count != 1:
+                raise RequestError("stream=True takes a single prompt with n=1.", "stream")
+            return self._stream(*items[0])
+        results = await asyncio.gather(*(self._collect(m, s) for m, s in items))
+        return results[0] if single else list(results)
+
+    def abort_request(self, rid: str | None = None, abort_all: bool = False) -> None:
+        targets = list(self.active) if abort_all else [rid]
+        self.abort_flags.update(t for t in targets if t is not None)
+
+    def flush_cache(self) -> bool:
+        if self.active:
+            return False
+        self.seen_prompts.clear()
+        return True
+
+    def get_server_info(self) -> dict[str, Any]:
+        used = sum(self.active.values())
+        return {
+            "num_running_reqs": len(self.active),
+            "num_waiting_reqs": 0,
+            "max_total_num_tokens": 1000,
+            "max_running_requests": 4,
+            "available_kv_tokens": 1000 - used,
+            "cached_tokens": 0,
+        }
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+    def shutdown(self) -> None:
+        pass
+
+    # -- the scripted model -----------------------------------------------------------------
+    async def _collect(self, msg: TokenizedGenerateReq, state: Any) -> dict[str, Any]:
+        async for out in self._outputs(msg):
+            self.tokenizer_manager.apply_output(state, out)
+            if out.finished is not None:
+                return self.tokenizer_manager.final_result(state, out)
+        raise AssertionError("unreachable")
+
+    async def _stream(self, msg: TokenizedGenerateReq, state: Any) -> AsyncIterator[dict]:
+        async for out in self._outputs(msg):
+            yield self.tokenizer_manager.apply_output(state, out)
+
+    async def _outputs(self, msg: TokenizedGenerateReq) -> AsyncIterator[ReqOutput]:
+        if msg.rid in self.active:
+            raise ValueError(f"Duplicate request id {msg.rid!r}.")
+        key = tuple(msg.input_ids)
+        cached = len(key) - 1 if key in self.seen_prompts else 0
+        self.seen_prompts.add(key)
+        self.active[msg.rid] = len(key)
+        sp = msg.sampling_params
+        detok = IncrementalDetokenizer(
+            self.tokenizer,
+            skip_special_tokens=sp["skip_special_tokens"],
+            stop_strings=sp.get("stop") or (),
+            no_stop_trim=sp["no_stop_trim"],
+        )
+        finished = False
+        try:
+            async for out in self._steps(msg, cached):
+                finished = out.finished is not None
+                matched = out.finished.matched if out.finished is not None else None
+                # The detokenizer process's share of the work in the real engine.
+                out.text = detok.add(
+                    out.new_token_ids, finished, matched if isinstance(matched, str) else None
+                )
+                yield out
+        finally:
+            self.active.pop(msg.rid, None)
+            if not finished:
+                self.aborted.append(msg.rid)
+
+    async def _steps(self, msg: TokenizedGenerateReq, cached: int) -> AsyncIterator[ReqOutput]:
+        sp = msg.sampling_params
+        max_new = sp["max_new_tokens"]
+        limit = max_new if max_new is not None else CONTEXT - len(msg.input_ids)
+        stops = sp.get("stop") or []
+        stop_ids = set(sp.get("stop_token_ids") or [])
+        tokens = (
+            reply_tokens(limit) if sp.get("ignore_eos") else reply_tokens(min(limit, len(REPLY)))
+        )
+        if not sp.get("ignore_eos") and limit > len(REPLY):
+            tokens.append(EOS)
+        out_ids: list[int] = []
+        if self.gate is not None:
+            await self.gate.wait()
+        for step, tid in enumerate(tokens):
+            if self.token_delay:
+                await asyncio.sleep(self.token_delay)
+            else:
+                await asyncio.sleep(0)
+            if self.fail_after is not None and step >= self.fail_after:
+                raise RuntimeError("/secret/host/path exploded")
+            out_ids.append(tid)
+            finish = self._finish(msg, out_ids, limit, stops, stop_ids)
+            yield self._output(msg, tid, finish, len(out_ids), cached, first=step == 0)
+            if finish is not None:
+                return
+
+    def _finish(
+        self,
+        msg: TokenizedGenerateReq,
+        out_ids: list[int],
+        limit: int,
+        stops: list[str],
+        stop_ids: set[int],
+    ) -> FinishReason | None:
+        if msg.rid in self.abort_flags:
+            return FinishReason("abort", message="Aborted by the client.")
+        tid = out_ids[-1]
+        if tid == EOS:
+            return FinishReason("stop", matched=EOS)
+        if tid in stop_ids:
+            return FinishReason("stop", matched=tid)
+        text = self.tokenizer.decode(out_ids)
+        for stop in stops:
+            if stop in text:
+                return FinishReason("stop", matched=stop)
+        if len(out_ids) >= limit:
+            return FinishReason("length")
+        return None
+
+    def _output(
+        self,
+        msg: TokenizedGenerateReq,
+        tid: int,
+        finish: FinishReason | None,
+        done: int,
+        cached: int,
+        first: bool,
+    ) -> ReqOutput:
+        out = ReqOutput(msg.rid, [tid], finish, len(msg.input_ids), done, cached)
+        if msg.return_logprob:
+            k = msg.top_logprobs_num
+            out.output_token_logprobs = [(-0.5, tid)]
+            out.output_top_logprobs = [[(-0.5, tid), (-1.5, 40)][:k]] if k else []
+            if first and msg.logprob_start_len >= 0:
+                ids = msg.input_ids[msg.logprob_start_len :]
+                out.input_token_logprobs = [
+                    (None if i == 0 else -1.0, t) for i, t in enumerate(ids)
+                ]
+                out.input_top_logprobs = [None] * len(ids)
+        return out
+
+
+def server_args(**overrides: Any) -> SimpleNamespace:
+    args = {
+        "model_path": MODEL,
+        "tokenizer_path": MODEL,
+        "served_model_name": MODEL,
+        "skip_server_warmup": True,
+        "api_key": None,
+        "admin_api_key": None,
+    }
+    args.update(overrides)
+    return SimpleNamespace(**args)
+
+
+@contextmanager
+def make_client(
+    engine: FakeEngine | None = None, **overrides: Any
+) -> Iterator[tuple[TestClient, FakeEngine]]:
+    engine = engine or FakeEngine()
+    app = create_app(engine, server_args(**overrides))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client, engine
+
+
+def rid() -> str:
+    return uuid.uuid4().hex
