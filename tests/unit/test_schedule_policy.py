@@ -97,7 +97,10 @@ def test_priority_ordering_and_its_direction() -> None:
 
 def test_prefill_adder_chunks_a_long_prompt_and_closes_the_batch() -> None:
     adder = PrefillAdder(
-        rem_total_tokens=1000, rem_input_tokens=1000, rem_chunk_tokens=64, new_token_ratio=0.5,
+        rem_total_tokens=1000,
+        rem_input_tokens=1000,
+        rem_chunk_tokens=64,
+        new_token_ratio=0.5,
         page_size=4,
     )
     long_req = make_req("long", list(range(1, 200)))
