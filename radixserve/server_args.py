@@ -54,7 +54,6 @@ class ServerArgs:
     load_format: str = "auto"
     trust_remote_code: bool = False
     context_length: int | None = None
-    is_embedding: bool = False
     revision: str | None = None
     json_model_override_args: str = "{}"
     download_dir: str | None = None
@@ -77,7 +76,6 @@ class ServerArgs:
     radix_eviction_policy: str = "lru"
     disable_radix_cache: bool = False
     disable_overlap_schedule: bool = False
-    num_continuous_decode_steps: int = 1
     enable_mixed_chunk: bool = False
     # Parallelism and device
     tp_size: int = 1
@@ -85,7 +83,6 @@ class ServerArgs:
     dp_size: int = 1
     device: str | None = None
     random_seed: int | None = None
-    watchdog_timeout: float = 300.0
     gc_threshold: tuple[int, ...] | None = None
     # HTTP server and API
     host: str = "127.0.0.1"
@@ -100,33 +97,22 @@ class ServerArgs:
     weight_version: str = "default"
     chat_template: str | None = None
     enable_cache_report: bool = False
-    sampling_defaults: str = "model"
     preferred_sampling_params: dict[str, Any] | None = None
-    allow_auto_truncate: bool = False
     stream_interval: int = 1
     stream_response_default_include_usage: bool = False
-    constrained_json_whitespace_pattern: str | None = None
-    constrained_json_disable_any_whitespace: bool = False
-    reasoning_parser: str | None = None
-    tool_call_parser: str | None = None
     # Logging and metrics
     log_level: str = "info"
     log_level_http: str | None = None
     log_requests: bool = False
     log_requests_level: int = 2
     uvicorn_access_log_exclude_prefixes: tuple[str, ...] = ()
-    show_time_cost: bool = False
     enable_metrics: bool = False
     decode_log_interval: int = 40
     # Kernels and execution
     attention_backend: str | None = None
     decode_attention_backend: str | None = None
     prefill_attention_backend: str | None = None
-    grammar_backend: str | None = None
     sampling_backend: str | None = None
-    enable_torch_compile: bool = False
-    torch_compile_max_bs: int = 32
-    enable_deterministic_inference: bool = False
     config: str | None = None
     # Every other `sglang serve` option, by dest.
     other: Mapping[str, Any] = field(default_factory=ReadOnlyMapping)

@@ -14,6 +14,7 @@ from typing import Any
 
 from radixserve.managers.inprocess_runtime import InProcessRuntime, tokenizer_path_for
 from radixserve.managers.multiprocess_runtime import MultiProcessRuntime
+from radixserve.managers.process_utils import apply_gc_threshold
 from radixserve.managers.tokenizer_manager import RequestError, RequestState, TokenizerManager
 from radixserve.messages import FlushCacheReq, GetInfoReq, ReqOutput, TokenizedGenerateReq
 from radixserve.server_args import ServerArgs
@@ -39,6 +40,7 @@ class Engine:
     ) -> None:
         self.server_args = server_args or ServerArgs.from_kwargs(**kwargs)
         args = self.server_args
+        apply_gc_threshold(args.gc_threshold)
         self.runtime: InProcessRuntime | MultiProcessRuntime
         if runtime == "thread":
             self.runtime = InProcessRuntime(args)

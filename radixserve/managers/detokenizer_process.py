@@ -10,7 +10,11 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from radixserve.managers.detokenizer_manager import DetokenizerManager
-from radixserve.managers.process_utils import configure_child_logging, die_with_parent
+from radixserve.managers.process_utils import (
+    apply_gc_threshold,
+    configure_child_logging,
+    die_with_parent,
+)
 from radixserve.messages import BatchOutput, SchedulerReady
 
 if TYPE_CHECKING:
@@ -24,6 +28,7 @@ def run_detokenizer_process(
 ) -> None:
     die_with_parent(parent_pid)
     configure_child_logging(server_args.log_level, "detokenizer")
+    apply_gc_threshold(server_args.gc_threshold)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_signal)
     ctx = zmq.Context()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import os
 import signal
@@ -51,3 +52,9 @@ def configure_child_logging(level: str, name: str) -> None:
         level=level.upper(),
         format=f"[%(asctime)s {name}] %(levelname)s %(name)s: %(message)s",
     )
+
+
+def apply_gc_threshold(threshold: tuple[int, ...] | None) -> None:
+    """--gc-threshold: Python's collector thresholds, for each of our processes."""
+    if threshold:
+        gc.set_threshold(*threshold)

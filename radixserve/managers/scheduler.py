@@ -11,6 +11,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from radixserve.managers.decode_logger import DecodeLogger
 from radixserve.managers.finish_checker import FinishChecker
 from radixserve.managers.kv_manager import KVManager
 from radixserve.managers.retraction import NewTokenRatio, retraction_order
@@ -77,6 +78,8 @@ class Scheduler:
         self.stream_reqs: set[str] = set()
         self.pending_outputs: list[ReqOutput] = []
         self.check_kv_each_step = False
+        self.default_priority = server_args.default_priority_value or 0
+        self.decode_log = DecodeLogger(server_args.decode_log_interval)
         self.stats = SchedulerStats()
 
     # -- intake -----------------------------------------------------------------------------
@@ -91,7 +94,7 @@ class Scheduler:
             return_logprob=msg.return_logprob,
             logprob_start_len=msg.logprob_start_len,
             top_logprobs_num=msg.top_logprobs_num,
-            priority=msg.priority if msg.priority is not None else 0,
+            priority=msg.priority if msg.priority is not None else self.default_priority,
         )
         error = self._admission_error(req)
         if error is not None:
@@ -337,6 +340,7 @@ class Scheduler:
     def _process(self, batch: ScheduledBatch, results: Sequence[Any]) -> None:
         if batch.is_decode:
             self.ratio.decay()
+            self.decode_log.step(self, len(batch.reqs))
         else:
             self.stats.prefill_tokens += sum(batch.extend_lens[: batch.num_prefill_reqs])
         still_running: list[Req] = []

@@ -12,7 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from radixserve.managers.process_utils import configure_child_logging, die_with_parent
+from radixserve.managers.process_utils import (
+    apply_gc_threshold,
+    configure_child_logging,
+    die_with_parent,
+)
 from radixserve.messages import SchedulerFailed, SchedulerReady
 
 if TYPE_CHECKING:
@@ -26,6 +30,7 @@ def run_scheduler_process(
 ) -> None:
     die_with_parent(parent_pid)
     configure_child_logging(server_args.log_level, "scheduler")
+    apply_gc_threshold(server_args.gc_threshold)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
     ctx = zmq.Context()
     receiver = ctx.socket(zmq.PULL)

@@ -15,6 +15,9 @@ from typing import Any
 from radixserve.messages import ReqOutput, TokenizedGenerateReq
 from radixserve.sampling.sampling_params import SamplingParams
 
+# Grammar-constrained decoding is not implemented yet: refuse rather than silently ignore.
+CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf", "structural_tag")
+
 
 class RequestError(ValueError):
     """A request the engine refuses; `param` names the offending field."""
@@ -78,6 +81,11 @@ class TokenizerManager:
             )
         params = SamplingParams.from_dict(sampling_params)
         params.verify(self.vocab_size)
+        for name in CONSTRAINT_FIELDS:
+            if getattr(params, name, None) is not None:
+                raise RequestError(
+                    f"Structured outputs ({name}) are not supported by this server yet.", name
+                )
         self._check_length(len(ids), params)
         start = -1 if logprob_start_len is None else int(logprob_start_len)
         msg = TokenizedGenerateReq(

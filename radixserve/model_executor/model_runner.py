@@ -53,6 +53,8 @@ class ModelRunner:
 
         self.server_args = server_args
         self.device = torch.device(server_args.device)
+        # --random-seed: unseeded sampling and dummy weights are reproducible run to run.
+        torch.manual_seed(server_args.random_seed)
         loaded = load_model(
             server_args.model_path,
             load_format=server_args.load_format,
@@ -63,6 +65,7 @@ class ModelRunner:
             context_length=server_args.context_length,
             json_model_override_args=server_args.json_model_override_args,
             download_dir=server_args.download_dir,
+            seed=server_args.random_seed,
         )
         self.model = loaded.model
         self.model_config: ModelConfig = loaded.config
@@ -78,6 +81,9 @@ class ModelRunner:
             dtype=self._kv_dtype(),
             device=self.device,
         )
+        # One backend serves both phases today; the per-phase options must name it too.
+        for name in (server_args.prefill_attention_backend, server_args.decode_attention_backend):
+            create_attention_backend(name)
         self.attn_backend = create_attention_backend(server_args.attention_backend)
         logger.info(
             "KV cache: %d tokens (%.1f MiB), max running requests %d",

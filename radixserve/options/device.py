@@ -26,7 +26,6 @@ OPTIONS: tuple[OptionSpec, ...] = (
         FLOAT,
         300.0,
         "Seconds a forward step may take before the server treats it as hung.",
-        support=IMPLEMENTED,
     ),
     value(
         "--soft-watchdog-timeout",

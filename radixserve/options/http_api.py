@@ -116,7 +116,6 @@ OPTIONS: tuple[OptionSpec, ...] = (
         STR,
         "model",
         "Source of default sampling parameters: the model's generation_config.json ('model') or OpenAI defaults ('openai').",
-        support=IMPLEMENTED,
         choices=("openai", "model"),
     ),
     value(
@@ -136,7 +135,6 @@ OPTIONS: tuple[OptionSpec, ...] = (
     flag(
         "--allow-auto-truncate",
         "Truncate over-long inputs instead of rejecting them.",
-        support=IMPLEMENTED,
     ),
     value("--stream-interval", INT, 1, "Tokens per streamed chunk.", support=IMPLEMENTED),
     value("--batch-notify-size", INT, 16, "Streaming notifications batched per event-loop wakeup."),
@@ -156,19 +154,16 @@ OPTIONS: tuple[OptionSpec, ...] = (
         STR,
         None,
         "Regex of whitespace allowed in JSON constrained output (outlines, llguidance).",
-        support=IMPLEMENTED,
     ),
     flag(
         "--constrained-json-disable-any-whitespace",
         "Force compact JSON in constrained output (xgrammar, llguidance).",
-        support=IMPLEMENTED,
     ),
     value(
         "--reasoning-parser",
         STR,
         None,
         "Parser that separates reasoning content from the answer.",
-        support=IMPLEMENTED,
         choices=REASONING_PARSER_CHOICES,
     ),
     value(
@@ -176,7 +171,6 @@ OPTIONS: tuple[OptionSpec, ...] = (
         STR,
         None,
         "Parser that extracts tool calls from model output.",
-        support=IMPLEMENTED,
         choices=TOOL_CALL_PARSER_CHOICES,
     ),
     flag("--enable-response-store", "Store responses for the Responses API."),

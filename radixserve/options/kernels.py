@@ -48,9 +48,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
         STR,
         None,
         "Backend for grammar-constrained decoding (resolved to xgrammar when unset).",
-        support=IMPLEMENTED,
         choices=("xgrammar", "outlines", "llguidance", "none"),
-        supported_choices=("xgrammar", "llguidance", "outlines", "none"),
     ),
     value("--radix-cache-backend", STR, None, "Name of a registered radix cache backend."),
     value(
@@ -254,13 +252,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "Enable AITER all-reduce fusion (ROCm).",
         support=NOT_APPLICABLE,
     ),
-    flag("--enable-torch-compile", "Compile the model with torch.compile.", support=IMPLEMENTED),
+    flag("--enable-torch-compile", "Compile the model with torch.compile."),
     flag("--enable-torch-compile-debug-mode", "Debug mode for torch.compile."),
     value(
         "--torch-compile-max-bs",
         INT,
         32,
         "Largest batch size compiled with torch.compile.",
-        support=IMPLEMENTED,
     ),
 )

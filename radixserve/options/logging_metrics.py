@@ -54,7 +54,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
         nargs="*",
     ),
     value("--crash-dump-folder", STR, None, "Folder for dumps of recent requests after a crash."),
-    flag("--show-time-cost", "Log the time cost of marked code sections.", support=IMPLEMENTED),
+    flag("--show-time-cost", "Log the time cost of marked code sections."),
     flag("--enable-metrics", "Expose Prometheus metrics on /metrics.", support=IMPLEMENTED),
     value(
         "--smg-http-sidecar-port",

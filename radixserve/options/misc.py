@@ -27,7 +27,6 @@ OPTIONS: tuple[OptionSpec, ...] = (
     flag(
         "--enable-deterministic-inference",
         "Deterministic inference: results do not depend on batch composition.",
-        support=IMPLEMENTED,
     ),
     value(
         "--rl-on-policy-target",

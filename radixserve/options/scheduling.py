@@ -170,7 +170,6 @@ OPTIONS: tuple[OptionSpec, ...] = (
         INT,
         1,
         "Decode steps to run back to back between scheduling passes.",
-        support=IMPLEMENTED,
     ),
     value(
         "--scheduler-recv-interval", INT, 1, "Poll for new requests every N scheduler iterations."

@@ -30,6 +30,7 @@ def engine_kwargs(tiny_dir: Path) -> dict[str, object]:
         "dtype": "float32",
         "skip_tokenizer_init": True,
         "max_total_tokens": 2048,
+        "random_seed": 0,
     }
 
 

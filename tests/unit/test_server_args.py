@@ -61,7 +61,8 @@ def test_cli_resolves_every_auto_for_cpu(monkeypatch: pytest.MonkeyPatch) -> Non
     assert isinstance(args.random_seed, int)
     assert args.attention_backend == args.prefill_attention_backend == "torch_native"
     assert args.decode_attention_backend == "torch_native"
-    assert (args.sampling_backend, args.grammar_backend) == ("pytorch", "xgrammar")
+    assert args.sampling_backend == "pytorch"
+    assert args.grammar_backend is None  # structured outputs are not implemented yet
     assert args.log_level_http == "info"
     assert args.cuda_graph_max_bs_decode == args.torch_compile_max_bs == 32
     assert args.not_applicable == ()
@@ -249,10 +250,14 @@ def test_kwargs_config_file_is_read_and_overridden(tmp_path: Path) -> None:
     assert (args.max_running_requests, args.port, args.config) == (5, 4321, str(config))
 
 
-def test_renamed_tool_call_parser_is_translated(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING):
-        assert _cpu(tool_call_parser="qwen25").tool_call_parser == "qwen"
+def test_renamed_tool_call_parser_is_translated_then_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Tool calling is not implemented yet: the option is refused, under its new name.
+    with caplog.at_level(logging.WARNING), pytest.raises(ServerArgsError) as err:
+        _cpu(tool_call_parser="qwen25")
     assert "deprecated" in caplog.text
+    assert "--tool-call-parser=qwen " in str(err.value)
 
 
 def test_repr_shows_fields_and_only_changed_other_options() -> None:
