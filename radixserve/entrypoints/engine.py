@@ -12,9 +12,10 @@ import queue
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
-from radixserve.managers.inprocess_runtime import InProcessRuntime, tokenizer_path_for
+from radixserve.managers.inprocess_runtime import InProcessRuntime
 from radixserve.managers.multiprocess_runtime import MultiProcessRuntime
 from radixserve.managers.process_utils import apply_gc_threshold
+from radixserve.managers.scheduler_factory import load_tokenizer
 from radixserve.managers.tokenizer_manager import RequestError, RequestState, TokenizerManager
 from radixserve.messages import FlushCacheReq, GetInfoReq, ReqOutput, TokenizedGenerateReq
 from radixserve.server_args import ServerArgs
@@ -47,16 +48,7 @@ class Engine:
             self.tokenizer = self.runtime.tokenizer
         elif runtime == "process":
             self.runtime = MultiProcessRuntime(args)
-            self.tokenizer = None
-            if not args.skip_tokenizer_init:
-                from radixserve.utils.tokenizer import get_tokenizer
-
-                self.tokenizer = get_tokenizer(
-                    tokenizer_path_for(args, self.runtime.ready.model_dir),
-                    tokenizer_mode=args.tokenizer_mode,
-                    trust_remote_code=args.trust_remote_code,
-                    revision=args.revision,
-                )
+            self.tokenizer = load_tokenizer(args, self.runtime.ready.model_dir)
         else:
             raise ValueError(f"runtime must be 'process' or 'thread', not {runtime!r}")
         self.model_info = self.runtime.ready

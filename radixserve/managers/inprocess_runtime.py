@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from radixserve.managers.detokenizer_manager import DetokenizerManager
 from radixserve.managers.request_router import RequestRouter, RuntimeDeadError, Sink
+from radixserve.managers.scheduler_factory import build_scheduler
 from radixserve.managers.scheduler_loop import SchedulerLoop
-from radixserve.messages import AbortReq, SchedulerReady, TokenizedGenerateReq
+from radixserve.messages import AbortReq, TokenizedGenerateReq
 
 if TYPE_CHECKING:
     from radixserve.server_args import ServerArgs
@@ -20,29 +21,8 @@ CALL_TIMEOUT_S = 60.0
 
 class InProcessRuntime:
     def __init__(self, server_args: ServerArgs) -> None:
-        from radixserve.managers.scheduler import Scheduler
-        from radixserve.model_executor.model_runner import ModelRunner
-        from radixserve.utils.tokenizer import get_tokenizer
-
-        self.runner = ModelRunner(server_args)
-        self.tokenizer = None
-        if not server_args.skip_tokenizer_init:
-            self.tokenizer = get_tokenizer(
-                tokenizer_path_for(server_args, str(self.runner.model_dir)),
-                tokenizer_mode=server_args.tokenizer_mode,
-                trust_remote_code=server_args.trust_remote_code,
-                revision=server_args.revision,
-            )
-        self.scheduler = Scheduler(server_args, self.runner, self.tokenizer)
-        cfg = self.runner.model_config
-        self.ready = SchedulerReady(
-            model_dir=str(self.runner.model_dir),
-            vocab_size=cfg.vocab_size,
-            context_len=cfg.context_len,
-            max_total_tokens=self.runner.plan.max_total_tokens,
-            max_running_requests=self.runner.plan.max_running_requests,
-            architectures=tuple(cfg.architectures),
-        )
+        self.scheduler, self.tokenizer, self.ready = build_scheduler(server_args)
+        self.runner = self.scheduler.runner
         self.router = RequestRouter()
         self.inbox: queue.Queue[Any] = queue.Queue()
         self.loop = SchedulerLoop(
@@ -90,11 +70,3 @@ class InProcessRuntime:
         self.loop.stop_event.set()
         self.thread.join(timeout=30)
         self.router.fail_all("The engine is shutting down.", status_code=503)
-
-
-def tokenizer_path_for(server_args: ServerArgs, model_dir: str) -> str:
-    """An explicit --tokenizer-path wins; otherwise the model's folder (for a GGUF, the
-    converted folder that holds the tokenizer files)."""
-    if server_args.tokenizer_path and server_args.tokenizer_path != server_args.model_path:
-        return server_args.tokenizer_path
-    return model_dir

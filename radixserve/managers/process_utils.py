@@ -11,6 +11,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import zmq
+
+if TYPE_CHECKING:
+    from radixserve.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
@@ -58,3 +64,20 @@ def apply_gc_threshold(threshold: tuple[int, ...] | None) -> None:
     """--gc-threshold: Python's collector thresholds, for each of our processes."""
     if threshold:
         gc.set_threshold(*threshold)
+
+
+def start_child(
+    name: str, server_args: ServerArgs, in_addr: str, out_addr: str, parent_pid: int
+) -> tuple[zmq.Socket, zmq.Socket]:
+    """Common start of a child process: die with the parent, log, leave SIGINT to the parent,
+    and open its PULL (bound to in_addr) and PUSH (connected to out_addr) sockets."""
+    die_with_parent(parent_pid)
+    configure_child_logging(server_args.log_level, name)
+    apply_gc_threshold(server_args.gc_threshold)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ctx = zmq.Context()
+    receiver = ctx.socket(zmq.PULL)
+    receiver.bind(in_addr)
+    sender = ctx.socket(zmq.PUSH)
+    sender.connect(out_addr)
+    return receiver, sender

@@ -10,14 +10,9 @@ import signal
 import traceback
 from typing import TYPE_CHECKING, Any
 
-import zmq
-
-from radixserve.managers.process_utils import (
-    apply_gc_threshold,
-    configure_child_logging,
-    die_with_parent,
-)
-from radixserve.messages import SchedulerFailed, SchedulerReady
+from radixserve.managers.process_utils import start_child
+from radixserve.managers.scheduler_factory import build_scheduler
+from radixserve.messages import SchedulerFailed
 
 if TYPE_CHECKING:
     from radixserve.server_args import ServerArgs
@@ -28,17 +23,9 @@ logger = logging.getLogger(__name__)
 def run_scheduler_process(
     server_args: ServerArgs, in_addr: str, out_addr: str, parent_pid: int
 ) -> None:
-    die_with_parent(parent_pid)
-    configure_child_logging(server_args.log_level, "scheduler")
-    apply_gc_threshold(server_args.gc_threshold)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
-    ctx = zmq.Context()
-    receiver = ctx.socket(zmq.PULL)
-    receiver.bind(in_addr)
-    sender = ctx.socket(zmq.PUSH)
-    sender.connect(out_addr)
+    receiver, sender = start_child("scheduler", server_args, in_addr, out_addr, parent_pid)
     try:
-        scheduler, ready = _build(server_args)
+        scheduler, _, ready = build_scheduler(server_args)
     except Exception as exc:
         logger.error("The scheduler failed to start: %s", exc)
         logger.debug("%s", traceback.format_exc())
@@ -63,31 +50,3 @@ def run_scheduler_process(
     loop = SchedulerLoop(scheduler, receive, sender.send_pyobj)
     signal.signal(signal.SIGTERM, stop)
     loop.run()
-
-
-def _build(server_args: ServerArgs) -> tuple[Any, SchedulerReady]:
-    from radixserve.managers.inprocess_runtime import tokenizer_path_for
-    from radixserve.managers.scheduler import Scheduler
-    from radixserve.model_executor.model_runner import ModelRunner
-    from radixserve.utils.tokenizer import get_tokenizer
-
-    runner = ModelRunner(server_args)
-    tokenizer = None
-    if not server_args.skip_tokenizer_init:
-        tokenizer = get_tokenizer(
-            tokenizer_path_for(server_args, str(runner.model_dir)),
-            tokenizer_mode=server_args.tokenizer_mode,
-            trust_remote_code=server_args.trust_remote_code,
-            revision=server_args.revision,
-        )
-    scheduler = Scheduler(server_args, runner, tokenizer)
-    cfg = runner.model_config
-    ready = SchedulerReady(
-        model_dir=str(runner.model_dir),
-        vocab_size=cfg.vocab_size,
-        context_len=cfg.context_len,
-        max_total_tokens=runner.plan.max_total_tokens,
-        max_running_requests=runner.plan.max_running_requests,
-        architectures=tuple(cfg.architectures),
-    )
-    return scheduler, ready
