@@ -17,6 +17,8 @@ class TokenizedGenerateReq:
     top_logprobs_num: int = 0
     stream: bool = False
     priority: int | None = None
+    # An embedding request: prefill only, the answer is the pooled hidden state.
+    embedding: bool = False
 
 
 @dataclass
@@ -117,6 +119,7 @@ class ReqOutput:
     detok: DetokParams | None = None
     # The new text, filled in by the detokenizer.
     text: str | None = None
+    embedding: list[float] | None = None
 
 
 @dataclass

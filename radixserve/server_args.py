@@ -54,6 +54,7 @@ class ServerArgs:
     load_format: str = "auto"
     trust_remote_code: bool = False
     context_length: int | None = None
+    is_embedding: bool = False
     revision: str | None = None
     json_model_override_args: str = "{}"
     download_dir: str | None = None

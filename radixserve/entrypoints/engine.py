@@ -140,6 +140,51 @@ class Engine:
         results = await asyncio.gather(*(self._acollect(msg, state) for msg, state in items))
         return results[0] if single else list(results)
 
+    def encode(
+        self,
+        prompt: Prompt = None,
+        input_ids: InputIds = None,
+        rid: str | Sequence[str] | None = None,
+    ) -> dict[str, Any] | list[dict[str, Any]]:
+        """Embeddings (an --is-embedding server): {"embedding": [...], "meta_info": {...}} per
+        prompt; the last token's final hidden state, L2-normalised."""
+        items, single = self._expand_embedding(prompt, input_ids, rid)
+        sinks = [self._submit(msg) for msg, _ in items]
+        results = [
+            self._collect(state, sink) for (_, state), sink in zip(items, sinks, strict=True)
+        ]
+        return results[0] if single else results
+
+    async def async_encode(
+        self,
+        prompt: Prompt = None,
+        input_ids: InputIds = None,
+        rid: str | Sequence[str] | None = None,
+    ) -> dict[str, Any] | list[dict[str, Any]]:
+        items, single = self._expand_embedding(prompt, input_ids, rid)
+        results = await asyncio.gather(*(self._acollect(msg, state) for msg, state in items))
+        return results[0] if single else list(results)
+
+    def _expand_embedding(
+        self, prompt: Prompt, input_ids: InputIds, rid: Any
+    ) -> tuple[list[tuple[TokenizedGenerateReq, RequestState]], bool]:
+        if not self.server_args.is_embedding:
+            raise RequestError("This server does not serve an embedding model (--is-embedding).")
+        prompts, ids_list, single = _normalise_inputs(prompt, input_ids)
+        count = len(prompts) if prompts is not None else len(ids_list or [])
+        rids = _per_item(rid, count, "rid")
+        items = [
+            self.tokenizer_manager.build_request(
+                prompt=prompts[i] if prompts is not None else None,
+                input_ids=ids_list[i] if ids_list is not None else None,
+                sampling_params={"max_new_tokens": 0},
+                rid=rids[i],
+                embedding=True,
+            )
+            for i in range(count)
+        ]
+        return items, single
+
     def abort_request(self, rid: str | None = None, abort_all: bool = False) -> None:
         self.runtime.abort(rid, abort_all)
 
@@ -165,6 +210,10 @@ class Engine:
         stream: bool,
         priority: int | None,
     ) -> tuple[list[tuple[TokenizedGenerateReq, RequestState]], bool]:
+        if self.server_args.is_embedding:
+            raise RequestError(
+                "This server serves an embedding model: use encode (or /v1/embeddings).", "model"
+            )
         prompts, ids_list, single = _normalise_inputs(prompt, input_ids)
         count = len(prompts) if prompts is not None else len(ids_list or [])
         params_list = _per_item(sampling_params, count, "sampling_params")

@@ -71,11 +71,14 @@ async def _warmup(ctx: ServingContext) -> None:
         ctx.state.ready = True
         return
     params = {"max_new_tokens": 1, "temperature": 0}
+    prompt: dict[str, Any] = (
+        {"prompt": WARMUP_PROMPT} if ctx.tokenizer is not None else {"input_ids": [10, 11, 12]}
+    )
     try:
-        if ctx.tokenizer is not None:
-            await ctx.engine.async_generate(prompt=WARMUP_PROMPT, sampling_params=params)
+        if ctx.config.is_embedding:
+            await ctx.engine.async_encode(**prompt)
         else:
-            await ctx.engine.async_generate(input_ids=[10, 11, 12], sampling_params=params)
+            await ctx.engine.async_generate(**prompt, sampling_params=params)
     except Exception:
         logger.exception("The warmup generation failed")
         _mark_dead(ctx, "warmup failed")

@@ -29,6 +29,8 @@ class Req:
     top_logprobs_num: int = 0
     priority: int = 0
     arrival_time: float = field(default_factory=time.monotonic)
+    is_embedding: bool = False
+    embedding: list[float] | None = None
 
     output_ids: list[int] = field(default_factory=list)
     finished_reason: FinishReason | None = None

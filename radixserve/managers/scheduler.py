@@ -85,7 +85,9 @@ class Scheduler:
     # -- intake -----------------------------------------------------------------------------
     def add_request(self, msg: TokenizedGenerateReq) -> None:
         params = SamplingParams.from_dict(msg.sampling_params)
-        if params.max_new_tokens is None:  # no limit: up to the context length
+        if msg.embedding:
+            params.max_new_tokens = 0
+        elif params.max_new_tokens is None:  # no limit: up to the context length
             params.max_new_tokens = max(self.context_len - len(msg.input_ids), 0)
         req = Req(
             rid=msg.rid,
@@ -95,6 +97,7 @@ class Scheduler:
             logprob_start_len=msg.logprob_start_len,
             top_logprobs_num=msg.top_logprobs_num,
             priority=msg.priority if msg.priority is not None else self.default_priority,
+            is_embedding=msg.embedding,
         )
         error = self._admission_error(req)
         if error is not None:
@@ -350,6 +353,10 @@ class Scheduler:
                 continue
             if result is None:  # a chunk of a longer prompt; no token yet
                 continue
+            if req.is_embedding:
+                result.apply(req)
+                self._finish(req, FinishReason("length"))
+                continue
             if req.max_new_tokens == 0:  # prefill only (e.g. warming the prefix cache)
                 self._finish(req, FinishReason("length"))
                 continue
@@ -399,6 +406,7 @@ class Scheduler:
             completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens,
             num_retractions=req.num_retractions,
+            embedding=req.embedding,
             output_token_logprobs=req.output_token_logprobs[start:],
             output_top_logprobs=req.output_top_logprobs[start:],
             input_token_logprobs=req.input_token_logprobs if start == 0 else [],

@@ -38,6 +38,19 @@ class TokenResult:
                 req.output_top_logprobs.append(self.top_logprobs)
 
 
+@dataclass
+class EmbeddingResult:
+    vector: list[float]
+
+    def apply(self, req: Req) -> None:
+        req.embedding = self.vector
+
+
+# sample_pos values at or below this mark an embedding request (its index into hidden_rows is
+# EMBED_POS_BASE - value); -1 means "no result this step"; >= 0 is a logits row to sample.
+EMBED_POS_BASE = -2
+
+
 class StepRunner:
     def __init__(self, runner: ModelRunner, kv: KVManager, eos_token_ids: Sequence[int]) -> None:
         self.runner = runner
@@ -45,13 +58,21 @@ class StepRunner:
         self.eos_token_ids = list(eos_token_ids)
         self.sampler = Sampler()
 
-    def run(self, batch: ScheduledBatch) -> list[TokenResult | None]:
+    def run(self, batch: ScheduledBatch) -> list[TokenResult | EmbeddingResult | None]:
         step, sample_pos, input_rows = self._build_inputs(batch)
-        logits = self.runner.forward(step, self.kv.req_to_token_pool.req_to_token)
+        output = self.runner.forward(step, self.kv.req_to_token_pool.req_to_token)
+        logits = output.logits
+        results: list[TokenResult | EmbeddingResult | None] = [None] * len(batch.reqs)
+        if output.hidden is not None:
+            # Embeddings: the last token's final hidden state, L2-normalised (SGLang's LAST
+            # pooling with normalize=True).
+            vectors = torch.nn.functional.normalize(output.hidden, dim=-1).tolist()
+            for i, pos in enumerate(sample_pos):
+                if pos <= EMBED_POS_BASE:
+                    results[i] = EmbeddingResult(vectors[EMBED_POS_BASE - pos])
         for i, rows in input_rows.items():
             self._input_logprobs(batch.reqs[i], batch.extend_lens[i], logits, rows)
         sampled_reqs = [r for r, pos in zip(batch.reqs, sample_pos, strict=True) if pos >= 0]
-        results: list[TokenResult | None] = [None] * len(batch.reqs)
         if not sampled_reqs:
             return results
         rows = torch.tensor([p for p in sample_pos if p >= 0], device=logits.device)
@@ -94,6 +115,7 @@ class StepRunner:
         logits_rows: list[int] = []
         sample_pos: list[int] = []
         input_rows: dict[int, list[int]] = {}
+        hidden_rows: list[int] = []
         pool = self.kv.req_to_token_pool
         for i, (req, n) in enumerate(zip(batch.reqs, batch.extend_lens, strict=True)):
             start = len(input_ids)
@@ -102,7 +124,13 @@ class StepRunner:
             positions.extend(range(req.kv_len, req.kv_len + n))
             slots.append(pool.read(req.req_pool_idx, req.kv_len, req.kv_len + n))
             reaches_end = req.kv_len + n == len(fill)
-            if req.needs_input_logprobs() and not batch.is_decode and not req.output_ids:
+            if req.is_embedding:
+                if reaches_end:  # encoded as <= EMBED_POS_BASE: index into hidden_rows
+                    sample_pos.append(EMBED_POS_BASE - len(hidden_rows))
+                    hidden_rows.append(start + n - 1)
+                else:
+                    sample_pos.append(-1)
+            elif req.needs_input_logprobs() and not batch.is_decode and not req.output_ids:
                 input_rows[i] = list(range(len(logits_rows), len(logits_rows) + n))
                 logits_rows.extend(range(start, start + n))
                 sample_pos.append(len(logits_rows) - 1 if reaches_end else -1)
@@ -120,6 +148,7 @@ class StepRunner:
             extend_lens=list(batch.extend_lens),
             out_cache_loc=torch.cat(slots),
             logits_rows=logits_rows,
+            hidden_rows=tuple(hidden_rows),
         )
         return step, sample_pos, input_rows
 

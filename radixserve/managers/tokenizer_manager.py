@@ -65,6 +65,7 @@ class TokenizerManager:
         top_logprobs_num: int | None = None,
         stream: bool = False,
         priority: int | None = None,
+        embedding: bool = False,
     ) -> tuple[TokenizedGenerateReq, RequestState]:
         """Validate one request; raise RequestError (a ValueError) naming the bad field."""
         if (prompt is None) == (input_ids is None):
@@ -97,6 +98,7 @@ class TokenizerManager:
             top_logprobs_num=int(top_logprobs_num or 0),
             stream=stream,
             priority=priority,
+            embedding=embedding,
         )
         state = RequestState(msg.rid, len(ids), msg.return_logprob)
         return msg, state
@@ -151,6 +153,8 @@ class TokenizerManager:
         }
 
     def final_result(self, state: RequestState, last: ReqOutput) -> dict[str, Any]:
+        if last.embedding is not None:
+            return {"embedding": last.embedding, "meta_info": self._meta(state, last)}
         return {
             "text": state.text,
             "output_ids": list(state.output_ids),

@@ -38,6 +38,12 @@ class StepInputs(NamedTuple):
     extend_lens: list[int]
     out_cache_loc: torch.Tensor
     logits_rows: list[int]  # flattened token rows whose logits are wanted
+    hidden_rows: tuple[int, ...] = ()  # flattened token rows whose final hidden state is wanted
+
+
+class ForwardOutput(NamedTuple):
+    logits: torch.Tensor  # [len(logits_rows), vocab] float32
+    hidden: torch.Tensor | None  # [len(hidden_rows), hidden] float32, when asked
 
 
 @dataclass(frozen=True)
@@ -127,8 +133,9 @@ class ModelRunner:
         return MemoryPlan(total, min(running, total), per_token)
 
     @torch.inference_mode()
-    def forward(self, step: StepInputs, req_to_token: torch.Tensor) -> torch.Tensor:
-        """Run the model; return float32 logits for `step.logits_rows`."""
+    def forward(self, step: StepInputs, req_to_token: torch.Tensor) -> ForwardOutput:
+        """Run the model; float32 logits for `step.logits_rows` (and final hidden states for
+        `step.hidden_rows`, used for embeddings)."""
         dev = self.device
         seq_lens = [p + e for p, e in zip(step.prefix_lens, step.extend_lens, strict=True)]
         fb = ForwardBatch(
@@ -150,4 +157,9 @@ class ModelRunner:
         )
         self.attn_backend.init_forward_metadata(fb)
         hidden = self.model(fb.input_ids, fb.positions, fb)
-        return self.model.compute_logits(hidden[fb.logits_indices]).float()
+        logits = self.model.compute_logits(hidden[fb.logits_indices]).float()
+        pooled = None
+        if step.hidden_rows:
+            rows = torch.tensor(step.hidden_rows, dtype=torch.int64, device=dev)
+            pooled = hidden[rows].float()
+        return ForwardOutput(logits, pooled)

@@ -71,7 +71,11 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "Maximum context length (defaults to the model config). Accepts suffixes like 32k or 1M.",
         support=IMPLEMENTED,
     ),
-    flag("--is-embedding", "Serve a causal LM as an embedding model."),
+    flag(
+        "--is-embedding",
+        "Serve the model as an embedding model (last-token pooling, L2-normalised).",
+        support=IMPLEMENTED,
+    ),
     flag("--enable-multimodal", "Enable multimodal inputs for a multimodal model.", default=None),
     value(
         "--revision",

@@ -251,3 +251,14 @@ def test_a_failed_step_ends_requests_once_and_the_engine_recovers(engine_factory
     ok = engine.generate(input_ids=[5, 6, 7], sampling_params=GREEDY)
     assert ok["meta_info"]["finish_reason"]["type"] == "length"
     assert_kv_idle(engine)
+
+
+def test_encode_needs_an_embedding_server(engine_factory: Any) -> None:
+    engine = engine_factory()
+    with pytest.raises(ValueError, match="embedding"):
+        engine.encode(input_ids=[5, 6, 7])
+    embedder = engine_factory(is_embedding=True)
+    out = embedder.encode(input_ids=[[5, 6, 7], [8, 9, 10, 11]])
+    assert [len(r["embedding"]) for r in out] == [64, 64]
+    assert out[0]["embedding"] != out[1]["embedding"]
+    assert_kv_idle(embedder)
