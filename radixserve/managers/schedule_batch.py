@@ -31,6 +31,7 @@ class Req:
     arrival_time: float = field(default_factory=time.monotonic)
     is_embedding: bool = False
     embedding: list[float] | None = None
+    grammar: Any = None  # a GrammarMatcher for constrained requests
 
     output_ids: list[int] = field(default_factory=list)
     finished_reason: FinishReason | None = None

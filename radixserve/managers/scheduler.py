@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from radixserve.managers.decode_logger import DecodeLogger
 from radixserve.managers.finish_checker import FinishChecker
+from radixserve.managers.grammar_manager import GrammarManager, make_grammar_backend
 from radixserve.managers.kv_manager import KVManager
 from radixserve.managers.retraction import NewTokenRatio, retraction_order
 from radixserve.managers.schedule_batch import Req, ScheduledBatch, SchedulerStats
@@ -68,6 +69,9 @@ class Scheduler:
         eos = _eos_token_ids(cfg.eos_token_ids, tokenizer)
         self.finish_checker = FinishChecker(eos, self.context_len, tokenizer)
         self.step_runner = StepRunner(runner, self.kv, eos)
+        self.grammars = GrammarManager(
+            lambda: make_grammar_backend(server_args, tokenizer, cfg.vocab_size, eos)
+        )
         self.ratio = NewTokenRatio(server_args.schedule_conservativeness)
         chunk = server_args.chunked_prefill_size
         self.chunk_size = None if chunk is None or chunk <= 0 else chunk
@@ -106,6 +110,13 @@ class Scheduler:
             return
         if msg.stream:
             self.stream_reqs.add(req.rid)
+        if self.grammars.needs_grammar(req):
+            problem = self.grammars.start(req)  # it joins the queue once compiled
+            if problem is not None:
+                self.stream_reqs.discard(req.rid)
+                req.finished_reason = FinishReason("abort", message=problem, status_code=400)
+                self.pending_outputs.append(self._output(req))
+            return
         self.waiting.append(req)
 
     def _admission_error(self, req: Req) -> str | None:
@@ -189,7 +200,13 @@ class Scheduler:
 
     # -- the loop ---------------------------------------------------------------------------
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked_req or self.pending_outputs)
+        return bool(
+            self.waiting
+            or self.running
+            or self.chunked_req
+            or self.pending_outputs
+            or self.grammars.compiling
+        )
 
     def step(self) -> list[ReqOutput]:
         """Run one step and return every output produced since the last call."""
@@ -198,6 +215,7 @@ class Scheduler:
 
     def step_and_stash(self) -> None:
         """Run one step (if there is a batch); outputs wait in pending_outputs."""
+        self._admit_compiled_grammars()
         batch = self._schedule()
         if batch is not None:
             self.in_flight = batch.reqs
@@ -209,8 +227,18 @@ class Scheduler:
         elif not self.running:
             self.ratio.reset()
 
+    def _admit_compiled_grammars(self) -> None:
+        if not self.grammars.compiling:
+            return
+        ready, failed = self.grammars.collect_ready()
+        self.waiting.extend(ready)
+        for req, message in failed:
+            self.stream_reqs.discard(req.rid)
+            req.finished_reason = FinishReason("abort", message=message, status_code=400)
+            self.pending_outputs.append(self._output(req))
+
     def _live_reqs(self) -> list[Req]:
-        live = [*self.waiting, *self.running]
+        live = [*self.waiting, *self.running, *(r for r, _ in self.grammars.compiling)]
         if self.chunked_req is not None:
             live.append(self.chunked_req)
         return live
@@ -362,6 +390,11 @@ class Scheduler:
                 continue
             result.apply(req)
             self.stats.generated_tokens += 1
+            if req.grammar is not None and not req.grammar.accept_token(req.output_ids[-1]):
+                self._finish(
+                    req, FinishReason("abort", message="Grammar rejected a token.", status_code=500)
+                )
+                continue
             reason = self.finish_checker.check(req)
             if reason is not None:
                 self._finish(req, reason)

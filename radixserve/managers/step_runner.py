@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixserve.managers.grammar_manager import GrammarManager
 from radixserve.model_executor.model_runner import StepInputs
 from radixserve.sampling.sampler import Sampler
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
@@ -82,6 +83,7 @@ class StepRunner:
             vocab_size=logits.shape[-1],
             device=logits.device,
             eos_token_ids=self.eos_token_ids,
+            vocab_mask=_to(GrammarManager.vocab_mask(sampled_reqs, logits.shape[-1]), logits),
         )
         top_n = max((r.top_logprobs_num for r in sampled_reqs if r.return_logprob), default=0)
         out = self.sampler(logits[rows], info, top_logprobs_num=top_n)
@@ -173,3 +175,7 @@ class StepRunner:
             req.input_token_logprobs.insert(0, (None, prompt[0]))
             if k:
                 req.input_top_logprobs.insert(0, None)
+
+
+def _to(mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+    return None if mask is None else mask.to(like.device)

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.messages import ReqOutput, TokenizedGenerateReq
+from radixserve.sampling.constrained import GrammarError, spec_from_sampling_params
 from radixserve.sampling.sampling_params import SamplingParams
-
-# Grammar-constrained decoding is not implemented yet: refuse rather than silently ignore.
-CONSTRAINT_FIELDS = ("regex", "json_schema", "ebnf", "structural_tag")
 
 
 class RequestError(ValueError):
@@ -42,10 +40,41 @@ class RequestState:
 
 
 class TokenizerManager:
-    def __init__(self, tokenizer: Any, vocab_size: int, context_len: int) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        context_len: int,
+        make_grammar_backend: Callable[[], Any] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.context_len = context_len
+        self._make_grammar_backend = make_grammar_backend
+        self._grammar_backend: Any = None
+
+    def _check_grammar(self, params: SamplingParams) -> None:
+        """Compile a constrained request's grammar here too (cached), so an invalid regex,
+        schema or grammar is a 400 naming the field before anything is queued or streamed."""
+        try:
+            spec = spec_from_sampling_params(params)
+            if spec is None:
+                return
+            if self._grammar_backend is None and self._make_grammar_backend is not None:
+                try:
+                    self._grammar_backend = self._make_grammar_backend()
+                except ImportError as exc:
+                    raise RequestError(
+                        f"Structured outputs are unavailable: {exc}", spec.param
+                    ) from exc
+            if self._grammar_backend is None:
+                raise RequestError(
+                    "Structured outputs are disabled on this server (--grammar-backend none).",
+                    spec.param,
+                )
+            self._grammar_backend.compile(spec)
+        except GrammarError as exc:
+            raise RequestError(str(exc), exc.param) from exc
 
     # -- requests ---------------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:
@@ -82,11 +111,7 @@ class TokenizerManager:
             )
         params = SamplingParams.from_dict(sampling_params)
         params.verify(self.vocab_size)
-        for name in CONSTRAINT_FIELDS:
-            if getattr(params, name, None) is not None:
-                raise RequestError(
-                    f"Structured outputs ({name}) are not supported by this server yet.", name
-                )
+        self._check_grammar(params)
         self._check_length(len(ids), params)
         start = -1 if logprob_start_len is None else int(logprob_start_len)
         msg = TokenizedGenerateReq(

@@ -154,10 +154,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
         STR,
         None,
         "Regex of whitespace allowed in JSON constrained output (outlines, llguidance).",
+        support=IMPLEMENTED,
     ),
     flag(
         "--constrained-json-disable-any-whitespace",
         "Force compact JSON in constrained output (xgrammar, llguidance).",
+        support=IMPLEMENTED,
     ),
     value(
         "--reasoning-parser",

@@ -49,6 +49,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
         None,
         "Backend for grammar-constrained decoding (resolved to xgrammar when unset).",
         choices=("xgrammar", "outlines", "llguidance", "none"),
+        support=IMPLEMENTED,
     ),
     value("--radix-cache-backend", STR, None, "Name of a registered radix cache backend."),
     value(

@@ -132,6 +132,7 @@ def _resolve_backends(values: dict[str, Any]) -> None:
     for phase in ("prefill_attention_backend", "decode_attention_backend"):
         values[phase] = values.get(phase) or values["attention_backend"]
     values["sampling_backend"] = values.get("sampling_backend") or "pytorch"
+    values["grammar_backend"] = values.get("grammar_backend") or "xgrammar"
 
 
 def _resolve_renamed(values: dict[str, Any]) -> None:

@@ -234,12 +234,13 @@ def test_chat_continue_final_message_and_parts() -> None:
     assert engine.calls[0]["input_ids"] == [[b + 3 for b in prompt.encode()]]
 
 
-def test_grammar_fields_are_refused_until_structured_outputs_exist() -> None:
+def test_grammar_fields_without_a_grammar_backend_get_a_clear_400() -> None:
+    # The fake engine has no grammar backend (as with --grammar-backend none).
     with make_client() as (client, _):
         r = client.post("/v1/completions", json={"prompt": "Hi", "regex": "[a-z]+"})
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "regex"
-    assert "not supported" in r.json()["error"]["message"]
+    assert "disabled" in r.json()["error"]["message"]
 
 
 def test_chat_template_file_override(tmp_path: Path) -> None:
@@ -281,7 +282,7 @@ def test_chat_response_format_maps_to_json_schema_and_extensions_pass() -> None:
         )
     assert plain.status_code == 200
     assert engine.calls[0]["sampling_params"][0]["top_k"] == 3
-    # JSON response formats become json_schema constraints, which the engine refuses for now.
+    # JSON response formats become json_schema constraints (refused: no grammar backend here).
     for r in (schema_req, object_req):
         assert r.status_code == 400 and r.json()["error"]["param"] == "json_schema"
 

@@ -32,6 +32,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "radixserve.managers.detokenizer",
         "radixserve.messages",
         "radixserve.sampling.sampling_params",
+        "radixserve.sampling.constrained",  # grammar validation before queueing
     ),
 }
 # package prefix -> radixserve modules it must never import

@@ -62,7 +62,7 @@ def test_cli_resolves_every_auto_for_cpu(monkeypatch: pytest.MonkeyPatch) -> Non
     assert args.attention_backend == args.prefill_attention_backend == "torch_native"
     assert args.decode_attention_backend == "torch_native"
     assert args.sampling_backend == "pytorch"
-    assert args.grammar_backend is None  # structured outputs are not implemented yet
+    assert args.grammar_backend == "xgrammar"
     assert args.log_level_http == "info"
     assert args.cuda_graph_max_bs_decode == args.torch_compile_max_bs == 32
     assert args.not_applicable == ()

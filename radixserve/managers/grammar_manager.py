@@ -1,0 +1,107 @@
+"""Grammar-constrained requests on the scheduler side: compile in the background (a request
+waits in its own queue, so compiling never stalls other requests' decoding), give each request
+a matcher, build the batch's vocabulary mask, and follow the sampled tokens."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from radixserve.sampling.constrained import (
+    GrammarBackend,
+    GrammarError,
+    create_grammar_backend,
+    spec_from_sampling_params,
+)
+
+if TYPE_CHECKING:
+    from radixserve.managers.schedule_batch import Req
+    from radixserve.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+def make_grammar_backend(
+    server_args: ServerArgs, tokenizer: Any, vocab_size: int, eos_token_ids: Sequence[int]
+) -> GrammarBackend | None:
+    """The configured backend (--grammar-backend), or None when disabled or without a
+    tokenizer (grammar requests are then refused)."""
+    name = server_args.grammar_backend or "xgrammar"
+    if name == "none" or tokenizer is None:
+        return None
+    return create_grammar_backend(
+        name,
+        tokenizer,
+        vocab_size,
+        any_whitespace=not server_args.constrained_json_disable_any_whitespace,
+        whitespace_pattern=server_args.constrained_json_whitespace_pattern,
+        eos_token_ids=list(eos_token_ids),
+    )
+
+
+class GrammarManager:
+    """Owns the requests whose grammar is still compiling."""
+
+    def __init__(self, make_backend: Any) -> None:
+        self._make_backend = make_backend  # built on first use: loading vocab info costs time
+        self._backend: GrammarBackend | None = None
+        self.compiling: list[tuple[Req, Future[Any]]] = []
+
+    @property
+    def backend(self) -> GrammarBackend | None:
+        if self._backend is None:
+            self._backend = self._make_backend()
+        return self._backend
+
+    def needs_grammar(self, req: Req) -> bool:
+        return spec_from_sampling_params(req.sampling_params) is not None
+
+    def start(self, req: Req) -> str | None:
+        """Start compiling the request's grammar; an error message if it cannot be served."""
+        try:
+            backend = self.backend
+        except ImportError as exc:
+            return f"Structured outputs are unavailable: {exc}"
+        if backend is None:
+            return "Structured outputs are disabled on this server (--grammar-backend none)."
+        try:
+            spec = spec_from_sampling_params(req.sampling_params)
+            assert spec is not None
+            self.compiling.append((req, backend.compile_async(spec)))
+        except GrammarError as exc:
+            return str(exc)
+        return None
+
+    def collect_ready(self) -> tuple[list[Req], list[tuple[Req, str]]]:
+        """Requests whose grammar finished compiling (now with a matcher), and failures."""
+        ready: list[Req] = []
+        failed: list[tuple[Req, str]] = []
+        pending = []
+        for req, future in self.compiling:
+            if req.finished:
+                continue
+            if not future.done():
+                pending.append((req, future))
+                continue
+            try:
+                req.grammar = self.backend.matcher(future.result())  # type: ignore[union-attr]
+                ready.append(req)
+            except GrammarError as exc:
+                failed.append((req, str(exc)))
+        self.compiling = pending
+        return ready, failed
+
+    @staticmethod
+    def vocab_mask(reqs: Sequence[Req], vocab_size: int) -> torch.Tensor | None:
+        """[B, V] bool of allowed tokens, or None when no request in the batch is constrained."""
+        if not any(r.grammar is not None for r in reqs):
+            return None
+        mask = torch.ones((len(reqs), vocab_size), dtype=torch.bool)
+        for i, req in enumerate(reqs):
+            if req.grammar is not None:
+                req.grammar.fill_bitmask(mask[i])
+        return mask
