@@ -218,3 +218,45 @@ def test_metrics_are_open_and_counted(server: ServerProcess) -> None:
         assert name in text
     line = next(ln for ln in text.splitlines() if ln.startswith("sglang:generation_tokens_total"))
     assert float(line.split()[-1]) > 0
+
+
+def test_structured_outputs_through_the_openai_client(client: openai.OpenAI, model: str) -> None:
+    import jsonschema
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 20},
+            "population": {"type": "integer"},
+        },
+        "required": ["city", "population"],
+        "additionalProperties": False,
+    }
+    messages = [{"role": "user", "content": "Describe a city as JSON."}]
+    response_format: Any = {
+        "type": "json_schema",
+        "json_schema": {"name": "city", "schema": schema},
+    }
+    out = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=80, response_format=response_format
+    )
+    jsonschema.validate(json.loads(out.choices[0].message.content or ""), schema)
+    stream = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=80,
+        response_format=response_format,
+        stream=True,
+        temperature=0,
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    jsonschema.validate(json.loads(streamed), schema)
+    date = client.completions.create(
+        model=model, prompt="Today is", max_tokens=16, extra_body={"regex": r"\d{4}-\d{2}-\d{2}"}
+    )
+    assert len(date.choices[0].text) == 10 and date.choices[0].text[4] == "-"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(
+            model=model, prompt="x", max_tokens=4, extra_body={"regex": "([a-z"}
+        )
+    assert info.value.status_code == 400
