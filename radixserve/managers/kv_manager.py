@@ -53,11 +53,12 @@ class KVManager:
         return pages * self.page_size
 
     # -- admission --------------------------------------------------------------------------
-    def match_prefix(self, req: Req) -> tuple[torch.Tensor, object]:
+    def match_prefix(self, req: Req, *, update_stats: bool = True) -> tuple[torch.Tensor, object]:
         """Longest cached prefix of the request's tokens, never covering its last token, so the
-        last token's logits are always computed."""
+        last token's logits are always computed. Ordering the queue passes update_stats=False,
+        so looking does not count as a hit for lfu/slru eviction."""
         fill = req.fill_ids
-        return self.prefix_cache.match_prefix(fill[: len(fill) - 1])
+        return self.prefix_cache.match_prefix(fill[: len(fill) - 1], update_stats=update_stats)
 
     def admit(self, req: Req, prefix_indices: torch.Tensor, last_node: object) -> bool:
         """Give `req` a table row and adopt its cached prefix (locked). False if no row free."""

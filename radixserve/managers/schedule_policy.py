@@ -50,7 +50,7 @@ class SchedulePolicy:
             self.rng.shuffle(ordered)
             return ordered
         if policy == "lpm":
-            prefix_lens = {id(r): len(kv.match_prefix(r)[0]) for r in waiting}
+            prefix_lens = {id(r): len(kv.match_prefix(r, update_stats=False)[0]) for r in waiting}
             return sorted(waiting, key=lambda r: (self._prio(r), -prefix_lens[id(r)]))
         if policy == "dfs-weight":
             return _dfs_weight_order(waiting, kv)
@@ -71,7 +71,7 @@ def _dfs_weight_order(waiting: list[Req], kv: KVManager) -> list[Req]:
     by_node: dict[int, list[Req]] = defaultdict(list)
     nodes: dict[int, object] = {}
     for req in waiting:
-        _, node = kv.match_prefix(req)
+        _, node = kv.match_prefix(req, update_stats=False)
         by_node[id(node)].append(req)
         nodes[id(node)] = node
     weight: dict[int, int] = defaultdict(int)

@@ -40,11 +40,12 @@ class BasePrefixCache(ABC):
     page_size: int
 
     @abstractmethod
-    def match_prefix(self, key: Sequence[int]) -> MatchResult:
+    def match_prefix(self, key: Sequence[int], *, update_stats: bool = True) -> MatchResult:
         """Longest cached prefix of `key`, page-aligned.
 
-        Splits a node if the match ends inside it and updates access time and hit counts along
-        the matched path. The CALLER must never pass a request's last prompt token: that token's
+        Splits a node if the match ends inside it and, unless `update_stats` is False (a look
+        for ordering the queue, not a use), updates access time and hit counts along the
+        matched path. The CALLER must never pass a request's last prompt token: that token's
         logits have to be computed, so match `input_ids[:-1]` (or shorter), never the full prompt.
         """
 

@@ -45,7 +45,7 @@ class ChunkCache(BasePrefixCache):
         self.page_size = page_size
         self.device = torch.device(device)
 
-    def match_prefix(self, key: Sequence[int]) -> MatchResult:
+    def match_prefix(self, key: Sequence[int], *, update_stats: bool = True) -> MatchResult:
         """Always an empty match (the caller still must not pass the last prompt token)."""
         as_token_list(key)
         return MatchResult(self._empty(), CHUNK_CACHE_NODE)

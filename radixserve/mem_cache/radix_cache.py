@@ -83,7 +83,7 @@ class RadixCache(BasePrefixCache):
 
     # ---- public API -------------------------------------------------------------------
 
-    def match_prefix(self, key: Sequence[int]) -> MatchResult:
+    def match_prefix(self, key: Sequence[int], *, update_stats: bool = True) -> MatchResult:
         """Longest cached page-aligned prefix of `key`; see BasePrefixCache.match_prefix.
 
         Never pass a request's last prompt token: its logits must be computed, so callers
@@ -92,9 +92,10 @@ class RadixCache(BasePrefixCache):
         tokens = self._aligned(as_token_list(key))
         if not tokens:
             return MatchResult(self._empty(), self.root)
-        node, parts, _, path = self._descend(tokens, self._tick())
-        for n in path:
-            n.hit_count += 1
+        node, parts, _, path = self._descend(tokens, self._tick() if update_stats else None)
+        if update_stats:
+            for n in path:
+                n.hit_count += 1
         return MatchResult(self._concat(parts), node)
 
     def insert(self, key: Sequence[int], indices: torch.Tensor, priority: int | None = 0) -> int:
@@ -224,11 +225,11 @@ class RadixCache(BasePrefixCache):
         )
 
     def _descend(
-        self, key: list[int], now: int
+        self, key: list[int], now: int | None
     ) -> tuple[TreeNode, list[torch.Tensor], int, list[TreeNode]]:
         """Walk from the root along page-aligned `key`, splitting a node the match ends inside.
 
-        Stamps `now` on every node on the matched path. Returns (deepest matched node, their
+        Stamps `now` (unless None) on every node on the matched path. Returns (deepest matched node, their
         slot tensors, matched length, the matched nodes).
         """
         node, pos = self.root, 0
@@ -242,7 +243,8 @@ class RadixCache(BasePrefixCache):
             partial = n < len(child.key)
             if partial:
                 child = self._split(child, n)
-            child.last_access_time = now
+            if now is not None:
+                child.last_access_time = now
             parts.append(child.value)
             path.append(child)
             node, pos = child, pos + n

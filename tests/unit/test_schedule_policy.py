@@ -23,8 +23,8 @@ class FakeKV:
     def add_cached(self, tokens: list[int]) -> None:
         self.cache.insert(tokens, torch.arange(len(tokens)) + 1000 * len(self.cache.root.children))
 
-    def match_prefix(self, req: Req) -> Any:
-        return self.cache.match_prefix(req.fill_ids[:-1])
+    def match_prefix(self, req: Req, *, update_stats: bool = True) -> Any:
+        return self.cache.match_prefix(req.fill_ids[:-1], update_stats=update_stats)
 
 
 def make_req(rid: str, ids: list[int], max_new: int = 16, priority: int = 0, t: float = 0.0) -> Req:
@@ -139,3 +139,14 @@ def test_new_token_ratio_decays_and_resets() -> None:
     assert abs(ratio.value - start * 0.14) < 1e-9
     ratio.reset()
     assert ratio.value == start
+
+
+def test_ordering_does_not_count_as_cache_hits() -> None:
+    kv = FakeKV()
+    kv.add_cached([5, 6, 7, 8, 9, 10])
+    node = kv.cache.match_prefix([5, 6, 7, 8, 9]).last_node
+    hits, seen = node.hit_count, node.last_access_time
+    reqs = [make_req("a", [5, 6, 7, 8, 9, 11]), make_req("b", [5, 6, 30])]
+    for policy in ("lpm", "dfs-weight"):
+        order(policy, reqs, kv)
+    assert (node.hit_count, node.last_access_time) == (hits, seen)
