@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -143,6 +145,7 @@ class Engine:
             if len(items) != 1:
                 raise RequestError("stream=True takes a single prompt with n=1.", "stream")
             return self._astream(*items[0])
+        await self._awarm_shared_prompts(items)
         results = await asyncio.gather(*(self._acollect(msg, state) for msg, state in items))
         return results[0] if single else list(results)
 
@@ -248,23 +251,36 @@ class Engine:
             single = single and n == 1
         return items, single
 
-    def _warm_shared_prompts(self, items: list[tuple[TokenizedGenerateReq, RequestState]]) -> None:
-        """For n > 1, prefill each shared prompt once so the copies hit the prefix cache."""
+    def _warm_requests(
+        self, items: list[tuple[TokenizedGenerateReq, RequestState]]
+    ) -> list[TokenizedGenerateReq]:
+        """For n > 1 (or a batch repeating a prompt): one prefill-only request per shared
+        prompt, run first so that the copies hit the prefix cache instead of all prefilling."""
         if self.server_args.disable_radix_cache:
-            return
-        seen: dict[tuple[int, ...], int] = {}
-        for msg, _ in items:
-            key = tuple(msg.input_ids)
-            seen[key] = seen.get(key, 0) + 1
-        for key, copies in seen.items():
-            if copies > 1:
-                warm = TokenizedGenerateReq(
-                    rid=f"warm-{id(key)}-{len(key)}",
-                    input_ids=list(key),
-                    sampling_params={"max_new_tokens": 0},
-                )
-                sink = self._submit(warm)
-                sink.get()
+            return []
+        counts = Counter(tuple(msg.input_ids) for msg, _ in items)
+        return [
+            TokenizedGenerateReq(
+                rid=f"warm-{uuid.uuid4().hex}",
+                input_ids=list(key),
+                sampling_params={"max_new_tokens": 0},
+            )
+            for key, copies in counts.items()
+            if copies > 1
+        ]
+
+    def _warm_shared_prompts(self, items: list[tuple[TokenizedGenerateReq, RequestState]]) -> None:
+        for sink in [self._submit(warm) for warm in self._warm_requests(items)]:
+            sink.get()
+
+    async def _awarm_shared_prompts(
+        self, items: list[tuple[TokenizedGenerateReq, RequestState]]
+    ) -> None:
+        async def run(warm: TokenizedGenerateReq) -> None:
+            async for _ in self._aoutputs(warm):
+                pass
+
+        await asyncio.gather(*(run(warm) for warm in self._warm_requests(items)))
 
     def _submit(self, msg: TokenizedGenerateReq) -> queue.Queue[ReqOutput]:
         sink: queue.Queue[ReqOutput] = queue.Queue()

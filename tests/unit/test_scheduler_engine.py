@@ -262,3 +262,20 @@ def test_encode_needs_an_embedding_server(engine_factory: Any) -> None:
     assert [len(r["embedding"]) for r in out] == [64, 64]
     assert out[0]["embedding"] != out[1]["embedding"]
     assert_kv_idle(embedder)
+
+
+def test_async_n_samples_share_the_prompt_prefix(engine_factory: Any) -> None:
+    import asyncio
+
+    engine = engine_factory()
+    prompt = prompts(1, seed=13)[0]
+
+    async def main() -> Any:
+        return await engine.async_generate(
+            input_ids=prompt, sampling_params={"n": 3, "max_new_tokens": 4, "temperature": 1.0}
+        )
+
+    results = asyncio.run(main())
+    assert len(results) == 3
+    assert all(r["meta_info"]["cached_tokens"] >= len(prompt) - 1 for r in results)
+    assert_kv_idle(engine)
