@@ -100,6 +100,8 @@ class ServerArgs:
     served_model_name: str | None = None
     weight_version: str = "default"
     chat_template: str | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
     enable_cache_report: bool = False
     preferred_sampling_params: dict[str, Any] | None = None
     stream_interval: int = 1

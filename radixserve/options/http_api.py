@@ -167,6 +167,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
         None,
         "Parser that separates reasoning content from the answer.",
         choices=REASONING_PARSER_CHOICES,
+        support=IMPLEMENTED,
+        supported_choices=("deepseek-r1", "qwen3", "qwen3-thinking"),
     ),
     value(
         "--tool-call-parser",
@@ -174,6 +176,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
         None,
         "Parser that extracts tool calls from model output.",
         choices=TOOL_CALL_PARSER_CHOICES,
+        support=IMPLEMENTED,
+        supported_choices=("hermes", "llama3", "mistral", "qwen", "qwen25", "pythonic"),
     ),
     flag("--enable-response-store", "Store responses for the Responses API."),
 )

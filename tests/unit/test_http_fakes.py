@@ -64,8 +64,8 @@ class FakeTokenizer:
         return text
 
 
-def reply_tokens(count: int) -> list[int]:
-    ids = [b + 3 for b in REPLY.encode("utf-8")]
+def reply_tokens(count: int, reply: str = REPLY) -> list[int]:
+    ids = [b + 3 for b in reply.encode("utf-8")]
     return [ids[i % len(ids)] for i in range(count)]
 
 
@@ -89,6 +89,8 @@ class FakeEngine:
         self.seen_prompts: set[tuple[int, ...]] = set()
         self.calls: list[dict[str, Any]] = []
         self.alive = True
+        # The scripted reply (tool-call and reasoning tests script the model's output).
+        self.reply: str = engine_opts.get("reply", REPLY)
 
     # -- the engine API used by the HTTP layer ----------------------------------------------
     async def async_generate(
@@ -215,10 +217,13 @@ class FakeEngine:
         limit = max_new if max_new is not None else CONTEXT - len(msg.input_ids)
         stops = sp.get("stop") or []
         stop_ids = set(sp.get("stop_token_ids") or [])
+        size = len(self.reply.encode("utf-8"))
         tokens = (
-            reply_tokens(limit) if sp.get("ignore_eos") else reply_tokens(min(limit, len(REPLY)))
+            reply_tokens(limit, self.reply)
+            if sp.get("ignore_eos")
+            else reply_tokens(min(limit, size), self.reply)
         )
-        if not sp.get("ignore_eos") and limit > len(REPLY):
+        if not sp.get("ignore_eos") and limit > size:
             tokens.append(EOS)
         out_ids: list[int] = []
         if self.gate is not None:

@@ -250,14 +250,17 @@ def test_kwargs_config_file_is_read_and_overridden(tmp_path: Path) -> None:
     assert (args.max_running_requests, args.port, args.config) == (5, 4321, str(config))
 
 
-def test_renamed_tool_call_parser_is_translated_then_refused(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    # Tool calling is not implemented yet: the option is refused, under its new name.
-    with caplog.at_level(logging.WARNING), pytest.raises(ServerArgsError) as err:
-        _cpu(tool_call_parser="qwen25")
+def test_renamed_tool_call_parser_is_translated(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        args = _cpu(tool_call_parser="qwen25")
     assert "deprecated" in caplog.text
-    assert "--tool-call-parser=qwen " in str(err.value)
+    assert args.tool_call_parser == "qwen"
+
+
+def test_unimplemented_tool_call_parser_is_refused() -> None:
+    with pytest.raises(ServerArgsError) as err:
+        _cpu(tool_call_parser="kimi_k2")
+    assert "tool-call-parser" in str(err.value)
 
 
 def test_repr_shows_fields_and_only_changed_other_options() -> None:

@@ -16,6 +16,7 @@ from radixserve.entrypoints.openai.protocol import (
     ResponseFormat,
     SamplingExtensions,
 )
+from radixserve.parsers.tool_choice import ToolChoiceError, forced_tool_schema, resolve_tool_choice
 
 # Plain copies: request field -> sampling parameter.
 _COMMON = {
@@ -70,7 +71,28 @@ def chat_sampling_params(req: ChatCompletionRequest) -> dict[str, Any]:
     params = _common(req, max_new)
     if req.response_format is not None:
         params.update(_response_format(req.response_format))
+    params.update(_tool_constraint(req))
     return params
+
+
+def _tool_constraint(req: ChatCompletionRequest) -> dict[str, Any]:
+    """tool_choice "required" or a named function: a JSON schema makes the reply parse."""
+    try:
+        choice = resolve_tool_choice(req.tool_choice, req.tools)
+        if choice in ("none", "auto"):
+            return {}
+        schema = forced_tool_schema(req.tools or [], choice, req.parallel_tool_calls is not False)
+    except ToolChoiceError as exc:
+        raise ApiError(400, str(exc), param=exc.param) from exc
+    has_format = req.response_format is not None and req.response_format.type != "text"
+    if has_format or req.regex or req.ebnf or req.json_schema:
+        raise ApiError(
+            400,
+            "tool_choice 'required' or a named function cannot be combined with another "
+            "output constraint (response_format, regex, ebnf, json_schema).",
+            param="tool_choice",
+        )
+    return {"json_schema": json.dumps(schema)}
 
 
 def chat_param_names(req: ChatCompletionRequest) -> dict[str, str]:

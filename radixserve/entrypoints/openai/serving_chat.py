@@ -21,12 +21,15 @@ from radixserve.entrypoints.openai.common import (
     now_s,
     usage_of,
 )
+from radixserve.entrypoints.openai.errors import ApiError
 from radixserve.entrypoints.openai.execute import start_generation
 from radixserve.entrypoints.openai.protocol import ChatCompletionRequest
 from radixserve.entrypoints.openai.sampling import chat_param_names, chat_sampling_params
 from radixserve.entrypoints.request_body import read_model
 from radixserve.entrypoints.serving_context import ServingContext, get_ctx
 from radixserve.entrypoints.sse import streaming_response
+from radixserve.parsers.chat_output import ChoiceStream, OutputPlan, parse_choice, plan_output
+from radixserve.parsers.tool_choice import ToolChoiceError
 
 logger = logging.getLogger(__name__)
 ROUTE = "/v1/chat/completions"
@@ -38,11 +41,21 @@ class _Plan:
     rid: str
     items: list[GenItem]
     opts: LogprobOptions
+    output: OutputPlan
+
+
+def _finish_reason(reason: str | None, made_tool_calls: bool) -> str | None:
+    # SGLang reports a reply that ended normally with tool calls as "tool_calls".
+    return "tool_calls" if made_tool_calls and reason == "stop" else reason
 
 
 def plan_chat(ctx: ServingContext, req: ChatCompletionRequest) -> _Plan:
     ctx.check_model(req.model)
     params = chat_sampling_params(req)
+    try:
+        output = plan_output(ctx.server_args, req)
+    except ToolChoiceError as exc:
+        raise ApiError(400, str(exc), param=exc.param) from exc
     prompt_ids = render_chat(ctx.require_tokenizer("Chat completion"), req, ctx.chat_template)
     rid = new_id("chatcmpl")
     if isinstance(req.rid, str) and req.rid:
@@ -51,7 +64,7 @@ def plan_chat(ctx: ServingContext, req: ChatCompletionRequest) -> _Plan:
         rids = [f"{rid}-{k}" for k in range(req.n)]
     items = [GenItem(dict(params), None, list(prompt_ids), r) for r in rids]
     opts = LogprobOptions(return_logprob=req.logprobs, top_logprobs_num=req.top_logprobs or 0)
-    return _Plan(req, rid, items, opts)
+    return _Plan(req, rid, items, opts, output)
 
 
 def _response(ctx: ServingContext, plan: _Plan, results: Sequence[dict[str, Any]]) -> dict:
@@ -64,19 +77,20 @@ def _response(ctx: ServingContext, plan: _Plan, results: Sequence[dict[str, Any]
         if plan.opts.return_logprob:
             entries = meta.get("output_token_logprobs") or []
             logprobs = {"content": fmt.chat(entries, meta.get("output_top_logprobs") or [])}
+        parsed = parse_choice(plan.output, res.get("text", ""))
         message = {
             "role": "assistant",
-            "content": res.get("text", ""),
-            "reasoning_content": None,
-            "tool_calls": None,
+            "content": parsed.content,
+            "reasoning_content": parsed.reasoning,
+            "tool_calls": parsed.tool_calls or None,
         }
         choices.append(
             {
                 "index": k,
                 "message": message,
                 "logprobs": logprobs,
-                "finish_reason": finish.reason,
-                "matched_stop": finish.matched,
+                "finish_reason": _finish_reason(finish.reason, bool(parsed.tool_calls)),
+                "matched_stop": None if parsed.tool_calls else finish.matched,
             }
         )
     return {
@@ -99,6 +113,18 @@ def _chunk(plan: _Plan, ctx: ServingContext, created: int, choice: dict[str, Any
     }
 
 
+def _delta(parser: ChoiceStream, text: str, final: bool) -> dict[str, Any]:
+    out = parser.feed(text, final)
+    delta: dict[str, Any] = {}
+    if out.reasoning:
+        delta["reasoning_content"] = out.reasoning
+    if out.content:
+        delta["content"] = out.content
+    if out.tool_calls:
+        delta["tool_calls"] = out.tool_calls
+    return delta
+
+
 async def _stream_chunks(
     ctx: ServingContext, plan: _Plan, streams: list[AsyncIterator[dict[str, Any]]]
 ) -> AsyncIterator[dict[str, Any]]:
@@ -107,6 +133,7 @@ async def _stream_chunks(
     count = len(plan.items)
     cursors = [LogprobCursor() for _ in range(count)]
     started = [False] * count
+    parsers = [ChoiceStream(plan.output) for _ in range(count)]
     metas: list[Mapping[str, Any]] = [{} for _ in range(count)]
     async for idx, chunk in ctx.runner.merge(streams):
         meta = chunk.get("meta_info") or {}
@@ -128,14 +155,16 @@ async def _stream_chunks(
                 logprobs = {"content": fmt.chat(entries, tops)}
         if finish.reason is not None:
             metas[idx] = meta
-        if not text and logprobs is None and finish.reason is None:
+        delta = _delta(parsers[idx], text, finish.reason is not None)
+        if not delta and logprobs is None and finish.reason is None:
             continue
+        made_calls = parsers[idx].made_tool_calls
         choice = {
             "index": idx,
-            "delta": {"content": text} if text else {},
+            "delta": delta,
             "logprobs": logprobs,
-            "finish_reason": finish.reason,
-            "matched_stop": finish.matched,
+            "finish_reason": _finish_reason(finish.reason, made_calls),
+            "matched_stop": None if made_calls else finish.matched,
         }
         yield _chunk(plan, ctx, created, choice)
     usage = usage_of(metas, plan.req.n, ctx.config.enable_cache_report)

@@ -1,0 +1,141 @@
+"""Chat completions with tools and reasoning on the fake engine (scripted model replies)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+from tests.unit.test_http_fakes import FakeEngine, make_client
+from tests.unit.test_http_openai import sse_events
+
+CHAT = [{"role": "user", "content": "hi"}]
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}},
+    },
+}
+TOOLS = [ADD, {"type": "function", "function": {"name": "now"}}]
+HERMES = 'Ok <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+
+
+def _post(
+    reply: str, body: dict[str, Any], grammar: bool = False, **server: Any
+) -> tuple[Any, FakeEngine]:
+    engine = FakeEngine(reply=reply)
+    if grammar:
+        # The scripted model ignores grammars; accept every one so the request reaches it.
+        engine.tokenizer_manager._grammar_backend = SimpleNamespace(compile=lambda spec: None)
+    with make_client(engine, **server) as (client, _):
+        r = client.post("/v1/chat/completions", json={"messages": CHAT, **body})
+    return r, engine
+
+
+def _schema(engine: FakeEngine) -> dict[str, Any]:
+    params = engine.calls[-1]["sampling_params"]
+    params = params[0] if isinstance(params, list) else params
+    return json.loads(params["json_schema"])
+
+
+def _stream(
+    reply: str, body: dict[str, Any], grammar: bool = False, **server: Any
+) -> list[dict[str, Any]]:
+    r, _ = _post(reply, {**body, "stream": True}, grammar, **server)
+    assert r.status_code == 200, r.text
+    return [e["choices"][0] for e in sse_events(r.text) if e["choices"]]
+
+
+def test_auto_tool_choice_parses_calls() -> None:
+    r, _ = _post(HERMES, {"tools": TOOLS}, tool_call_parser="hermes")
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "Ok"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"] == {"name": "add", "arguments": json.dumps({"a": 1})}
+
+
+def test_tool_choice_none_or_no_parser_keeps_plain_content() -> None:
+    for body, server in (
+        ({"tools": TOOLS, "tool_choice": "none"}, {"tool_call_parser": "hermes"}),
+        ({"tools": TOOLS}, {}),
+    ):
+        choice = _post(HERMES, body, **server)[0].json()["choices"][0]
+        assert choice["message"]["content"] == HERMES
+        assert choice["message"]["tool_calls"] is None
+        assert choice["finish_reason"] == "stop"
+
+
+def test_streamed_tool_call_deltas() -> None:
+    choices = _stream(HERMES, {"tools": TOOLS}, tool_call_parser="qwen")
+    content = "".join(c["delta"].get("content") or "" for c in choices)
+    calls = [t for c in choices for t in c["delta"].get("tool_calls", [])]
+    assert content.strip() == "Ok"
+    assert [(t["index"], t["function"]["name"]) for t in calls] == [(0, "add")]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"a": 1}
+    assert choices[-1]["finish_reason"] == "tool_calls"
+
+
+def test_required_tool_choice_is_forced_by_a_json_schema() -> None:
+    reply = '[{"name": "add", "parameters": {"a": 2}}, {"name": "now", "parameters": {}}]'
+    r, engine = _post(reply, {"tools": TOOLS, "tool_choice": "required"}, grammar=True)
+    schema = _schema(engine)
+    assert schema["type"] == "array" and schema["minItems"] == 1
+    names = [item["properties"]["name"]["enum"] for item in schema["items"]["anyOf"]]
+    assert names == [["add"], ["now"]]
+    calls = r.json()["choices"][0]["message"]["tool_calls"]
+    assert [c["function"]["name"] for c in calls] == ["add", "now"]
+    assert r.json()["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_named_tool_choice_allows_one_call_of_that_function() -> None:
+    choice = {"type": "function", "function": {"name": "add"}}
+    reply = '[{"name": "add", "parameters": {"a": 3}}]'
+    choices = _stream(reply, {"tools": TOOLS, "tool_choice": choice}, grammar=True)
+    _, engine = _post(reply, {"tools": TOOLS, "tool_choice": choice}, grammar=True)
+    schema = _schema(engine)
+    assert schema["maxItems"] == 1
+    assert schema["items"]["properties"]["name"]["enum"] == ["add"]
+    calls = [t for c in choices for t in c["delta"].get("tool_calls", [])]
+    assert [json.loads(t["function"]["arguments"]) for t in calls] == [{"a": 3}]
+
+
+def test_bad_tool_choice_is_a_400_naming_the_field() -> None:
+    for body, param in (
+        ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": {"function": {"name": "x"}}}, "tool_choice"),
+        ({"tool_choice": "required"}, "tools"),
+        ({"tools": [{"type": "function"}]}, "tools"),
+    ):
+        r, _ = _post("x", body)
+        assert r.status_code == 400, body
+        assert r.json()["error"]["param"] == param
+
+
+def test_reasoning_is_separated_whole_and_streamed() -> None:
+    reply = "<think>2+2</think>\n\nIt is 4."
+    r, _ = _post(reply, {}, reasoning_parser="deepseek-r1")
+    message = r.json()["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == ("2+2", "It is 4.")
+    choices = _stream(reply, {}, reasoning_parser="qwen3")
+    reasoning = "".join(c["delta"].get("reasoning_content") or "" for c in choices)
+    content = "".join(c["delta"].get("content") or "" for c in choices)
+    assert (reasoning, content) == ("2+2", "It is 4.")
+
+
+def test_separate_reasoning_false_keeps_everything_in_content() -> None:
+    reply = "<think>2+2</think>It is 4."
+    r, _ = _post(reply, {"separate_reasoning": False}, reasoning_parser="deepseek-r1")
+    message = r.json()["choices"][0]["message"]
+    assert message["content"] == reply and message["reasoning_content"] is None
+
+
+def test_reasoning_then_tool_call() -> None:
+    reply = '<think>use add</think><tool_call>{"name": "add", "arguments": {}}</tool_call>'
+    r, _ = _post(reply, {"tools": TOOLS}, reasoning_parser="qwen3", tool_call_parser="hermes")
+    message = r.json()["choices"][0]["message"]
+    assert message["reasoning_content"] == "use add"
+    assert message["content"] is None
+    assert message["tool_calls"][0]["function"]["name"] == "add"
