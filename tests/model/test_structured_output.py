@@ -49,7 +49,11 @@ REGEXES = {
     "date": r"\d{4}-\d{2}-\d{2}",
     "hex": r"0x[0-9a-f]{4,8}",
     "email": r"[a-z]{3,8}@[a-z]{3,8}\.(com|org)",
+    "phone": r"\(\d{3}\) \d{3}-\d{4}",
 }
+# An EBNF grammar and a regex that accepts exactly its language.
+EBNF = 'root ::= greeting " " name "!"\ngreeting ::= "Hello" | "Hi"\nname ::= "Alice" | "Bob" | "Carol"'
+EBNF_LANGUAGE = r"(Hello|Hi) (Alice|Bob|Carol)!"
 
 
 @pytest.fixture(scope="module", params=["xgrammar", "llguidance", "outlines"])
@@ -89,13 +93,20 @@ def test_json_schemas_and_regexes_alongside_free_text(engine: Engine) -> None:
         )
     prompts.append("Once upon a time")
     params.append({"max_new_tokens": 16, "temperature": 0})
+    ebnf = engine.server_args.grammar_backend != "outlines"  # outlines has no EBNF (as SGLang)
+    if ebnf:
+        prompts.append(chat(engine, "Greet someone."))
+        params.append({"ebnf": EBNF, "max_new_tokens": 16, "temperature": 0.7, "sampling_seed": 3})
     results = engine.generate(prompts, params)
     for schema, result in zip(SCHEMAS, results, strict=False):
         assert result["meta_info"]["finish_reason"]["type"] == "stop", result
         jsonschema.validate(json.loads(result["text"]), schema)
     for regex, result in zip(REGEXES.values(), results[len(SCHEMAS) :], strict=False):
         assert re.fullmatch(regex, result["text"]), (regex, result["text"])
-    assert len(results[-1]["output_ids"]) == 16
+    free = results[len(SCHEMAS) + len(REGEXES)]
+    assert len(free["output_ids"]) == 16
+    if ebnf:
+        assert re.fullmatch(EBNF_LANGUAGE, results[-1]["text"]), results[-1]["text"]
     info = engine.get_server_info()
     assert info["available_kv_tokens"] + info["cached_tokens"] == info["max_total_num_tokens"]
 
