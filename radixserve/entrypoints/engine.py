@@ -108,8 +108,6 @@ class Engine:
             priority,
         )
         if stream:
-            if len(items) != 1:
-                raise RequestError("stream=True takes a single prompt with n=1.", "stream")
             return self._stream(*items[0])
         self._warm_shared_prompts(items)
         sinks = [self._submit(msg) for msg, _ in items]
@@ -142,8 +140,6 @@ class Engine:
             priority,
         )
         if stream:
-            if len(items) != 1:
-                raise RequestError("stream=True takes a single prompt with n=1.", "stream")
             return self._astream(*items[0])
         await self._awarm_shared_prompts(items)
         results = await asyncio.gather(*(self._acollect(msg, state) for msg, state in items))
@@ -249,6 +245,8 @@ class Engine:
                     )
                 )
             single = single and n == 1
+        if stream and len(items) != 1:
+            raise RequestError("stream=True takes a single prompt with n=1.", "stream")
         return items, single
 
     def _warm_requests(

@@ -185,6 +185,8 @@ def test_bad_requests_raise_clear_errors(engine_factory: Any) -> None:
         engine.generate(input_ids=[5, 6], sampling_params={"temperature": -1})
     with pytest.raises(ValueError, match="vocabulary"):
         engine.generate(input_ids=[5, TINY_VOCAB + 10], sampling_params=GREEDY)
+    with pytest.raises(ValueError, match="stream=True takes a single prompt"):
+        engine.generate(input_ids=[[5, 6], [7, 8]], sampling_params=GREEDY, stream=True)
     with pytest.raises(ValueError, match="context length"):
         engine.generate(input_ids=[5] * 2000, sampling_params=GREEDY)
     assert len(engine.generate(input_ids=[5, 6], sampling_params=GREEDY)["output_ids"]) == 12
