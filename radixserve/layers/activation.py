@@ -8,13 +8,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixserve.kernels import ops
+
 logger = logging.getLogger(__name__)
 
 
 class SiluAndMul(nn.Module):
     """silu(x[..., :d]) * x[..., d:] for x of last dimension 2d (gate first, then up)."""
 
+    use_fast_kernels = False  # set by layers.fast_path
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_fast_kernels and x.dim() == 2:
+            return ops.silu_and_mul(x)
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]
 

@@ -7,6 +7,7 @@ import logging
 import torch
 from torch import nn
 
+from radixserve.kernels import ops
 from radixserve.layers.linear import default_weight_loader
 
 logger = logging.getLogger(__name__)
@@ -16,7 +17,11 @@ class RMSNorm(nn.Module):
     """x / rms(x) * weight, computed in float32 and cast back (as HF Llama does).
 
     With `residual`, returns (norm(x + residual), x + residual): the sum is the next residual.
+    With use_fast_kernels (set by layers.fast_path), one fused kernel does it and may reuse the
+    memory of x and residual for its results.
     """
+
+    use_fast_kernels = False
 
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -36,6 +41,10 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if self.use_fast_kernels and x.dim() == 2:
+            if residual is None:
+                return ops.rms_norm(x, self.weight, self.variance_epsilon)
+            return ops.fused_add_rms_norm(x, residual, self.weight, self.variance_epsilon)
         if residual is None:
             return self._norm(x)
         x = x + residual

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from radixserve.distributed import parallel_state as ps
+from radixserve.kernels import ops, reference
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +39,45 @@ def default_weight_loader(
     copy_checked(param, loaded_weight)
 
 
+# GGML block type id -> bytes per block of 32 weights, for the types the kernels run directly.
+GGUF_BLOCK_BYTES = reference.BLOCK_BYTES
+
+
+class GGUFWeight(NamedTuple):
+    """A weight kept as GGUF blocks (--quantization gguf): uint8 [out_features, bytes]."""
+
+    blocks: torch.Tensor
+    qtype: int
+    out_features: int
+
+
+def attach_gguf_weight(
+    layer: nn.Module, blocks: torch.Tensor, qtype: int, free_float: bool = True
+) -> None:
+    """Make `layer` multiply by GGUF blocks; its float weight is dropped unless still needed
+    (a tied embedding table). Blocks must describe exactly the float weight's shape."""
+    weight = layer.weight
+    out_features = weight.shape[0]
+    if blocks.shape[0] != out_features:
+        raise ValueError(f"GGUF blocks have {blocks.shape[0]} rows, the layer {out_features}")
+    layer.register_buffer("gguf_blocks", blocks, persistent=False)
+    layer.gguf = GGUFWeight(blocks, qtype, out_features)
+    if free_float:
+        layer.weight = nn.Parameter(torch.empty(0, dtype=weight.dtype), requires_grad=False)
+
+
+def quantized_or_float_linear(
+    layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x @ W^T (+ bias), on GGUF blocks when the layer has them."""
+    gguf: GGUFWeight | None = getattr(layer, "gguf", None)
+    if gguf is None:
+        return F.linear(x, layer.weight, bias)
+    out = ops.gguf_linear(x.reshape(-1, x.shape[-1]), gguf.blocks, gguf.qtype, gguf.out_features)
+    out = out.reshape(*x.shape[:-1], gguf.out_features)
+    return out if bias is None else out + bias
+
+
 def _new_param(*shape: int) -> nn.Parameter:
     # torch.empty: the checkpoint overwrites everything, so initialising would be wasted work.
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
@@ -56,7 +97,7 @@ class ReplicatedLinear(nn.Module):
             self.bias.weight_loader = default_weight_loader
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return quantized_or_float_linear(self, x, self.bias)
 
 
 class ColumnParallelLinear(nn.Module):
@@ -88,7 +129,7 @@ class ColumnParallelLinear(nn.Module):
         copy_checked(param, loaded_weight.narrow(0, self.tp_rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return quantized_or_float_linear(self, x, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -199,7 +240,7 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.linear(x, self.weight, self.bias)
+            return quantized_or_float_linear(self, x, self.bias)
         out = ps.tensor_model_parallel_all_reduce(F.linear(x, self.weight))
         if self.bias is not None:
             out = out + self.bias

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from radixserve.distributed import parallel_state as ps
+from radixserve.layers.linear import quantized_or_float_linear
 from radixserve.layers.vocab_embedding import VocabParallelEmbedding
 
 logger = logging.getLogger(__name__)
@@ -27,6 +27,6 @@ class LogitsProcessor(nn.Module):
 
     def forward(self, hidden: torch.Tensor, lm_head: VocabParallelEmbedding) -> torch.Tensor:
         bias = getattr(lm_head, "bias", None)
-        logits = F.linear(hidden, lm_head.weight, bias)
+        logits = quantized_or_float_linear(lm_head, hidden, bias)
         logits = ps.tensor_model_parallel_all_gather(logits, dim=-1)
         return logits[..., : self.vocab_size].float()

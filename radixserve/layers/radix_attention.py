@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
+    from radixserve.layers.rotary_embedding import RotaryEmbedding
     from radixserve.model_executor.forward_batch import ForwardBatch
 
 
@@ -39,3 +40,17 @@ class RadixAttention(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
         return forward_batch.attn_backend.forward(q, k, v, self, forward_batch)
+
+    def forward_with_rope(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: RotaryEmbedding,
+        forward_batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """RoPE, KV store and attention in the backend's fused kernels (when it fuses_rope);
+        q and k are rotated in place."""
+        backend = forward_batch.attn_backend
+        return backend.forward_with_rope(q, k, v, positions, rotary, self, forward_batch)

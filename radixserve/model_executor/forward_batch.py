@@ -54,6 +54,7 @@ class ForwardBatch:
     kv_cache: KVCache
     attn_backend: AttentionBackend
     # Host-side copies, so backends can loop over requests without device syncs.
+    req_pool_indices_cpu: list[int]
     seq_lens_cpu: list[int]
     extend_prefix_lens_cpu: list[int]
     extend_seq_lens_cpu: list[int]

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from radixserve.layers.attention.registry import create_attention_backend
+from radixserve.kernels.describe import describe_kernels
+from radixserve.layers.attention.registry import FAST_KERNEL_BACKENDS, create_attention_backend
+from radixserve.layers.fast_path import use_fast_kernels
 from radixserve.mem_cache.kv_cache import KVCache
 from radixserve.model_executor.forward_batch import ForwardBatch, ForwardMode
 from radixserve.options.hardware import device_memory_bytes
@@ -75,6 +77,8 @@ class ModelRunner:
         )
         self.model = loaded.model
         self.model_config: ModelConfig = loaded.config
+        if server_args.quantization == "gguf":
+            self._quantize_from_gguf()
         self.model_dir = loaded.model_dir
         self.dtype = self.model_config.dtype
         self.plan = self._plan_memory()
@@ -91,11 +95,42 @@ class ModelRunner:
         for name in (server_args.prefill_attention_backend, server_args.decode_attention_backend):
             create_attention_backend(name)
         self.attn_backend = create_attention_backend(server_args.attention_backend)
+        fast = server_args.attention_backend in FAST_KERNEL_BACKENDS
+        use_fast_kernels(self.model, fast)
+        logger.info(
+            "Kernels: %s (%s)",
+            server_args.attention_backend,
+            describe_kernels(fast),
+        )
         logger.info(
             "KV cache: %d tokens (%.1f MiB), max running requests %d",
             self.plan.max_total_tokens,
             self.plan.max_total_tokens * self.plan.bytes_per_token / 2**20,
             self.plan.max_running_requests,
+        )
+
+    def _quantize_from_gguf(self) -> None:
+        from pathlib import Path
+
+        from radixserve.distributed import parallel_state as ps
+        from radixserve.models.gguf import find_gguf_file
+        from radixserve.models.gguf_quant import apply_gguf_quantization
+
+        gguf_path = find_gguf_file(Path(self.server_args.model_path).expanduser())
+        if gguf_path is None:
+            raise ValueError(
+                "--quantization gguf needs a GGUF model: pass a .gguf file as --model-path"
+            )
+        if ps.get_tp_size() != 1:
+            raise ValueError("--quantization gguf runs with --tp-size 1 only")
+        cfg = self.model_config
+        apply_gguf_quantization(
+            self.model,
+            gguf_path,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            permuted_qk=cfg.model_type in ("llama", "mistral"),
+            tied_lm_head=cfg.tie_word_embeddings,
         )
 
     def _kv_dtype(self) -> torch.dtype:
@@ -109,7 +144,8 @@ class ModelRunner:
         per_token = KVCache.bytes_per_token(
             cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self._kv_dtype()
         )
-        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        weight_bytes = sum(t.numel() * t.element_size() for t in tensors)
         memory = device_memory_bytes(self.device.type) or 0
         budget = int(memory * args.mem_fraction_static) - weight_bytes
         from_memory = max(budget // per_token, 0)
@@ -150,6 +186,7 @@ class ModelRunner:
             req_to_token=req_to_token,
             kv_cache=self.kv_cache,
             attn_backend=self.attn_backend,
+            req_pool_indices_cpu=list(step.req_pool_indices),
             seq_lens_cpu=seq_lens,
             extend_prefix_lens_cpu=list(step.prefix_lens),
             extend_seq_lens_cpu=list(step.extend_lens),

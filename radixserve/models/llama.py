@@ -96,8 +96,11 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q = self._norm_heads(q, self.q_norm)
             k = self._norm_heads(k, self.k_norm)
-        q, k = self.rotary_emb(positions, q, k)
-        out = self.attn(q, k, v, forward_batch)
+        if forward_batch.attn_backend.fuses_rope:
+            out = self.attn.forward_with_rope(q, k, v, positions, self.rotary_emb, forward_batch)
+        else:
+            q, k = self.rotary_emb(positions, q, k)
+            out = self.attn(q, k, v, forward_batch)
         return self.o_proj(out)
 
 

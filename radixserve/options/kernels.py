@@ -19,10 +19,10 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--attention-backend",
         STR,
         None,
-        "Attention kernels. Only torch_native is available here.",
+        "Attention kernels: intel_amx (default on CPU: radixserve's fused C++ CPU kernels, any x86 CPU) or torch_native (plain PyTorch, bit-exact with HF transformers in float32).",
         support=IMPLEMENTED,
         choices=ATTENTION_BACKEND_CHOICES,
-        supported_choices=("torch_native",),
+        supported_choices=("torch_native", "intel_amx"),
     ),
     value(
         "--decode-attention-backend",
@@ -31,7 +31,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "Attention kernels for decode (defaults to --attention-backend).",
         support=IMPLEMENTED,
         choices=ATTENTION_BACKEND_CHOICES,
-        supported_choices=("torch_native",),
+        supported_choices=("torch_native", "intel_amx"),
     ),
     flag("--enable-lean-attention", "Use lean attention kernels.", support=NOT_APPLICABLE),
     value(
@@ -41,7 +41,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "Attention kernels for prefill (defaults to --attention-backend).",
         support=IMPLEMENTED,
         choices=ATTENTION_BACKEND_CHOICES,
-        supported_choices=("torch_native",),
+        supported_choices=("torch_native", "intel_amx"),
     ),
     value(
         "--grammar-backend",

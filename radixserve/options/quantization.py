@@ -21,8 +21,10 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--quantization",
         STR,
         None,
-        "Quantization method of the weights.",
+        "Quantization method of the weights. gguf keeps a GGUF file's Q4_1/Q8_0 blocks and runs the linear layers on them (int8 dot products, as llama.cpp does); without it a GGUF is dequantised to --dtype, which is exact.",
+        support=IMPLEMENTED,
         choices=QUANTIZATION_CHOICES,
+        supported_choices=("gguf",),
     ),
     value(
         "--quantization-param-path",

@@ -128,7 +128,9 @@ def _resolve_model(values: dict[str, Any]) -> None:
 
 
 def _resolve_backends(values: dict[str, Any]) -> None:
-    values["attention_backend"] = values.get("attention_backend") or "torch_native"
+    # On CPU the fused C++ kernels (SGLang's CPU backend name); elsewhere the PyTorch ops.
+    default_attention = "intel_amx" if values.get("device") == "cpu" else "torch_native"
+    values["attention_backend"] = values.get("attention_backend") or default_attention
     for phase in ("prefill_attention_backend", "decode_attention_backend"):
         values[phase] = values.get(phase) or values["attention_backend"]
     values["sampling_backend"] = values.get("sampling_backend") or "pytorch"

@@ -99,6 +99,7 @@ class ManualDriver:
             req_to_token=self.req_to_token,
             kv_cache=self.kv_cache,
             attn_backend=self.backend,
+            req_pool_indices_cpu=[req for req, _ in batch],
             seq_lens_cpu=seq_lens,
             extend_prefix_lens_cpu=prefix_lens,
             extend_seq_lens_cpu=extend_lens,

@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from radixserve.models.loader import LoadedModel
 from radixserve.utils.tokenizer import get_tokenizer
 from tests.helpers.default_model import TimedLoad, timed_load
-from tests.helpers.hf_reference import default_gguf_path, load_hf_from_gguf
+from tests.helpers.hf_reference import default_gguf_path, hf_greedy, load_hf_from_gguf
+from tests.helpers.vs_hf_prompts import VS_HF_MAX_NEW, vs_hf_prompt_ids
 
 
 @pytest.fixture(scope="session")
@@ -57,3 +58,20 @@ def default_tokenizer(default_model: LoadedModel) -> Any:
 def hf_default_model(default_gguf: Path) -> Any:
     """transformers' LlamaForCausalLM read from the same GGUF (its own dequantisation)."""
     return load_hf_from_gguf(default_gguf)
+
+
+@pytest.fixture(scope="session")
+def vs_hf_prompts(default_tokenizer: Any) -> list[list[int]]:
+    """The 20 prompts (8 chats, 12 plain texts) of the engine-vs-HF checks, as token ids."""
+    prompts = vs_hf_prompt_ids(default_tokenizer)
+    assert len(prompts) >= 20 and min(len(p) for p in prompts) > 6
+    return prompts
+
+
+@pytest.fixture(scope="session")
+def vs_hf_reference(
+    hf_default_model: Any, vs_hf_prompts: list[list[int]], default_tokenizer: Any
+) -> list[list[int]]:
+    """HF transformers' float32 greedy continuations of vs_hf_prompts."""
+    eos = [default_tokenizer.eos_token_id]
+    return [hf_greedy(hf_default_model, p, VS_HF_MAX_NEW, stop_ids=eos) for p in vs_hf_prompts]

@@ -1,7 +1,9 @@
 """The engine's greedy output on the real default model equals HF transformers', token for token
 (float32), whether requests run alone or batched, with the radix cache on or off, and with a
-chunked-prefill size that splits every prompt. A divergence is accepted only where the reference
-model's top two logits are a near tie at that position."""
+chunked-prefill size that splits every prompt. These engines run the default CPU kernels (the
+fused C++ ones, whose float32 sums are ordered differently from PyTorch's), so a divergence is
+accepted only where the reference model's top two logits are a near tie at that position; the
+exact torch_native path and the quantized path are checked in test_fast_paths.py."""
 
 from __future__ import annotations
 
@@ -12,37 +14,13 @@ from typing import Any
 import pytest
 
 from radixserve import Engine
-from tests.helpers.hf_reference import hf_greedy, hf_logits
+from tests.helpers.hf_reference import hf_logits
+from tests.helpers.vs_hf_prompts import VS_HF_MAX_NEW
 
-MAX_NEW = 24
+MAX_NEW = VS_HF_MAX_NEW
 CHUNK = 6
 TIE_GAP = 1e-3
 GREEDY = {"temperature": 0, "max_new_tokens": MAX_NEW}
-
-CHAT_QUESTIONS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Explain photosynthesis in one sentence.",
-    "List three prime numbers.",
-    "How do I reverse a list in Python?",
-    "Translate 'good morning' into Spanish.",
-    "Give me a tip for sleeping better.",
-    "What is 12 times 12?",
-]
-PLAIN_TEXTS = [
-    "The quick brown fox jumps over the lazy dog. The dog",
-    "Once upon a time, in a small village by the mountains, there lived",
-    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
-    "The three primary colors are red, blue and",
-    "In 1969, the first humans landed on the Moon. The mission was called",
-    "import numpy as np\n\narr = np.arange(10)\nprint(",
-    "Water boils at 100 degrees Celsius at sea level, but at higher altitudes",
-    "The mitochondria is known as the powerhouse of the cell because",
-    "A recipe for pancakes: mix flour, eggs and milk, then",
-    "Monday, Tuesday, Wednesday, Thursday,",
-    "The first law of thermodynamics states that energy cannot be",
-    " ".join(["The history of the Roman Empire spans many centuries."] * 6),
-]
 
 
 @pytest.fixture(scope="module")
@@ -52,29 +30,13 @@ def engine(default_gguf: Path) -> Iterator[Engine]:
 
 
 @pytest.fixture(scope="module")
-def prompt_ids(engine: Engine) -> list[list[int]]:
-    tok = engine.tokenizer
-    chats = [
-        tok.encode(
-            tok.apply_chat_template(
-                [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
-            ),
-            add_special_tokens=False,
-        )
-        for q in CHAT_QUESTIONS
-    ]
-    plain = [tok.encode(t) for t in PLAIN_TEXTS]
-    prompts = [list(ids) for ids in chats + plain]
-    assert len(prompts) >= 20 and min(len(p) for p in prompts) > CHUNK
-    return prompts
+def prompt_ids(vs_hf_prompts: list[list[int]]) -> list[list[int]]:
+    return vs_hf_prompts
 
 
 @pytest.fixture(scope="module")
-def reference(
-    hf_default_model: Any, prompt_ids: list[list[int]], engine: Engine
-) -> list[list[int]]:
-    eos = [engine.tokenizer.eos_token_id]
-    return [hf_greedy(hf_default_model, p, MAX_NEW, stop_ids=eos) for p in prompt_ids]
+def reference(vs_hf_reference: list[list[int]]) -> list[list[int]]:
+    return vs_hf_reference
 
 
 def assert_matches_reference(

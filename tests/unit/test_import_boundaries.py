@@ -25,7 +25,9 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "radixserve.utils",
         "radixserve.model_executor.forward_batch",
         "radixserve.mem_cache.kv_cache",
+        "radixserve.kernels",  # layers pick kernels; models never call them directly
     ),
+    "radixserve.kernels": ("radixserve.kernels",),
     "radixserve.mem_cache": ("radixserve.mem_cache",),
     "radixserve.sampling": ("radixserve.sampling",),
     "radixserve.managers.tokenizer_manager": (

@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 class AttentionBackend(ABC):
     """Stores new K/V into the cache and computes attention for one layer of a batch."""
 
+    # True when the backend offers forward_with_rope (RoPE + KV store + attention fused).
+    fuses_rope = False
+
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:  # noqa: B027
         """Precompute per-batch metadata once, before the layers run. Optional."""
 

@@ -1,0 +1,115 @@
+"""Builds (once per CPU) and loads the C++ kernel extension; probes it before trusting it.
+
+`python -m radixserve.kernels.build` builds ahead of time (scripts/install.sh does this); at run
+time `load_extension()` finds the build in torch's extension cache. The build targets the CPU it
+runs on (-march=native), so its name carries a fingerprint of the CPU's model and flags. A CPU
+flag is not proof that an instruction runs, so a freshly built extension first runs its
+self-test in a child process; only when that exits cleanly is it used, else the pure-PyTorch
+kernels run and the reason is logged.
+
+RADIXSERVE_DISABLE_CPU_KERNELS=1 forces the pure-PyTorch kernels.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from radixserve.kernels.cpu_features import cpu_features
+
+logger = logging.getLogger(__name__)
+
+DISABLE_ENV = "RADIXSERVE_DISABLE_CPU_KERNELS"
+SOURCES = ("bindings.cpp", "elementwise.cpp", "attention.cpp", "gguf_gemm.cpp")
+BUILD_VERSION = 1  # bump when the sources change in a way the file hashes would not show
+
+
+def _source_dir() -> Path:
+    return Path(__file__).resolve().parent / "csrc"
+
+
+def extension_name() -> str:
+    import hashlib
+
+    digest = hashlib.sha256(str(BUILD_VERSION).encode())
+    for name in (*SOURCES, "common.h"):
+        digest.update((_source_dir() / name).read_bytes())
+    return f"radixserve_cpu_{cpu_features().fingerprint}_{digest.hexdigest()[:8]}"
+
+
+def _compile(verbose: bool = False) -> ModuleType:
+    from torch.utils import cpp_extension
+
+    flags = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-DNDEBUG"]
+    return cpp_extension.load(
+        name=extension_name(),
+        sources=[str(_source_dir() / s) for s in SOURCES],
+        extra_cflags=flags,
+        extra_ldflags=["-fopenmp"],
+        verbose=verbose,
+    )
+
+
+def _probe_marker() -> Path:
+    from torch.utils import cpp_extension
+
+    root = Path(cpp_extension._get_build_directory(extension_name(), verbose=False))
+    return root / "probe-passed"
+
+
+def _probe_in_child() -> str | None:
+    """Run the self-test in a child process (an illegal instruction kills only the child).
+    None when it passed, else the reason."""
+    marker = _probe_marker()
+    if marker.is_file():
+        return None
+    env = {**os.environ, DISABLE_ENV: "0"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "radixserve.kernels.self_test"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        check=False,
+    )
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
+        return f"self-test exited with {proc.returncode}: {tail[0]}"
+    marker.write_text("ok\n")
+    return None
+
+
+@functools.cache
+def load_extension() -> ModuleType | None:
+    """The compiled kernels, or None (no compiler, build failure, failed probe, disabled)."""
+    if os.environ.get(DISABLE_ENV, "0") not in ("", "0"):
+        logger.info("CPU kernels disabled by %s; using the PyTorch kernels", DISABLE_ENV)
+        return None
+    try:
+        problem = _probe_in_child()
+    except Exception as e:  # no compiler, a timeout, an unwritable cache
+        problem = f"{type(e).__name__}: {e}"
+    if problem is not None:
+        logger.warning("C++ CPU kernels unavailable (%s); using the PyTorch kernels", problem)
+        return None
+    return _compile()
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    print(f"CPU: {cpu_features().summary}")
+    print(f"Building {extension_name()} (first build takes about a minute) ...", flush=True)
+    ext = load_extension()
+    if ext is None:
+        print("The C++ kernels could not be built or failed their self-test; PyTorch kernels run.")
+        sys.exit(1)
+    print("C++ CPU kernels built and self-tested.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+// Attention over the paged KV cache, read through the request-to-token table (no gather of the
+// whole K/V into a temporary). One kernel serves decode (one new token per request) and extend
+// (prefill, chunked prefill, prefill over a cached prefix): new token j of request b sits at
+// position prefix_lens[b] + j and sees keys [0, prefix_lens[b] + j].
+// Work is split over (request, kv head, block of query rows); each item streams its keys in
+// blocks with an online softmax, so memory use is independent of the context length.
+#include <algorithm>
+#include <vector>
+
+#include "common.h"
+
+namespace radixserve {
+namespace {
+
+constexpr int64_t kQueryRows = 8;  // query rows per work item (times the GQA group size)
+constexpr int64_t kKeyBlock = 64;  // keys per block
+
+struct WorkItem {
+  int64_t req;
+  int64_t row0;  // first query row of the block, relative to the request's new tokens
+  int64_t kv_head;
+};
+
+template <typename T, typename C>
+void attend_item(const WorkItem& item, const T* q, int64_t q_stride, const C* k_cache,
+                 const C* v_cache, const int64_t* token_row, int64_t prefix, int64_t n_new,
+                 int64_t q_start, int64_t heads, int64_t kv_heads, int64_t dim, float scale,
+                 T* out) {
+  const int64_t group = heads / kv_heads;
+  const int64_t rows = std::min(kQueryRows, n_new - item.row0);
+  const int64_t m_count = rows * group;
+  const int64_t kv_row = kv_heads * dim;
+  std::vector<float> qv(m_count * dim), acc(m_count * dim, 0.0f);
+  std::vector<float> run_max(m_count, -1e30f), run_sum(m_count, 0.0f);
+  std::vector<int64_t> limit(m_count);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* qrow = q + (q_start + item.row0 + r) * q_stride;
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t i = r * group + g;
+      const T* src = qrow + (item.kv_head * group + g) * dim;
+      for (int64_t d = 0; d < dim; ++d) qv[i * dim + d] = to_float(src[d]) * scale;
+      limit[i] = prefix + item.row0 + r + 1;  // keys [0, limit) are visible
+    }
+  }
+  const int64_t key_end = prefix + item.row0 + rows;
+  std::vector<float> kt(dim * kKeyBlock), vb(kKeyBlock * dim), s(kKeyBlock);
+  for (int64_t k0 = 0; k0 < key_end; k0 += kKeyBlock) {
+    const int64_t kb = std::min(kKeyBlock, key_end - k0);
+    for (int64_t j = 0; j < kb; ++j) {
+      const int64_t slot = token_row[k0 + j];
+      const C* kp = k_cache + slot * kv_row + item.kv_head * dim;
+      const C* vp = v_cache + slot * kv_row + item.kv_head * dim;
+      for (int64_t d = 0; d < dim; ++d) kt[d * kKeyBlock + j] = to_float(kp[d]);
+      for (int64_t d = 0; d < dim; ++d) vb[j * dim + d] = to_float(vp[d]);
+    }
+    for (int64_t i = 0; i < m_count; ++i) {
+      const int64_t valid = std::min(kb, limit[i] - k0);
+      if (valid <= 0) continue;
+      float* sp = s.data();
+      std::fill(sp, sp + kKeyBlock, 0.0f);
+      const float* qi = qv.data() + i * dim;
+      for (int64_t d = 0; d < dim; ++d) {
+        const float qd = qi[d];
+        const float* kd = kt.data() + d * kKeyBlock;
+#pragma omp simd
+        for (int64_t j = 0; j < kKeyBlock; ++j) sp[j] += qd * kd[j];
+      }
+      float block_max = run_max[i];
+      for (int64_t j = 0; j < valid; ++j) block_max = std::max(block_max, sp[j]);
+      const float alpha = exp_nonpositive(run_max[i] - block_max);
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < valid; ++j) {
+        sp[j] = exp_nonpositive(sp[j] - block_max);
+        sum += sp[j];
+      }
+      run_sum[i] = run_sum[i] * alpha + sum;
+      run_max[i] = block_max;
+      float* ai = acc.data() + i * dim;
+#pragma omp simd
+      for (int64_t d = 0; d < dim; ++d) ai[d] *= alpha;
+      for (int64_t j = 0; j < valid; ++j) {
+        const float p = sp[j];
+        const float* vj = vb.data() + j * dim;
+#pragma omp simd
+        for (int64_t d = 0; d < dim; ++d) ai[d] += p * vj[d];
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    T* orow = out + (q_start + item.row0 + r) * heads * dim;
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t i = r * group + g;
+      const float inv = 1.0f / run_sum[i];
+      T* dst = orow + (item.kv_head * group + g) * dim;
+      for (int64_t d = 0; d < dim; ++d) dst[d] = from_float<T>(acc[i * dim + d] * inv);
+    }
+  }
+}
+
+}  // namespace
+
+// q: [T, H*D] (rows may be strided); k_cache, v_cache: [S, Hkv, D]; req_to_token: [R, L] int64;
+// per request b: req_pool_indices[b], prefix_lens[b], extend_lens[b], and q_starts[b], the row
+// of its first new token in q. Returns out [T, H*D].
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                           const at::Tensor& v_cache, const at::Tensor& req_to_token,
+                           const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
+                           const at::Tensor& extend_lens, const at::Tensor& q_starts,
+                           int64_t heads, double scale) {
+  check_cpu(q, "q");
+  TORCH_CHECK(q.dim() == 2 && q.stride(1) == 1, "q must be [tokens, heads * dim], unit stride");
+  TORCH_CHECK(k_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "KV caches must be contiguous [slots, kv_heads, dim]");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "KV caches must share a dtype");
+  TORCH_CHECK(req_to_token.scalar_type() == at::kLong && req_to_token.is_contiguous(),
+              "req_to_token must be a contiguous int64 table");
+  const int64_t kv_heads = k_cache.size(1), dim = k_cache.size(2);
+  TORCH_CHECK(q.size(1) == heads * dim, "q's width must be heads * head_dim");
+  TORCH_CHECK(heads % kv_heads == 0, "heads must be a multiple of kv_heads");
+  auto rpi = req_pool_indices.contiguous(), pre = prefix_lens.contiguous();
+  auto ext = extend_lens.contiguous(), qs = q_starts.contiguous();
+  const int64_t batch = rpi.numel();
+  const int64_t* rp = rpi.data_ptr<int64_t>();
+  const int64_t* pp = pre.data_ptr<int64_t>();
+  const int64_t* ep = ext.data_ptr<int64_t>();
+  const int64_t* sp = qs.data_ptr<int64_t>();
+  const int64_t max_len = req_to_token.size(1);
+  std::vector<WorkItem> items;
+  for (int64_t b = 0; b < batch; ++b) {
+    TORCH_CHECK(rp[b] >= 0 && rp[b] < req_to_token.size(0), "req_pool_index out of range");
+    TORCH_CHECK(pp[b] >= 0 && ep[b] >= 0 && pp[b] + ep[b] <= max_len, "lengths out of range");
+    TORCH_CHECK(sp[b] >= 0 && sp[b] + ep[b] <= q.size(0), "q_starts out of range");
+    for (int64_t r0 = 0; r0 < ep[b]; r0 += kQueryRows) {
+      for (int64_t h = 0; h < kv_heads; ++h) items.push_back({b, r0, h});
+    }
+  }
+  auto out = at::empty({q.size(0), heads * dim}, q.options());
+  const int64_t* r2t = req_to_token.data_ptr<int64_t>();
+  dispatch_float_bf16(q.scalar_type(), "attn_q", [&](auto tag_) {
+    using scalar_t = decltype(tag_);
+    using T = scalar_t;
+    dispatch_float_bf16(k_cache.scalar_type(), "attn_kv", [&](auto tag_) {
+    using scalar_t = decltype(tag_);
+          using C = scalar_t;
+          const T* qp = q.data_ptr<T>();
+          const C* kc = k_cache.data_ptr<C>();
+          const C* vc = v_cache.data_ptr<C>();
+          T* op = out.data_ptr<T>();
+          at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t b, int64_t e) {
+            for (int64_t w = b; w < e; ++w) {
+              const WorkItem& it = items[w];
+              attend_item<T, C>(it, qp, q.stride(0), kc, vc, r2t + rp[it.req] * max_len,
+                                pp[it.req], ep[it.req], sp[it.req], heads, kv_heads, dim,
+                                static_cast<float>(scale), op);
+            }
+          });
+        });
+  });
+  return out;
+}
+
+}  // namespace radixserve

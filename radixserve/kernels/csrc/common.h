@@ -1,0 +1,82 @@
+// Shared helpers for radixserve's CPU kernels: dtype conversion and a vectorisable exp.
+#pragma once
+
+// ATen only (not torch/extension.h): the kernels compile several times faster.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace radixserve {
+
+template <typename T>
+inline float to_float(T v) {
+  return static_cast<float>(v);
+}
+
+template <typename T>
+inline T from_float(float v) {
+  return static_cast<T>(v);
+}
+
+// exp(x) for x <= 0 (softmax arguments), written branch-free so that loops calling it
+// vectorise: x = k ln2 + r, exp(r) by a degree-6 polynomial (Cephes' expf coefficients),
+// 2^k assembled in the exponent bits. Relative error ~2 ulp; underflows to 0 below -87.
+inline float exp_nonpositive(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float k = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+  const float r = x - k * 0.693359375f + k * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return y * scale;
+}
+
+// exp(x) for any x in float range (silu), same method, clamped at both ends.
+inline float exp_any(float x) {
+  x = x > 88.0f ? 88.0f : x;
+  x = x < -87.0f ? -87.0f : x;
+  const float k = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+  const float r = x - k * 0.693359375f + k * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return y * scale;
+}
+
+// Calls f(T{}) for T = float or c10::BFloat16 (the dtypes the kernels are built for; others
+// take the PyTorch path). Fewer instantiations than AT_DISPATCH_* keep the build short.
+template <typename F>
+inline void dispatch_float_bf16(at::ScalarType type, const char* name, F&& f) {
+  if (type == at::kFloat) {
+    f(float{});
+  } else if (type == at::kBFloat16) {
+    f(c10::BFloat16{});
+  } else {
+    TORCH_CHECK(false, name, ": only float32 and bfloat16 are supported, got ", type);
+  }
+}
+
+inline void check_cpu(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
+}
+
+}  // namespace radixserve

@@ -1,0 +1,204 @@
+// Fused element-wise kernels: RMSNorm (with the residual add), SiLU-and-mul, and RoPE applied
+// in place to q and k with k and v stored into the paged KV cache in the same pass.
+// Each replaces 5 to 25 small eager ops per layer; the arithmetic is float32 throughout.
+#include "common.h"
+
+namespace radixserve {
+namespace {
+
+template <typename T>
+void rms_norm_row(const T* x, const T* w, T* out, int64_t d, float eps) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < d; ++i) {
+    const float v = to_float(x[i]);
+    sum += v * v;
+  }
+  const float inv = 1.0f / __builtin_sqrtf(sum / static_cast<float>(d) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < d; ++i) {
+    // Round to the model dtype before the weight, as the reference does.
+    const float normed = to_float(from_float<T>(to_float(x[i]) * inv));
+    out[i] = from_float<T>(to_float(w[i]) * normed);
+  }
+}
+
+int64_t grain_for(int64_t work_per_item) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(work_per_item, 1));
+}
+
+template <typename T>
+void fused_add_rms_norm_rows(T* xp, T* rp, const T* wp, int64_t rows, int64_t d, float eps) {
+  at::parallel_for(0, rows, grain_for(d), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      T* xr = xp + r * d;
+      T* rr = rp + r * d;
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) rr[i] = from_float<T>(to_float(xr[i]) + to_float(rr[i]));
+      rms_norm_row(rr, wp, xr, d, eps);
+    }
+  });
+}
+
+template <typename T>
+void silu_and_mul_rows(const T* xp, T* op, int64_t rows, int64_t d, int64_t stride) {
+  at::parallel_for(0, rows, grain_for(d), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* gate = xp + r * stride;
+      const T* up = gate + d;
+      T* o = op + r * d;
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) {
+        const float g = to_float(gate[i]);
+        o[i] = from_float<T>(g / (1.0f + exp_any(-g)) * to_float(up[i]));
+      }
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_cpu(x, "x");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [tokens, hidden] tensor");
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "weight and x must share a dtype");
+  auto out = at::empty_like(x);
+  const int64_t rows = x.size(0), d = x.size(1);
+  dispatch_float_bf16(x.scalar_type(), "rms_norm", [&](auto tag_) {
+    using scalar_t = decltype(tag_);
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* wp = weight.contiguous().data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, grain_for(d), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        rms_norm_row(xp + r * d, wp, op + r * d, d, static_cast<float>(eps));
+      }
+    });
+  });
+  return out;
+}
+
+// residual <- x + residual; x <- rms_norm(residual) * weight. Both in place.
+void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight,
+                        double eps) {
+  check_cpu(x, "x");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && residual.is_contiguous(),
+              "x and residual must be contiguous [tokens, hidden] tensors");
+  TORCH_CHECK(x.sizes() == residual.sizes(), "x and residual must have the same shape");
+  TORCH_CHECK(x.scalar_type() == residual.scalar_type() &&
+                  weight.scalar_type() == x.scalar_type(),
+              "x, residual and weight must share a dtype");
+  const int64_t rows = x.size(0), d = x.size(1);
+  dispatch_float_bf16(x.scalar_type(), "fused_add_rms_norm", [&](auto tag_) {
+    using scalar_t = decltype(tag_);
+        fused_add_rms_norm_rows(x.data_ptr<scalar_t>(), residual.data_ptr<scalar_t>(),
+                                weight.contiguous().data_ptr<scalar_t>(), rows, d,
+                                static_cast<float>(eps));
+      });
+}
+
+// x: [tokens, 2d] = [gate | up] -> silu(gate) * up, [tokens, d].
+at::Tensor silu_and_mul(const at::Tensor& x) {
+  check_cpu(x, "x");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) % 2 == 0,
+              "x must be [tokens, 2 * d] with unit stride in the last dimension");
+  const int64_t rows = x.size(0), d = x.size(1) / 2, stride = x.stride(0);
+  auto out = at::empty({rows, d}, x.options());
+  dispatch_float_bf16(x.scalar_type(), "silu_and_mul", [&](auto tag_) {
+    using scalar_t = decltype(tag_);
+    silu_and_mul_rows(x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, d, stride);
+  });
+  return out;
+}
+
+namespace {
+
+template <typename T>
+inline void rotate_head(T* x, const float* cos, const float* sin, int64_t rot, bool neox) {
+  const int64_t half = rot / 2;
+  if (neox) {
+#pragma omp simd
+    for (int64_t i = 0; i < half; ++i) {
+      const float x1 = to_float(x[i]), x2 = to_float(x[i + half]);
+      x[i] = from_float<T>(x1 * cos[i] - x2 * sin[i]);
+      x[i + half] = from_float<T>(x2 * cos[i] + x1 * sin[i]);
+    }
+  } else {
+    for (int64_t i = 0; i < half; ++i) {
+      const float x1 = to_float(x[2 * i]), x2 = to_float(x[2 * i + 1]);
+      x[2 * i] = from_float<T>(x1 * cos[i] - x2 * sin[i]);
+      x[2 * i + 1] = from_float<T>(x2 * cos[i] + x1 * sin[i]);
+    }
+  }
+}
+
+template <typename T, typename C>
+inline void store_row(C* dst, const T* src, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = from_float<C>(to_float(src[i]));
+}
+
+}  // namespace
+
+// RoPE on q [T, H*D] and k [T, Hkv*D] in place (rows may be strided views of a fused qkv),
+// then k and v [T, Hkv*D] stored at KV slots `slots` of k_cache / v_cache [S, Hkv, D].
+void rope_store_kv(at::Tensor& q, at::Tensor& k, const at::Tensor& v,
+                   const at::Tensor& positions, const at::Tensor& cos_sin, at::Tensor& k_cache,
+                   at::Tensor& v_cache, const at::Tensor& slots, int64_t head_dim,
+                   int64_t rot_dim, bool neox) {
+  check_cpu(q, "q");
+  TORCH_CHECK(q.dim() == 2 && k.dim() == 2 && v.dim() == 2, "q, k, v must be 2-D");
+  TORCH_CHECK(q.stride(1) == 1 && k.stride(1) == 1 && v.stride(1) == 1,
+              "q, k, v need unit stride in the last dimension");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(),
+              "q, k, v must share a dtype");
+  TORCH_CHECK(cos_sin.scalar_type() == at::kFloat && cos_sin.is_contiguous(),
+              "cos_sin must be a contiguous float32 table");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && slots.scalar_type() == at::kLong,
+              "positions and slots must be int64");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "KV caches must be contiguous");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "KV caches must share a dtype");
+  const int64_t tokens = q.size(0);
+  const int64_t heads = q.size(1) / head_dim, kv_heads = k.size(1) / head_dim;
+  TORCH_CHECK(k_cache.size(1) == kv_heads && k_cache.size(2) == head_dim,
+              "k_cache must be [slots, kv_heads, head_dim]");
+  TORCH_CHECK(positions.numel() == tokens && slots.numel() == tokens,
+              "positions and slots need one entry per token");
+  const int64_t max_pos = cos_sin.size(0);
+  const int64_t* pos = positions.contiguous().data_ptr<int64_t>();
+  const int64_t* slot = slots.contiguous().data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t) {
+    TORCH_CHECK(pos[t] >= 0 && pos[t] < max_pos, "position out of the RoPE table");
+    TORCH_CHECK(slot[t] >= 0 && slot[t] < k_cache.size(0), "KV slot out of range");
+  }
+  const float* table = cos_sin.data_ptr<float>();
+  const int64_t half = rot_dim / 2, row = kv_heads * head_dim;
+  dispatch_float_bf16(q.scalar_type(), "rope", [&](auto tag_) {
+    using scalar_t = decltype(tag_);
+    using T = scalar_t;
+    dispatch_float_bf16(k_cache.scalar_type(), "rope_store", [&](auto tag_) {
+    using scalar_t = decltype(tag_);
+          using C = scalar_t;
+          T* qp = q.data_ptr<T>();
+          T* kp = k.data_ptr<T>();
+          const T* vp = v.data_ptr<T>();
+          C* kc = k_cache.data_ptr<C>();
+          C* vc = v_cache.data_ptr<C>();
+          at::parallel_for(0, tokens, grain_for((heads + kv_heads) * head_dim), [&](int64_t b,
+                                                                                      int64_t e) {
+            for (int64_t t = b; t < e; ++t) {
+              const float* cos = table + pos[t] * rot_dim;
+              const float* sin = cos + half;
+              T* qt = qp + t * q.stride(0);
+              T* kt = kp + t * k.stride(0);
+              for (int64_t h = 0; h < heads; ++h) rotate_head(qt + h * head_dim, cos, sin, rot_dim, neox);
+              for (int64_t h = 0; h < kv_heads; ++h) rotate_head(kt + h * head_dim, cos, sin, rot_dim, neox);
+              store_row(kc + slot[t] * row, kt, row);
+              store_row(vc + slot[t] * row, vp + t * v.stride(0), row);
+            }
+          });
+        });
+  });
+}
+
+}  // namespace radixserve

@@ -1,0 +1,213 @@
+// Matmuls straight from GGUF's quantized blocks (Q4_1 and Q8_0). The activations are quantized
+// per block of 32 to int16 with one float scale (llama.cpp uses int8; int16 keeps the relative
+// error near 1e-5, so greedy output rarely leaves the float reference), and each weight-block x
+// activation-block product is an integer dot product (AVX2: two madd_epi16), scaled by the two
+// block scales. Q4_1's offset term m * sum(x) uses the exact float sum.
+// Weights stay in the file's layout: row n of the [N, K] weight is K / 32 consecutive blocks.
+#include <vector>
+
+#include "common.h"
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace radixserve {
+namespace {
+
+constexpr int64_t kBlock = 32;
+constexpr int64_t kQ4_1Bytes = 20;  // fp16 d, fp16 m, 16 bytes of nibbles
+constexpr int64_t kQ8_0Bytes = 34;  // fp16 d, 32 int8
+constexpr int64_t kRowTile = 4;     // activation rows sharing one unpacked weight block
+constexpr int64_t kQ4_1 = 3;        // GGML type ids
+constexpr int64_t kQ8_0 = 8;
+
+inline float half_to_float(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(bits);
+#else
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+#endif
+}
+
+struct QuantizedRows {
+  std::vector<int16_t> q;    // [M, K]
+  std::vector<float> scale;  // [M, K / 32]
+  std::vector<float> sum;    // [M, K / 32], exact float sums of each block
+};
+
+template <typename T>
+QuantizedRows quantize_rows(const T* x, int64_t m, int64_t k, int64_t stride) {
+  const int64_t nb = k / kBlock;
+  QuantizedRows out{std::vector<int16_t>(m * k), std::vector<float>(m * nb),
+                    std::vector<float>(m * nb)};
+  at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t b = 0; b < nb; ++b) {
+        const T* src = x + r * stride + b * kBlock;
+        float amax = 0.0f, sum = 0.0f;
+        for (int64_t i = 0; i < kBlock; ++i) {
+          const float v = to_float(src[i]);
+          amax = std::max(amax, std::abs(v));
+          sum += v;
+        }
+        const float d = amax / 32767.0f;
+        const float id = d > 0.0f ? 1.0f / d : 0.0f;
+        int16_t* dst = out.q.data() + r * k + b * kBlock;
+        for (int64_t i = 0; i < kBlock; ++i) {
+          dst[i] = static_cast<int16_t>(__builtin_nearbyintf(to_float(src[i]) * id));
+        }
+        out.scale[r * nb + b] = d;
+        out.sum[r * nb + b] = sum;
+      }
+    }
+  });
+  return out;
+}
+
+#if defined(__AVX2__)
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+// The 32 nibbles of a Q4_1 block as two vectors of 16 int16 (weights 0..15 and 16..31).
+inline void unpack_q4(const uint8_t* qs, __m256i* lo16, __m256i* hi16) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  *lo16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low4));
+  *hi16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low4));
+}
+
+inline void unpack_q8(const uint8_t* qs, __m256i* lo16, __m256i* hi16) {
+  *lo16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  *hi16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16)));
+}
+
+// sum over the block of w * x as 8 float lanes (int32 partial sums, exact).
+inline __m256 dot_block(__m256i w_lo, __m256i w_hi, const int16_t* x) {
+  const __m256i x_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  const __m256i x_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16));
+  const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(w_lo, x_lo), _mm256_madd_epi16(w_hi, x_hi));
+  return _mm256_cvtepi32_ps(sum);
+}
+#endif
+
+// out[r, n] for rows r in [r0, r0 + rows) and one weight row n.
+void dot_row_q4_1(const uint8_t* wrow, const QuantizedRows& xq, int64_t r0, int64_t rows,
+                  int64_t k, float* out_col, int64_t out_stride) {
+  const int64_t nb = k / kBlock;
+#if defined(__AVX2__)
+  __m256 acc[kRowTile];
+  float offset[kRowTile] = {0, 0, 0, 0};
+  for (int64_t r = 0; r < rows; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = wrow + b * kQ4_1Bytes;
+    const float d = half_to_float(blk), m = half_to_float(blk + 2);
+    __m256i w_lo, w_hi;
+    unpack_q4(blk + 4, &w_lo, &w_hi);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t row = r0 + r;
+      const __m256 p = dot_block(w_lo, w_hi, xq.q.data() + row * k + b * kBlock);
+      acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xq.scale[row * nb + b]), acc[r]);
+      offset[r] += m * xq.sum[row * nb + b];
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) out_col[r * out_stride] = hsum(acc[r]) + offset[r];
+#else
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t row = r0 + r;
+    float total = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = wrow + b * kQ4_1Bytes;
+      const float d = half_to_float(blk), m = half_to_float(blk + 2);
+      const int16_t* x = xq.q.data() + row * k + b * kBlock;
+      int32_t isum = 0;
+      for (int64_t i = 0; i < 16; ++i) {
+        isum += (blk[4 + i] & 0x0F) * x[i] + (blk[4 + i] >> 4) * x[i + 16];
+      }
+      total += d * xq.scale[row * nb + b] * static_cast<float>(isum) + m * xq.sum[row * nb + b];
+    }
+    out_col[r * out_stride] = total;
+  }
+#endif
+}
+
+void dot_row_q8_0(const uint8_t* wrow, const QuantizedRows& xq, int64_t r0, int64_t rows,
+                  int64_t k, float* out_col, int64_t out_stride) {
+  const int64_t nb = k / kBlock;
+#if defined(__AVX2__)
+  __m256 acc[kRowTile];
+  for (int64_t r = 0; r < rows; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = wrow + b * kQ8_0Bytes;
+    const float d = half_to_float(blk);
+    __m256i w_lo, w_hi;
+    unpack_q8(blk + 2, &w_lo, &w_hi);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t row = r0 + r;
+      const __m256 p = dot_block(w_lo, w_hi, xq.q.data() + row * k + b * kBlock);
+      acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xq.scale[row * nb + b]), acc[r]);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) out_col[r * out_stride] = hsum(acc[r]);
+#else
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t row = r0 + r;
+    float total = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = wrow + b * kQ8_0Bytes;
+      const int8_t* w = reinterpret_cast<const int8_t*>(blk + 2);
+      const int16_t* x = xq.q.data() + row * k + b * kBlock;
+      int32_t isum = 0;
+      for (int64_t i = 0; i < kBlock; ++i) isum += w[i] * x[i];
+      total += half_to_float(blk) * xq.scale[row * nb + b] * static_cast<float>(isum);
+    }
+    out_col[r * out_stride] = total;
+  }
+#endif
+}
+
+}  // namespace
+
+// x: [M, K] (rows may be strided); blocks: [N, K / 32 * block_bytes] uint8 in GGUF's layout.
+// Returns x @ W^T as [M, N] in x's dtype.
+at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
+                       int64_t out_features) {
+  check_cpu(x, "x");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x must be [rows, K] with unit stride");
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.dim() == 2,
+              "blocks must be a contiguous uint8 [N, bytes] tensor");
+  TORCH_CHECK(qtype == kQ4_1 || qtype == kQ8_0, "only Q4_1 and Q8_0 blocks are supported");
+  const int64_t m = x.size(0), k = x.size(1), n = out_features;
+  TORCH_CHECK(k % kBlock == 0, "K must be a multiple of 32");
+  const int64_t block_bytes = qtype == kQ4_1 ? kQ4_1Bytes : kQ8_0Bytes;
+  TORCH_CHECK(blocks.size(0) == n && blocks.size(1) == k / kBlock * block_bytes,
+              "blocks do not match [N, K]");
+  QuantizedRows xq;
+  dispatch_float_bf16(x.scalar_type(), "quantize", [&](auto tag_) {
+    using scalar_t = decltype(tag_);
+    xq = quantize_rows(x.data_ptr<scalar_t>(), m, k, x.stride(0));
+  });
+  auto out32 = at::empty({m, n}, x.options().dtype(at::kFloat));
+  float* op = out32.data_ptr<float>();
+  const uint8_t* wp = blocks.data_ptr<uint8_t>();
+  const int64_t row_bytes = blocks.size(1);
+  auto dot = qtype == kQ4_1 ? dot_row_q4_1 : dot_row_q8_0;
+  // Each thread owns a range of output columns; activations (small) are re-read per column.
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r0 = 0; r0 < m; r0 += kRowTile) {
+      const int64_t rows = std::min(kRowTile, m - r0);
+      for (int64_t col = begin; col < end; ++col) {
+        dot(wp + col * row_bytes, xq, r0, rows, k, op + r0 * n + col, n);
+      }
+    }
+  });
+  return x.scalar_type() == at::kFloat ? out32 : out32.to(x.scalar_type());
+}
+
+}  // namespace radixserve

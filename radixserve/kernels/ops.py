@@ -1,0 +1,157 @@
+"""The kernels the layers call: the C++ extension where it is built and passed its probe,
+else the pure-PyTorch reference (radixserve/kernels/reference.py). Same signatures either way."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from radixserve.kernels import reference
+from radixserve.kernels.build import load_extension
+
+logger = logging.getLogger(__name__)
+
+
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _ext(t: torch.Tensor) -> object | None:
+    """The extension when it can take `t` (CPU, float32 or bfloat16), else None."""
+    if t.device.type != "cpu" or t.dtype not in _KERNEL_DTYPES:
+        return None
+    return load_extension()
+
+
+def using_cpp_kernels() -> bool:
+    return load_extension() is not None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    ext = _ext(x)
+    if ext is not None and x.dim() == 2 and x.is_contiguous():
+        return ext.rms_norm(x, weight, eps)
+    return reference.rms_norm(x, weight, eps)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual); the C++ kernel reuses x and residual's memory."""
+    ext = _ext(x)
+    if ext is not None and x.dim() == 2 and x.is_contiguous() and residual.is_contiguous():
+        ext.fused_add_rms_norm(x, residual, weight, eps)
+        return x, residual
+    return reference.fused_add_rms_norm(x, residual, weight, eps)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    ext = _ext(x)
+    if ext is not None and x.dim() == 2 and x.stride(1) == 1:
+        return ext.silu_and_mul(x)
+    return reference.silu_and_mul(x)
+
+
+def rope_store_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    head_dim: int,
+    rot_dim: int,
+    neox: bool,
+) -> None:
+    args = (q, k, v, positions, cos_sin, k_cache, v_cache, slots, head_dim, rot_dim, neox)
+    ext = _ext(q)
+    if ext is not None:
+        ext.rope_store_kv(*args)
+    else:
+        reference.rope_store_kv(*args)
+
+
+@dataclass(frozen=True)
+class PagedMeta:
+    """Per-batch layout for paged_attention, as tensors (for C++) and lists (for PyTorch)."""
+
+    req_pool_indices: torch.Tensor
+    prefix_lens: torch.Tensor
+    extend_lens: torch.Tensor
+    q_starts: torch.Tensor
+    req_pool_indices_list: list[int]
+    prefix_lens_list: list[int]
+    extend_lens_list: list[int]
+    q_starts_list: list[int]
+
+    @classmethod
+    def build(
+        cls, req_pool_indices: list[int], prefix_lens: list[int], extend_lens: list[int]
+    ) -> PagedMeta:
+        starts, total = [], 0
+        for n in extend_lens:
+            starts.append(total)
+            total += n
+
+        def t(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64)
+
+        return cls(
+            t(req_pool_indices),
+            t(prefix_lens),
+            t(extend_lens),
+            t(starts),
+            list(req_pool_indices),
+            list(prefix_lens),
+            list(extend_lens),
+            starts,
+        )
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    meta: PagedMeta,
+    heads: int,
+    scale: float,
+) -> torch.Tensor:
+    ext = _ext(q)
+    if ext is not None:
+        return ext.paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            req_to_token,
+            meta.req_pool_indices,
+            meta.prefix_lens,
+            meta.extend_lens,
+            meta.q_starts,
+            heads,
+            scale,
+        )
+    return reference.paged_attention(
+        q,
+        k_cache,
+        v_cache,
+        req_to_token,
+        meta.req_pool_indices_list,
+        meta.prefix_lens_list,
+        meta.extend_lens_list,
+        meta.q_starts_list,
+        heads,
+        scale,
+    )
+
+
+def gguf_linear(
+    x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_features: int
+) -> torch.Tensor:
+    ext = _ext(x)
+    if ext is not None and x.dim() == 2 and x.stride(1) == 1:
+        return ext.gguf_linear(x, blocks, qtype, out_features)
+    return reference.gguf_linear(x, blocks, qtype, out_features)

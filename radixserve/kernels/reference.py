@@ -1,0 +1,133 @@
+"""Pure-PyTorch versions of every kernel in csrc/: the fallback where the C++ extension is not
+built, and the reference its self-test and the unit tests compare against."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+GGML_Q4_1 = 3
+GGML_Q8_0 = 8
+BLOCK = 32
+BLOCK_BYTES = {GGML_Q4_1: 20, GGML_Q8_0: 34}
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    summed = x + residual
+    return rms_norm(summed, weight, eps), summed
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    return F.silu(x[..., :d]) * x[..., d:]
+
+
+def _rotate(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int, rot: int, neox: bool
+) -> torch.Tensor:
+    heads = x.view(x.shape[0], -1, head_dim)
+    part = heads[..., :rot]
+    if neox:
+        x1, x2 = part.chunk(2, dim=-1)
+    else:
+        x1, x2 = part[..., 0::2], part[..., 1::2]
+    out1, out2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    if neox:
+        rotated = torch.cat([out1, out2], dim=-1)
+    else:
+        rotated = torch.stack([out1, out2], dim=-1).flatten(-2)
+    return torch.cat([rotated, heads[..., rot:]], dim=-1).reshape(x.shape)
+
+
+def rope_store_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    head_dim: int,
+    rot_dim: int,
+    neox: bool,
+) -> None:
+    """RoPE on q and k in place, then k and v stored at `slots` of the caches."""
+    cos, sin = cos_sin[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
+    q.copy_(_rotate(q, cos, sin, head_dim, rot_dim, neox))
+    k.copy_(_rotate(k, cos, sin, head_dim, rot_dim, neox))
+    kv_heads = k_cache.shape[1]
+    k_cache[slots] = k.reshape(-1, kv_heads, head_dim).to(k_cache.dtype)
+    v_cache[slots] = v.reshape(-1, kv_heads, head_dim).to(v_cache.dtype)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: list[int],
+    prefix_lens: list[int],
+    extend_lens: list[int],
+    q_starts: list[int],
+    heads: int,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of each request's new tokens over its prefix and themselves."""
+    kv_heads, dim = k_cache.shape[1], k_cache.shape[2]
+    out = torch.empty(q.shape[0], heads * dim, dtype=q.dtype)
+    for row, prefix, new, start in zip(
+        req_pool_indices, prefix_lens, extend_lens, q_starts, strict=True
+    ):
+        if new == 0:
+            continue
+        slots = req_to_token[row, : prefix + new]
+        k = k_cache.index_select(0, slots).to(q.dtype).transpose(0, 1)  # [Hkv, L, D]
+        v = v_cache.index_select(0, slots).to(q.dtype).transpose(0, 1)
+        qi = q[start : start + new].reshape(new, heads, dim).transpose(0, 1)  # [H, n, D]
+        mask = torch.arange(prefix + new)[None, :] <= torch.arange(prefix, prefix + new)[:, None]
+        o = F.scaled_dot_product_attention(
+            qi.unsqueeze(0),
+            k.unsqueeze(0),
+            v.unsqueeze(0),
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=heads != kv_heads,
+        )
+        out[start : start + new] = o[0].transpose(0, 1).reshape(new, heads * dim)
+    return out
+
+
+def dequantize_blocks(blocks: torch.Tensor, qtype: int, out_features: int) -> torch.Tensor:
+    """GGUF Q4_1 / Q8_0 blocks [N, K / 32 * bytes] -> float32 weight [N, K]."""
+    nbytes = BLOCK_BYTES[qtype]
+    b = blocks.reshape(out_features, -1, nbytes)
+    d = b[..., 0:2].contiguous().view(torch.float16).to(torch.float32)  # [N, nb, 1]
+    if qtype == GGML_Q4_1:
+        m = b[..., 2:4].contiguous().view(torch.float16).to(torch.float32)
+        qs = b[..., 4:]
+        q = torch.cat([qs & 0x0F, qs >> 4], dim=-1).to(torch.float32)  # [N, nb, 32]
+        w = d * q + m
+    elif qtype == GGML_Q8_0:
+        q = b[..., 2:].contiguous().view(torch.int8).to(torch.float32)
+        w = d * q
+    else:
+        raise ValueError(f"GGML type {qtype} is not supported")
+    return w.reshape(out_features, -1)
+
+
+def gguf_linear(
+    x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_features: int
+) -> torch.Tensor:
+    """x @ W^T with W dequantised from its blocks (exact float weights, no activation
+    quantisation: slower than the C++ kernel but the same function up to rounding)."""
+    w = dequantize_blocks(blocks, qtype, out_features).to(x.dtype)
+    return F.linear(x, w)

@@ -1,0 +1,111 @@
+"""Builds the C++ kernels and checks each against the PyTorch reference on small inputs.
+
+Run by build.load_extension in a child process before the extension is trusted (an illegal
+instruction or a wrong result fails the child, not the server). Exit status 0 = passed.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+
+from radixserve.kernels import reference
+from radixserve.kernels.build import _compile
+
+Check = Callable[[object], None]
+
+
+def _close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float) -> None:
+    err = (got.float() - want.float()).abs().max().item()
+    scale = want.float().abs().max().item() + 1e-6
+    if not err <= tol * scale:
+        raise AssertionError(f"{name}: max error {err:.3g} exceeds {tol:.1g} x {scale:.3g}")
+
+
+def check_elementwise(ext: object) -> None:
+    torch.manual_seed(0)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        x = torch.randn(5, 64, dtype=dtype)
+        w = torch.randn(64, dtype=dtype)
+        _close("rms_norm", ext.rms_norm(x, w, 1e-5), reference.rms_norm(x, w, 1e-5), tol)
+        res = torch.randn(5, 64, dtype=dtype)
+        want_out, want_res = reference.fused_add_rms_norm(x, res, w, 1e-5)
+        x2, res2 = x.clone(), res.clone()
+        ext.fused_add_rms_norm(x2, res2, w, 1e-5)
+        _close("fused_add_rms_norm", x2, want_out, tol)
+        _close("fused_add_rms_norm residual", res2, want_res, tol)
+        gu = torch.randn(5, 128, dtype=dtype) * 4
+        _close("silu_and_mul", ext.silu_and_mul(gu), reference.silu_and_mul(gu), tol)
+
+
+def check_rope_and_attention(ext: object) -> None:
+    torch.manual_seed(0)
+    heads, kv_heads, dim, slots_n = 4, 2, 16, 64
+    cos_sin = torch.randn(32, dim)
+    qkv = torch.randn(7, (heads + 2 * kv_heads) * dim)
+    positions = torch.tensor([0, 1, 2, 3, 4, 5, 9])
+    slots = torch.tensor([10, 11, 12, 13, 14, 15, 16])
+    for neox in (True, False):
+        caches = [torch.zeros(slots_n, kv_heads, dim) for _ in range(4)]
+        results = []
+        for fn, (kc, vc) in (
+            (ext.rope_store_kv, caches[:2]),
+            (reference.rope_store_kv, caches[2:]),
+        ):
+            t = qkv.clone()
+            q, k, v = t.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+            fn(q, k, v, positions, cos_sin, kc, vc, slots, dim, dim, neox)
+            results.append(t)
+        _close("rope q/k", results[0], results[1], 1e-5)
+        _close("k_cache", caches[0], caches[2], 1e-5)
+        _close("v_cache", caches[1], caches[3], 1e-5)
+    k_cache = torch.randn(slots_n, kv_heads, dim)
+    v_cache = torch.randn(slots_n, kv_heads, dim)
+    req_to_token = torch.randperm(slots_n)[:60].reshape(2, 30).contiguous()
+    rows, prefix, new = [1, 0], [3, 20], [5, 1]
+    starts = [0, 5]
+    q = torch.randn(6, heads * dim)
+    t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+    got = ext.paged_attention(
+        q, k_cache, v_cache, req_to_token, t(rows), t(prefix), t(new), t(starts), heads, 0.25
+    )
+    want = reference.paged_attention(
+        q, k_cache, v_cache, req_to_token, rows, prefix, new, starts, heads, 0.25
+    )
+    _close("paged_attention", got, want, 1e-4)
+
+
+def check_gguf(ext: object) -> None:
+    torch.manual_seed(0)
+    n, k = 24, 96
+    for qtype in (reference.GGML_Q4_1, reference.GGML_Q8_0):
+        nbytes = reference.BLOCK_BYTES[qtype]
+        blocks = torch.randint(0, 256, (n, k // 32, nbytes), dtype=torch.uint8)
+        scales = (torch.rand(n, k // 32, 2) * 0.02).to(torch.float16).view(torch.uint8)
+        blocks[..., 0:4] = scales.reshape(n, k // 32, 4)
+        blocks = blocks.reshape(n, -1).contiguous()
+        x = torch.randn(6, k)
+        # Activations are quantized to int16 per block of 32: ~1e-4 relative error at most.
+        _close(
+            "gguf_linear",
+            ext.gguf_linear(x, blocks, qtype, n),
+            reference.gguf_linear(x, blocks, qtype, n),
+            1e-3,
+        )
+
+
+CHECKS: tuple[Check, ...] = (check_elementwise, check_rope_and_attention, check_gguf)
+
+
+def main() -> int:
+    ext = _compile()
+    for check in CHECKS:
+        check(ext)
+    print("self-test passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The fast CPU attention backend (SGLang's name for its CPU backend: intel_amx).
+
+Attention reads K/V through the request-to-token table inside one kernel call per layer
+(radixserve.kernels: C++ where built, PyTorch otherwise), for decode, extend and mixed batches
+alike; RoPE and the KV store are fused into one more call. No per-request Python work per layer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixserve.kernels import ops
+from radixserve.layers.attention.base import AttentionBackend
+
+if TYPE_CHECKING:
+    from radixserve.layers.radix_attention import RadixAttention
+    from radixserve.layers.rotary_embedding import RotaryEmbedding
+    from radixserve.model_executor.forward_batch import ForwardBatch
+
+
+class CpuPagedAttnBackend(AttentionBackend):
+    fuses_rope = True
+
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        self._meta = ops.PagedMeta.build(
+            forward_batch.req_pool_indices_cpu,
+            forward_batch.extend_prefix_lens_cpu,
+            forward_batch.extend_seq_lens_cpu,
+        )
+
+    def forward_with_rope(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: RotaryEmbedding,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """q [T, H*D], k and v [T, Hkv*D] (views of the fused qkv are fine) -> [T, H*D]."""
+        k_buf, v_buf = forward_batch.kv_cache.get_kv(layer.layer_id)
+        ops.rope_store_kv(
+            q,
+            k,
+            v,
+            positions,
+            rotary.cos_sin_cache,
+            k_buf,
+            v_buf,
+            forward_batch.out_cache_loc,
+            layer.head_dim,
+            rotary.rotary_dim,
+            rotary.is_neox_style,
+        )
+        return self._attend(q, layer, forward_batch)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+    ) -> torch.Tensor:
+        num_tokens = q.shape[0]
+        forward_batch.kv_cache.set_kv(
+            layer.layer_id,
+            forward_batch.out_cache_loc,
+            k.reshape(num_tokens, layer.num_kv_heads, layer.head_dim),
+            v.reshape(num_tokens, layer.num_kv_heads, layer.head_dim),
+        )
+        return self._attend(q.reshape(num_tokens, -1), layer, forward_batch)
+
+    def _attend(
+        self, q: torch.Tensor, layer: RadixAttention, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        k_buf, v_buf = forward_batch.kv_cache.get_kv(layer.layer_id)
+        return ops.paged_attention(
+            q,
+            k_buf,
+            v_buf,
+            forward_batch.req_to_token,
+            self._meta,
+            layer.num_heads,
+            layer.scaling,
+        )
+
+    def forward_extend(
+        self, q: torch.Tensor, layer: RadixAttention, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        return self._attend(q.reshape(q.shape[0], -1), layer, forward_batch).view_as(q)
+
+    def forward_decode(
+        self, q: torch.Tensor, layer: RadixAttention, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        return self._attend(q.reshape(q.shape[0], -1), layer, forward_batch).view_as(q)

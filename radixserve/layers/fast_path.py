@@ -1,0 +1,21 @@
+"""Switches a model's norms and activations between the reference PyTorch ops (bit-for-bit
+HF transformers in float32) and the fused kernels of radixserve.kernels."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from radixserve.layers.activation import SiluAndMul
+from radixserve.layers.layernorm import RMSNorm
+
+_FUSABLE = (RMSNorm, SiluAndMul)
+
+
+def use_fast_kernels(model: nn.Module, enabled: bool) -> int:
+    """Set the fused-kernel switch on every fusable module; returns how many were switched."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, _FUSABLE):
+            module.use_fast_kernels = enabled
+            count += 1
+    return count

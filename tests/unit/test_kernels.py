@@ -1,0 +1,135 @@
+"""The C++ CPU kernels against their pure-PyTorch references, the references against the
+model's reference layers, and the fused attention backend against torch_native on a tiny model
+(with the C++ extension and with its PyTorch fallback)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from radixserve.kernels import build, ops, reference
+from radixserve.kernels.cpu_features import cpu_features
+from radixserve.kernels.self_test import CHECKS
+from radixserve.layers.activation import SiluAndMul
+from radixserve.layers.attention.cpu_paged import CpuPagedAttnBackend
+from radixserve.layers.fast_path import use_fast_kernels
+from radixserve.layers.layernorm import RMSNorm
+from radixserve.layers.rotary_embedding import RotaryEmbedding
+from radixserve.models.config import ModelConfig
+from radixserve.models.registry import get_model_class
+from tests.helpers.model_driver import ManualDriver
+from tests.helpers.tiny_models import tiny_hf_config
+
+
+@pytest.fixture(scope="module")
+def ext() -> object:
+    loaded = build.load_extension()
+    if loaded is None:
+        if shutil.which("c++") and build.DISABLE_ENV not in __import__("os").environ:
+            pytest.fail("a C++ compiler exists but the kernels did not build or self-test")
+        pytest.skip("no C++ compiler: the PyTorch kernels run")
+    return loaded
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def test_cpp_kernels_match_reference(ext: object, check: object) -> None:
+    check(ext)  # raises AssertionError with the op's name and the error size
+
+
+def test_cpu_features_read_at_run_time() -> None:
+    feats = cpu_features()
+    assert feats.model_name and len(feats.fingerprint) == 12
+    assert feats.fingerprint in build.extension_name()
+
+
+def test_reference_norm_and_activation_equal_the_layers() -> None:
+    torch.manual_seed(0)
+    norm = RMSNorm(32, 1e-6)
+    norm.weight.data = torch.randn(32)
+    x, res = torch.randn(4, 32), torch.randn(4, 32)
+    assert torch.equal(reference.rms_norm(x, norm.weight, 1e-6), norm(x))
+    want_out, want_res = norm(x, res)
+    got_out, got_res = reference.fused_add_rms_norm(x, res, norm.weight, 1e-6)
+    assert torch.equal(got_out, want_out) and torch.equal(got_res, want_res)
+    gu = torch.randn(4, 64)
+    assert torch.equal(reference.silu_and_mul(gu), SiluAndMul()(gu))
+
+
+@pytest.mark.parametrize("neox", [True, False])
+def test_reference_rope_equals_rotary_embedding(neox: bool) -> None:
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(16, 16, 64, 10000.0, is_neox_style=neox)
+    q, k, v = torch.randn(5, 32), torch.randn(5, 16), torch.randn(5, 16)
+    positions = torch.tensor([0, 3, 7, 8, 63])
+    want_q, want_k = rope(positions, q, k)
+    kc, vc = torch.zeros(10, 1, 16), torch.zeros(10, 1, 16)
+    slots = torch.tensor([9, 1, 2, 3, 4])
+    q2, k2 = q.clone(), k.clone()
+    reference.rope_store_kv(q2, k2, v, positions, rope.cos_sin_cache, kc, vc, slots, 16, 16, neox)
+    assert torch.equal(q2, want_q) and torch.equal(k2, want_k)
+    assert torch.equal(kc[slots, 0], want_k) and torch.equal(vc[slots, 0], v)
+
+
+def test_dequantize_blocks_matches_gguf_library() -> None:
+    gguf = pytest.importorskip("gguf")
+    rng = torch.Generator().manual_seed(0)
+    for qtype in (reference.GGML_Q4_1, reference.GGML_Q8_0):
+        nbytes = reference.BLOCK_BYTES[qtype]
+        blocks = torch.randint(0, 256, (3, 2, nbytes), dtype=torch.uint8, generator=rng)
+        blocks[..., 0:2] = torch.full((3, 2, 1), 0.5, dtype=torch.float16).view(torch.uint8)
+        if qtype == reference.GGML_Q4_1:
+            blocks[..., 2:4] = torch.full((3, 2, 1), -1.0, dtype=torch.float16).view(torch.uint8)
+        flat = blocks.reshape(3, -1)
+        want = gguf.dequantize(flat.numpy(), gguf.GGMLQuantizationType(qtype))
+        got = reference.dequantize_blocks(flat, qtype, 3)
+        assert torch.equal(got, torch.from_numpy(want.astype("float32")).reshape(3, 64))
+
+
+def _tiny_model(arch: str = "llama") -> tuple[torch.nn.Module, ModelConfig]:
+    classes = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+    hf_config = tiny_hf_config(arch, architectures=[classes[arch]])
+    config = ModelConfig.from_hf_config(hf_config, dtype=torch.float32)
+    torch.manual_seed(0)
+    model = get_model_class(config.architectures)(config)
+    for p in model.parameters():
+        p.data.normal_(0, 0.2)
+    return model.eval(), config
+
+
+def _run_steps(model: torch.nn.Module, config: ModelConfig, fast: bool) -> list[torch.Tensor]:
+    """A prefill, a prefill over a cached prefix mixed with a decode, and a decode step."""
+    driver = ManualDriver(model, config)
+    if fast:
+        driver.backend = CpuPagedAttnBackend()
+    use_fast_kernels(model, fast)
+    try:
+        return [
+            driver.forward([(0, [5, 6, 7, 8, 9, 10, 11]), (1, [3, 4])], all_logits=True),
+            driver.forward([(1, [12, 13, 14]), (0, [15])], all_logits=True),
+            driver.forward([(0, [16]), (1, [17])], decode=True),
+        ]
+    finally:
+        use_fast_kernels(model, False)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("cpp", [True, False], ids=["cpp", "pytorch-fallback"])
+def test_fast_backend_matches_torch_native(
+    arch: str, cpp: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if cpp and build.load_extension() is None:
+        pytest.skip("C++ kernels unavailable")
+    if not cpp:
+        monkeypatch.setattr(ops, "load_extension", lambda: None)
+    model, config = _tiny_model(arch)
+    with torch.inference_mode():
+        want = _run_steps(model, config, fast=False)
+        got = _run_steps(model, config, fast=True)
+    for w, g in zip(want, got, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
