@@ -77,6 +77,14 @@ class StepRunner:
         if not sampled_reqs:
             return results
         rows = torch.tensor([p for p in sample_pos if p >= 0], device=logits.device)
+        if _plain_greedy(sampled_reqs):
+            # The common serving case: argmax, no per-step sampling tensors to build.
+            ids = logits[rows].argmax(dim=-1).tolist()
+            samples = iter(ids)
+            for i, pos in enumerate(sample_pos):
+                if pos >= 0:
+                    results[i] = TokenResult(next(samples), 0.0)
+            return results
         info = SamplingBatchInfo.from_requests(
             [r.sampling_params for r in sampled_reqs],
             [r.output_ids for r in sampled_reqs],
@@ -86,7 +94,8 @@ class StepRunner:
             vocab_mask=_to(GrammarManager.vocab_mask(sampled_reqs, logits.shape[-1]), logits),
         )
         top_n = max((r.top_logprobs_num for r in sampled_reqs if r.return_logprob), default=0)
-        out = self.sampler(logits[rows], info, top_logprobs_num=top_n)
+        need_logprobs = any(r.return_logprob for r in sampled_reqs)
+        out = self.sampler(logits[rows], info, top_logprobs_num=top_n, need_logprobs=need_logprobs)
         ids = out.next_token_ids.tolist()
         lps = out.logprobs.tolist()
         j = 0
@@ -175,6 +184,25 @@ class StepRunner:
             req.input_token_logprobs.insert(0, (None, prompt[0]))
             if k:
                 req.input_top_logprobs.insert(0, None)
+
+
+def _plain_greedy(reqs: Sequence[Req]) -> bool:
+    """Greedy, without logprobs, grammar, penalties, logit bias or a pending min_new_tokens:
+    the next token is the argmax of the raw logits."""
+    for req in reqs:
+        p = req.sampling_params
+        if (
+            not p.is_greedy
+            or req.return_logprob
+            or req.grammar is not None
+            or p.logit_bias
+            or p.repetition_penalty != 1.0
+            or p.frequency_penalty != 0.0
+            or p.presence_penalty != 0.0
+            or len(req.output_ids) < p.min_new_tokens
+        ):
+            return False
+    return True
 
 
 def _to(mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:

@@ -121,11 +121,20 @@ class Sampler:
     """Samples the next token of every row; see the module docstring for the exact rules."""
 
     def __call__(
-        self, logits: torch.Tensor, info: SamplingBatchInfo, top_logprobs_num: int = 0
+        self,
+        logits: torch.Tensor,
+        info: SamplingBatchInfo,
+        top_logprobs_num: int = 0,
+        need_logprobs: bool = True,
     ) -> SampleOutput:
+        """With need_logprobs=False (no row asked for logprobs) the returned logprobs are
+        zeros, and an all-greedy batch with nothing to process is a bare argmax."""
         _check_logits(logits, info)
         if top_logprobs_num < 0:
             raise ValueError(f"top_logprobs_num must be >= 0, got {top_logprobs_num}.")
+        plain = info.is_all_greedy and not info.needs_logit_processing
+        if plain and not need_logprobs and not top_logprobs_num:
+            return SampleOutput(logits.argmax(dim=-1), torch.zeros(len(info)), None)
         processed = info.process_logits(logits)
         argmax = processed.argmax(dim=-1)
         if info.is_all_greedy:
@@ -135,10 +144,13 @@ class Sampler:
             scaled = _scale(processed, info)
             sampled = _sample_rows(scaled, info)
             next_ids = torch.where(info.is_greedy, argmax, sampled)
-        # A row whose every token is masked has no distribution; fall back to the raw argmax
-        # (as SGLang does on a failed draw) instead of returning garbage.
-        dead = ~torch.isfinite(processed.amax(dim=-1))
-        next_ids = torch.where(dead, logits.argmax(dim=-1), next_ids)
+        if info.needs_logit_processing:
+            # A row whose every token is masked has no distribution; fall back to the raw
+            # argmax (as SGLang does on a failed draw) instead of returning garbage.
+            dead = ~torch.isfinite(processed.amax(dim=-1))
+            next_ids = torch.where(dead, logits.argmax(dim=-1), next_ids)
+        if not need_logprobs and not top_logprobs_num:
+            return SampleOutput(next_ids.to(torch.int64), torch.zeros(len(info)), None)
         return self._with_logprobs(scaled, next_ids, top_logprobs_num)
 
     @staticmethod
