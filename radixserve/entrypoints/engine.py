@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-import uuid
-from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -109,7 +107,6 @@ class Engine:
         )
         if stream:
             return self._stream(*items[0])
-        self._warm_shared_prompts(items)
         sinks = [self._submit(msg) for msg, _ in items]
         results = [
             self._collect(state, sink) for (_, state), sink in zip(items, sinks, strict=True)
@@ -141,7 +138,6 @@ class Engine:
         )
         if stream:
             return self._astream(*items[0])
-        await self._awarm_shared_prompts(items)
         results = await asyncio.gather(*(self._acollect(msg, state) for msg, state in items))
         return results[0] if single else list(results)
 
@@ -248,37 +244,6 @@ class Engine:
         if stream and len(items) != 1:
             raise RequestError("stream=True takes a single prompt with n=1.", "stream")
         return items, single
-
-    def _warm_requests(
-        self, items: list[tuple[TokenizedGenerateReq, RequestState]]
-    ) -> list[TokenizedGenerateReq]:
-        """For n > 1 (or a batch repeating a prompt): one prefill-only request per shared
-        prompt, run first so that the copies hit the prefix cache instead of all prefilling."""
-        if self.server_args.disable_radix_cache:
-            return []
-        counts = Counter(tuple(msg.input_ids) for msg, _ in items)
-        return [
-            TokenizedGenerateReq(
-                rid=f"warm-{uuid.uuid4().hex}",
-                input_ids=list(key),
-                sampling_params={"max_new_tokens": 0},
-            )
-            for key, copies in counts.items()
-            if copies > 1
-        ]
-
-    def _warm_shared_prompts(self, items: list[tuple[TokenizedGenerateReq, RequestState]]) -> None:
-        for sink in [self._submit(warm) for warm in self._warm_requests(items)]:
-            sink.get()
-
-    async def _awarm_shared_prompts(
-        self, items: list[tuple[TokenizedGenerateReq, RequestState]]
-    ) -> None:
-        async def run(warm: TokenizedGenerateReq) -> None:
-            async for _ in self._aoutputs(warm):
-                pass
-
-        await asyncio.gather(*(run(warm) for warm in self._warm_requests(items)))
 
     def _submit(self, msg: TokenizedGenerateReq) -> queue.Queue[ReqOutput]:
         sink: queue.Queue[ReqOutput] = queue.Queue()

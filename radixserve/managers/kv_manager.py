@@ -98,6 +98,33 @@ class KVManager:
         if len(freed):
             self.allocator.free(freed)
 
+    def cache_unfinished(self, req: Req) -> None:
+        """Put the computed, page-aligned prefix of a still-running request into the prefix
+        cache (SGLang's cache_unfinished_req), so requests arriving now share it.
+
+        Where the cache already held some of those tokens (another request computed them),
+        this request's duplicate slots are freed and its table row points at the cache's.
+        The request's lock moves to the new, deeper node.
+        """
+        if not self.prefix_cache.stores_kv or req.req_pool_idx is None:
+            return
+        aligned = req.kv_len // self.page_size * self.page_size
+        if aligned <= req.cached_len:
+            return
+        slots = self.req_to_token_pool.read(req.req_pool_idx, 0, aligned)
+        key = req.fill_ids[:aligned]
+        already = self.prefix_cache.insert(key, slots, priority=req.priority)
+        match = self.prefix_cache.match_prefix(key, update_stats=False)
+        if already > req.cached_len:
+            self._free(slots[req.cached_len : already])
+            self.req_to_token_pool.write(
+                req.req_pool_idx, req.cached_len, match.indices[req.cached_len : already]
+            )
+        self.prefix_cache.inc_lock_ref(match.last_node)
+        self.prefix_cache.dec_lock_ref(req.last_node)
+        req.last_node = match.last_node
+        req.cached_len = aligned
+
     # -- release ----------------------------------------------------------------------------
     def release(self, req: Req) -> None:
         """Return everything `req` holds: computed KV goes into the prefix cache (when enabled)

@@ -286,6 +286,8 @@ class Scheduler:
                 break
             if len(self.running) + len(adder.reqs) >= self.max_running_requests:
                 break
+            if self.radix_enabled and _shares_uncached_prefix(req, adder.reqs):
+                continue  # next round it finds that prefix in the cache
             if not self._admit_waiting(adder, req):
                 break
         admitted = {id(r) for r in adder.reqs}
@@ -375,10 +377,13 @@ class Scheduler:
         else:
             self.stats.prefill_tokens += sum(batch.extend_lens[: batch.num_prefill_reqs])
         still_running: list[Req] = []
+        prefill_ids = {id(r) for r in batch.reqs[: batch.num_prefill_reqs]}
         for req, extend_len, result in zip(batch.reqs, batch.extend_lens, results, strict=True):
             req.kv_len += extend_len
             if req.finished:  # aborted while in flight
                 continue
+            if self.radix_enabled and id(req) in prefill_ids and not req.is_embedding:
+                self.kv.cache_unfinished(req)
             if result is None:  # a chunk of a longer prompt; no token yet
                 continue
             if req.is_embedding:
@@ -445,6 +450,37 @@ class Scheduler:
             input_token_logprobs=req.input_token_logprobs if start == 0 else [],
             input_top_logprobs=req.input_top_logprobs if start == 0 else [],
         )
+
+
+# A waiting request that shares at least this many not-yet-cached prompt tokens with a request
+# already in this prefill batch waits one round (SGLang's in-batch prefix caching), so the
+# prefix is computed once and cached (cache_unfinished) instead of once per request.
+IN_BATCH_PREFIX_TOKENS = 32
+
+
+def _shares_uncached_prefix(req: Req, admitted: Sequence[Req]) -> bool:
+    fill = req.fill_ids
+    for other in admitted:
+        other_fill = other.fill_ids
+        if not fill or not other_fill or fill[0] != other_fill[0]:
+            continue
+        # Shorter prompts (n > 1 copies of one prompt, say) wait when all of theirs is covered.
+        need = min(IN_BATCH_PREFIX_TOKENS, len(fill) - 1 - other.cached_len)
+        if need > 0 and common_prefix_len(fill, other_fill) - other.cached_len >= need:
+            return True
+    return False
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix, by binary search over C-level slice compares."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _eos_token_ids(config_eos: Sequence[int], tokenizer: Any) -> list[int]:
