@@ -63,6 +63,7 @@ class ServerArgs:
     download_dir: str | None = None
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"
+    quantization: str | None = None
     # Memory and scheduling
     mem_fraction_static: float | None = None
     max_running_requests: int | None = None

@@ -91,10 +91,10 @@ class ModelRunner:
             dtype=self._kv_dtype(),
             device=self.device,
         )
-        # One backend serves both phases today; the per-phase options must name it too.
-        for name in (server_args.prefill_attention_backend, server_args.decode_attention_backend):
-            create_attention_backend(name)
-        self.attn_backend = create_attention_backend(server_args.attention_backend)
+        # Extend batches (prefill, mixed) use the prefill backend, decode batches the decode
+        # one; both default to --attention-backend.
+        self.extend_backend = create_attention_backend(server_args.prefill_attention_backend)
+        self.decode_backend = create_attention_backend(server_args.decode_attention_backend)
         fast = server_args.attention_backend in FAST_KERNEL_BACKENDS
         use_fast_kernels(self.model, fast)
         logger.info(
@@ -173,6 +173,7 @@ class ModelRunner:
         """Run the model; float32 logits for `step.logits_rows` (and final hidden states for
         `step.hidden_rows`, used for embeddings)."""
         dev = self.device
+        backend = self.decode_backend if step.is_decode else self.extend_backend
         seq_lens = [p + e for p, e in zip(step.prefix_lens, step.extend_lens, strict=True)]
         fb = ForwardBatch(
             forward_mode=ForwardMode.DECODE if step.is_decode else ForwardMode.EXTEND,
@@ -185,14 +186,14 @@ class ModelRunner:
             out_cache_loc=step.out_cache_loc.to(dev),
             req_to_token=req_to_token,
             kv_cache=self.kv_cache,
-            attn_backend=self.attn_backend,
+            attn_backend=backend,
             req_pool_indices_cpu=list(step.req_pool_indices),
             seq_lens_cpu=seq_lens,
             extend_prefix_lens_cpu=list(step.prefix_lens),
             extend_seq_lens_cpu=list(step.extend_lens),
             logits_indices=torch.tensor(step.logits_rows, dtype=torch.int64, device=dev),
         )
-        self.attn_backend.init_forward_metadata(fb)
+        backend.init_forward_metadata(fb)
         hidden = self.model(fb.input_ids, fb.positions, fb)
         logits = self.model.compute_logits(hidden[fb.logits_indices]).float()
         pooled = None

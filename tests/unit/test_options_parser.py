@@ -168,7 +168,7 @@ def test_help_groups_by_area_and_marks_support(capsys: pytest.CaptureFixture[str
         assert f"\n{title}\n" in out
     assert "[not applicable: accepted and ignored]" in out
     assert "[not supported yet]" in out
-    assert "[supported here: torch_native]" in out
+    assert "[supported here: torch_native, intel_amx]" in out
     # Hidden deprecated spellings stay out of the help.
     assert "--speculative-dflash-draft-window-size" not in out
 

@@ -59,8 +59,8 @@ def test_cli_resolves_every_auto_for_cpu(monkeypatch: pytest.MonkeyPatch) -> Non
     assert args.chunked_prefill_size == 512
     assert args.page_size == 1
     assert isinstance(args.random_seed, int)
-    assert args.attention_backend == args.prefill_attention_backend == "torch_native"
-    assert args.decode_attention_backend == "torch_native"
+    assert args.attention_backend == args.prefill_attention_backend == "intel_amx"
+    assert args.decode_attention_backend == "intel_amx"
     assert args.sampling_backend == "pytorch"
     assert args.grammar_backend == "xgrammar"
     assert args.log_level_http == "info"
@@ -178,7 +178,7 @@ def test_unsupported_options_are_refused_not_ignored() -> None:
 
 def test_implemented_options_refuse_unsupported_choices() -> None:
     with pytest.raises(
-        ServerArgsError, match=r"--attention-backend triton \(supported: torch_native\)"
+        ServerArgsError, match=r"--attention-backend triton \(supported: torch_native, intel_amx\)"
     ):
         _cpu(attention_backend="triton")
     with pytest.raises(ServerArgsError, match=r"--load-format npcache"):
