@@ -1,0 +1,291 @@
+"""The pure parts of benchmarks/compare.py (no servers, no llama.cpp build)."""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str) -> ModuleType:
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    return importlib.import_module(name)
+
+
+@pytest.fixture(scope="module")
+def compare() -> ModuleType:
+    return _load("compare")
+
+
+@pytest.fixture(scope="module")
+def report() -> ModuleType:
+    return _load("compare_report")
+
+
+def _result(
+    engine: str, concurrency: int, tok_s: float, ttft: float, workload: str = "random", **extra: Any
+) -> dict[str, Any]:
+    metrics = {
+        "completed": 16,
+        "total_output_tokens": 16 * 64,
+        "output_throughput": tok_s,
+        "request_throughput": tok_s / 64,
+        "mean_ttft_ms": ttft,
+        "median_ttft_ms": ttft,
+        "p99_ttft_ms": ttft * 2,
+        "mean_tpot_ms": 1000 / tok_s,
+        "mean_e2e_latency_ms": ttft + 64 * 1000 / tok_s,
+        **extra,
+    }
+    return {
+        "workload": workload,
+        "engine": engine,
+        "concurrency": concurrency,
+        "num_prompts": 16,
+        "expected_output_len": 64,
+        "metrics": metrics,
+    }
+
+
+@pytest.fixture()
+def fake_results(report: ModuleType) -> list[dict[str, Any]]:
+    results = []
+    for concurrency, scale in ((1, 1.0), (8, 4.0)):
+        results += [
+            _result(report.RADIXSERVE, concurrency, 100 * scale, 50),
+            _result(report.LLAMA_CPP, concurrency, 200 * scale, 25),
+            _result(report.HF_BF16, concurrency, 50 * scale, 100),
+        ]
+    results.append(
+        {
+            "workload": "random",
+            "engine": report.HF_FP32,
+            "concurrency": 8,
+            "num_prompts": 16,
+            "expected_output_len": 64,
+            "error": "exit code 1",
+        }
+    )
+    results += [
+        _result(report.RADIXSERVE, 4, 90, 40, workload="shared-prefix", cache_hit_rate=0.8),
+        _result(report.RADIXSERVE_NO_RADIX, 4, 80, 120, workload="shared-prefix"),
+        _result(report.LLAMA_CPP, 4, 150, 60, workload="shared-prefix"),
+    ]
+    return results
+
+
+def test_defaults_match_the_issue(compare: ModuleType) -> None:
+    settings = compare.resolve_settings(compare.build_parser().parse_args([]))
+    assert settings.concurrencies == [1, 8, 32, 64]
+    assert (settings.input_len, settings.output_len) == (128, 128)
+    assert settings.gsp["num_groups"] == 16
+    assert settings.gsp["system_prompt_len"] == 1024
+    assert settings.gsp["question_len"] == 64
+    assert [compare.num_prompts_for(settings, c) for c in (1, 8, 64)] == [8, 16, 128]
+
+
+def test_quick_mode_and_explicit_flags(compare: ModuleType) -> None:
+    parser = compare.build_parser()
+    quick = compare.resolve_settings(parser.parse_args(["--quick"]))
+    assert quick.concurrencies == [1, 8]
+    assert (quick.num_prompts, quick.input_len, quick.output_len) == (16, 64, 64)
+    explicit = compare.resolve_settings(
+        parser.parse_args(
+            [
+                "--quick",
+                "--concurrencies",
+                "2",
+                "--output-len",
+                "32",
+                "--radixserve-args",
+                "--dtype bfloat16 --quantization gguf",
+            ]
+        )
+    )
+    assert explicit.concurrencies == [2]
+    assert explicit.output_len == 32
+    assert explicit.radixserve_args == ["--dtype", "bfloat16", "--quantization", "gguf"]
+
+
+def test_bad_engine_is_refused(compare: ModuleType) -> None:
+    with pytest.raises(SystemExit):
+        compare.build_parser().parse_args(["--engines", "vllm"])
+
+
+def test_plan_interleaves_engines(compare: ModuleType, report: ModuleType) -> None:
+    settings = compare.resolve_settings(compare.build_parser().parse_args(["--quick"]))
+    jobs = compare.plan_jobs(settings)
+    random_jobs = [(j.concurrency, j.engine) for j in jobs if j.workload == report.RANDOM]
+    engines = list(compare.ENGINES)
+    assert random_jobs == [(1, e) for e in engines] + [(8, e) for e in engines]
+    shared = [j.engine for j in jobs if j.workload == report.SHARED_PREFIX]
+    assert shared == [report.RADIXSERVE, report.RADIXSERVE_NO_RADIX, report.LLAMA_CPP]
+    assert all(j.expected_output_len == settings.gsp["output_len"] for j in jobs[-3:])
+
+
+def test_same_prompts_for_all_engines_new_ones_per_concurrency(compare: ModuleType) -> None:
+    settings = compare.resolve_settings(compare.build_parser().parse_args(["--quick"]))
+    jobs = [j for j in compare.plan_jobs(settings) if j.workload == "random"]
+    seeds = {(j.concurrency, compare.seed_for(settings, j)) for j in jobs}
+    assert len(seeds) == len(settings.concurrencies)
+    assert len({seed for _, seed in seeds}) == len(settings.concurrencies)
+
+
+def test_bench_serving_commands(compare: ModuleType, report: ModuleType, tmp_path: Path) -> None:
+    settings = compare.resolve_settings(compare.build_parser().parse_args(["--quick"]))
+    server = compare.Server("x", [], 1234, tmp_path / "log")
+    gguf = tmp_path / "m.gguf"
+    ours = compare.Job(report.RANDOM, report.RADIXSERVE, 8, 16, 64)
+    command = compare.bench_serving_command(ours, server, settings, gguf, tmp_path / "o.jsonl")
+    assert command[command.index("--backend") + 1] == "sglang"
+    assert "--flush-cache" in command
+    assert command[command.index("--random-input-len") + 1] == "64"
+    theirs = compare.Job(report.SHARED_PREFIX, report.LLAMA_CPP, 4, 8, 8)
+    command = compare.bench_serving_command(theirs, server, settings, gguf, tmp_path / "o.jsonl")
+    assert command[command.index("--backend") + 1] == "openai"
+    assert '"ignore_eos": true' in command[command.index("--extra-request-body") + 1]
+    assert command[command.index("--dataset-name") + 1] == "generated-shared-prefix"
+    assert command[command.index("--base-url") + 1] == "http://127.0.0.1:1234"
+
+
+def test_parse_build_output(compare: ModuleType) -> None:
+    stdout = "noise\nLLAMA_SERVER=/c/bin/llama-server\nLLAMA_BENCH=/c/bin/llama-bench\nX=1\n"
+    assert compare.parse_build_output(stdout) == {
+        "LLAMA_SERVER": "/c/bin/llama-server",
+        "LLAMA_BENCH": "/c/bin/llama-bench",
+    }
+
+
+def test_ratios(report: ModuleType, fake_results: list[dict[str, Any]]) -> None:
+    assert report.ratio(1.0, 0) is None
+    assert report.ratio(None, 2.0) is None
+    rows = {row["concurrency"]: row for row in report.random_ratio_rows(fake_results)}
+    assert rows[1][f"throughput_vs_{report.LLAMA_CPP}"] == pytest.approx(0.5)
+    assert rows[8][f"throughput_vs_{report.HF_BF16}"] == pytest.approx(2.0)
+    assert rows[8][f"throughput_vs_{report.HF_FP32}"] is None  # that run failed
+    assert rows[1][f"ttft_vs_{report.LLAMA_CPP}"] == pytest.approx(2.0)
+
+
+def test_render_table(report: ModuleType) -> None:
+    table = report.render_table(["A", "B"], [["x", "1"], ["y", "2"]])
+    assert table.splitlines() == ["| A | B |", "| :--- | ---: |", "| x | 1 |", "| y | 2 |"]
+
+
+def test_random_and_shared_tables(report: ModuleType, fake_results: list[dict[str, Any]]) -> None:
+    table = report.random_table(fake_results)
+    assert "| 8 | radixserve | 400.0 |" in table
+    assert "| 8 | hf-float32 | n/a |" in table and "failed" in table
+    ratios = report.random_ratio_table(fake_results)
+    assert "| 1 | 0.50x | 2.00x | n/a | 2.00x |" in ratios
+    shared = report.shared_prefix_table(fake_results)
+    assert "| radixserve | 40.0 |" in shared and "80%" in shared
+    assert "| radixserve --disable-radix-cache | 120.0 | 120.0 | 240.0 | 3.00x |" in shared
+
+
+def test_check_result_flags_short_outputs_and_failures(report: ModuleType) -> None:
+    good = _result(report.LLAMA_CPP, 1, 100, 10)
+    assert report.check_result(good) == []
+    short = _result(report.LLAMA_CPP, 1, 100, 10, total_output_tokens=16 * 40)
+    assert "40.0 output tokens" in report.check_result(short)[0]
+    partial = _result(report.LLAMA_CPP, 1, 100, 10, completed=10, total_output_tokens=640)
+    assert "only 10 of 16" in report.check_result(partial)[0]
+    failed = {"workload": "random", "engine": "x", "concurrency": 1, "error": "boom"}
+    assert report.check_result(failed) == ["x (random, concurrency 1) failed: boom"]
+
+
+def test_llama_bench_table(report: ModuleType) -> None:
+    entries = [
+        {"n_prompt": 512, "n_gen": 0, "n_threads": 2, "avg_ts": 1234.5, "stddev_ts": 3.2},
+        {"n_prompt": 0, "n_gen": 128, "n_threads": 2, "avg_ts": 99.0, "stddev_ts": 0.5},
+    ]
+    table = report.llama_bench_table(entries)
+    assert "| pp512 | 2 | 1,234.5 | 3.2 |" in table
+    assert "| tg128 | 2 | 99.0 | 0.5 |" in table
+
+
+def test_notes_are_kept(report: ModuleType, fake_results: list[dict[str, Any]]) -> None:
+    def render(existing: str | None) -> str:
+        return report.render_document(
+            [("CPU", "test")],
+            fake_results,
+            {"input_len": 64, "output_len": 64},
+            [],
+            [],
+            [],
+            "performance.png",
+            existing,
+        )
+
+    fresh = render(None)
+    assert fresh.rstrip().endswith(report.DEFAULT_NOTES.rstrip())
+    edited = fresh.replace(report.DEFAULT_NOTES, "## Notes\n\nradixserve decodes slowly at c=1.\n")
+    again = render(edited)
+    assert again.count("\n## Notes\n") == 1
+    assert again.rstrip().endswith("radixserve decodes slowly at c=1.")
+    assert "![output tok/s vs concurrency](performance.png)" in again
+    assert "## Notes and more" not in report.split_notes("## Notes and more\ntext")
+
+
+def test_plot_is_written(
+    report: ModuleType, fake_results: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    pytest.importorskip("matplotlib")
+    path = report.plot_throughput(fake_results, tmp_path / "plot.png")
+    assert path is not None and path.stat().st_size > 1000
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report.plot_throughput([], tmp_path / "none.png") is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_build_script_prints_cached_binaries() -> None:
+    """Builds llama.cpp on first use (several minutes), then reuses the cached binaries."""
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake is needed to build llama.cpp")
+    done = subprocess.run(
+        ["bash", str(BENCHMARKS / "build_llama_cpp.sh")],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=True,
+    )
+    lines = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    for key in ("LLAMA_SERVER", "LLAMA_BENCH"):
+        assert Path(lines[key]).is_file()
+    version = subprocess.run(
+        [lines["LLAMA_SERVER"], "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert version.returncode == 0
+
+
+def test_busy_machine_warning(compare: ModuleType) -> None:
+    assert compare.busy_machine_warning(None, 2) is None
+    assert compare.busy_machine_warning((0.3, 0.2, 0.1), 2) is None
+    warning = compare.busy_machine_warning((1.5, 1.0, 0.5), 2)
+    assert warning is not None and "1.50" in warning
+
+
+def test_hf_runs_whole_static_batches(compare: ModuleType, report: ModuleType) -> None:
+    parser = compare.build_parser()
+    settings = compare.resolve_settings(parser.parse_args(["--hf-batches", "2"]))
+    jobs = {(j.engine, j.concurrency): j.num_prompts for j in compare.plan_jobs(settings)}
+    assert jobs[(report.HF_BF16, 8)] == 16
+    assert jobs[(report.HF_FP32, 64)] == 128
+    assert jobs[(report.RADIXSERVE, 1)] == 8
+
+
+def test_summary_metrics_drops_details_keeps_errors(compare: ModuleType) -> None:
+    record = {"completed": 15, "output_lens": [64] * 15, "errors": ["", "boom\ntrace", ""]}
+    record["server_info"] = {"x": 1}
+    result: dict[str, Any] = {}
+    assert compare.summary_metrics(record, result) == {"completed": 15}
+    assert result["request_errors"] == ["boom"]
