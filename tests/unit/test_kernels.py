@@ -22,6 +22,7 @@ from radixserve.layers.fast_path import use_fast_kernels
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.rotary_embedding import RotaryEmbedding
 from radixserve.models.config import ModelConfig
+from radixserve.models.loader import _default_dtype
 from radixserve.models.registry import get_model_class
 from tests.helpers.model_driver import ManualDriver
 from tests.helpers.tiny_models import tiny_hf_config
@@ -91,12 +92,15 @@ def test_dequantize_blocks_matches_gguf_library() -> None:
         assert torch.equal(got, torch.from_numpy(want.astype("float32")).reshape(3, 64))
 
 
-def _tiny_model(arch: str = "llama") -> tuple[torch.nn.Module, ModelConfig]:
+def _tiny_model(
+    arch: str = "llama", dtype: torch.dtype = torch.float32
+) -> tuple[torch.nn.Module, ModelConfig]:
     classes = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
     hf_config = tiny_hf_config(arch, architectures=[classes[arch]])
-    config = ModelConfig.from_hf_config(hf_config, dtype=torch.float32)
+    config = ModelConfig.from_hf_config(hf_config, dtype=dtype)
     torch.manual_seed(0)
-    model = get_model_class(config.architectures)(config)
+    with _default_dtype(dtype):  # as the loader builds it: the RoPE table stays float32
+        model = get_model_class(config.architectures)(config)
     for p in model.parameters():
         p.data.normal_(0, 0.2)
     return model.eval(), config
@@ -133,3 +137,16 @@ def test_fast_backend_matches_torch_native(
         got = _run_steps(model, config, fast=True)
     for w, g in zip(want, got, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_fast_backend_in_bfloat16_tracks_torch_native() -> None:
+    """bfloat16 weights, activations and KV cache through the fused kernels: the same model in
+    the same dtype, so only rounding differs."""
+    model, config = _tiny_model("llama", torch.bfloat16)
+    with torch.inference_mode():
+        want = _run_steps(model, config, fast=False)
+        got = _run_steps(model, config, fast=True)
+    for w, g in zip(want, got, strict=True):
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g, w, rtol=5e-2, atol=5e-2)
+        assert torch.equal(g.argmax(-1), w.argmax(-1))
