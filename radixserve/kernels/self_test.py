@@ -63,10 +63,12 @@ def check_rope_and_attention(ext: object) -> None:
         _close("v_cache", caches[1], caches[3], 1e-5)
     k_cache = torch.randn(slots_n, kv_heads, dim)
     v_cache = torch.randn(slots_n, kv_heads, dim)
-    req_to_token = torch.randperm(slots_n)[:60].reshape(2, 30).contiguous()
-    rows, prefix, new = [1, 0], [3, 20], [5, 1]
-    starts = [0, 5]
-    q = torch.randn(6, heads * dim)
+    # Three requests: prefill over a prefix (gathered path), a decode and a decode whose keys
+    # span two key blocks (direct path).
+    req_to_token = torch.randint(0, slots_n, (3, 100))
+    rows, prefix, new = [1, 0, 2], [3, 20, 90], [5, 1, 1]
+    starts = [0, 5, 6]
+    q = torch.randn(7, heads * dim)
     t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
     got = ext.paged_attention(
         q, k_cache, v_cache, req_to_token, t(rows), t(prefix), t(new), t(starts), heads, 0.25

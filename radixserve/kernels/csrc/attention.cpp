@@ -14,12 +14,112 @@ namespace {
 
 constexpr int64_t kQueryRows = 8;  // query rows per work item (times the GQA group size)
 constexpr int64_t kKeyBlock = 64;  // keys per block
+constexpr int64_t kDirectQueries = 8;  // up to this many query vectors: no K/V gather
 
 struct WorkItem {
   int64_t req;
   int64_t row0;  // first query row of the block, relative to the request's new tokens
   int64_t kv_head;
 };
+
+// Online-softmax update of one query vector with the scores sp[0, valid) of a key block;
+// sp is overwritten with the probabilities.
+inline void softmax_update(float* sp, int64_t valid, float* run_max, float* run_sum, float* acc,
+                           int64_t dim) {
+  float block_max = *run_max;
+  for (int64_t j = 0; j < valid; ++j) block_max = std::max(block_max, sp[j]);
+  const float alpha = exp_nonpositive(*run_max - block_max);
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < valid; ++j) {
+    sp[j] = exp_nonpositive(sp[j] - block_max);
+    sum += sp[j];
+  }
+  *run_sum = *run_sum * alpha + sum;
+  *run_max = block_max;
+#pragma omp simd
+  for (int64_t d = 0; d < dim; ++d) acc[d] *= alpha;
+}
+
+// Few query vectors (decode): dot products straight against the cache rows, each K and V row
+// read once for all of them, no copy.
+template <typename C>
+void attend_direct(int64_t kv_head, const float* qv, int64_t m_count, const int64_t* limit,
+                   int64_t key_end, const C* k_cache, const C* v_cache, const int64_t* token_row,
+                   int64_t kv_row, int64_t dim, float* acc, float* run_max, float* run_sum) {
+  std::vector<float> scores(m_count * kKeyBlock);
+  for (int64_t k0 = 0; k0 < key_end; k0 += kKeyBlock) {
+    const int64_t kb = std::min(kKeyBlock, key_end - k0);
+    for (int64_t j = 0; j < kb; ++j) {
+      const C* kp = k_cache + token_row[k0 + j] * kv_row + kv_head * dim;
+      for (int64_t i = 0; i < m_count; ++i) {
+        const float* qi = qv + i * dim;
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t d = 0; d < dim; ++d) dot += qi[d] * to_float(kp[d]);
+        scores[i * kKeyBlock + j] = dot;
+      }
+    }
+    for (int64_t i = 0; i < m_count; ++i) {
+      const int64_t valid = std::min(kb, limit[i] - k0);
+      if (valid > 0) {
+        softmax_update(scores.data() + i * kKeyBlock, valid, run_max + i, run_sum + i,
+                       acc + i * dim, dim);
+      }
+    }
+    for (int64_t j = 0; j < kb; ++j) {
+      const C* vp = v_cache + token_row[k0 + j] * kv_row + kv_head * dim;
+      for (int64_t i = 0; i < m_count; ++i) {
+        if (j >= limit[i] - k0) continue;
+        const float p = scores[i * kKeyBlock + j];
+        float* ai = acc + i * dim;
+#pragma omp simd
+        for (int64_t d = 0; d < dim; ++d) ai[d] += p * to_float(vp[d]);
+      }
+    }
+  }
+}
+
+// Many query vectors (prefill): the key block is gathered once into a transposed float tile,
+// so the scores of each query vector are a vectorised outer-product accumulation.
+template <typename C>
+void attend_gathered(int64_t kv_head, const float* qv, int64_t m_count, const int64_t* limit,
+                     int64_t key_end, const C* k_cache, const C* v_cache,
+                     const int64_t* token_row, int64_t kv_row, int64_t dim, float* acc,
+                     float* run_max, float* run_sum) {
+  std::vector<float> kt(dim * kKeyBlock), vb(kKeyBlock * dim), s(kKeyBlock);
+  for (int64_t k0 = 0; k0 < key_end; k0 += kKeyBlock) {
+    const int64_t kb = std::min(kKeyBlock, key_end - k0);
+    for (int64_t j = 0; j < kb; ++j) {
+      const int64_t slot = token_row[k0 + j];
+      const C* kp = k_cache + slot * kv_row + kv_head * dim;
+      const C* vp = v_cache + slot * kv_row + kv_head * dim;
+      for (int64_t d = 0; d < dim; ++d) kt[d * kKeyBlock + j] = to_float(kp[d]);
+      for (int64_t d = 0; d < dim; ++d) vb[j * dim + d] = to_float(vp[d]);
+    }
+    for (int64_t i = 0; i < m_count; ++i) {
+      const int64_t valid = std::min(kb, limit[i] - k0);
+      if (valid <= 0) continue;
+      float* sp = s.data();
+      std::fill(sp, sp + kKeyBlock, 0.0f);
+      const float* qi = qv + i * dim;
+      for (int64_t d = 0; d < dim; ++d) {
+        const float qd = qi[d];
+        const float* kd = kt.data() + d * kKeyBlock;
+#pragma omp simd
+        for (int64_t j = 0; j < kKeyBlock; ++j) sp[j] += qd * kd[j];
+      }
+      float* ai = acc + i * dim;
+      softmax_update(sp, valid, run_max + i, run_sum + i, ai, dim);
+      for (int64_t j = 0; j < valid; ++j) {
+        const float p = sp[j];
+        const float* vj = vb.data() + j * dim;
+#pragma omp simd
+        for (int64_t d = 0; d < dim; ++d) ai[d] += p * vj[d];
+      }
+    }
+  }
+}
 
 template <typename T, typename C>
 void attend_item(const WorkItem& item, const T* q, int64_t q_stride, const C* k_cache,
@@ -43,49 +143,13 @@ void attend_item(const WorkItem& item, const T* q, int64_t q_stride, const C* k_
     }
   }
   const int64_t key_end = prefix + item.row0 + rows;
-  std::vector<float> kt(dim * kKeyBlock), vb(kKeyBlock * dim), s(kKeyBlock);
-  for (int64_t k0 = 0; k0 < key_end; k0 += kKeyBlock) {
-    const int64_t kb = std::min(kKeyBlock, key_end - k0);
-    for (int64_t j = 0; j < kb; ++j) {
-      const int64_t slot = token_row[k0 + j];
-      const C* kp = k_cache + slot * kv_row + item.kv_head * dim;
-      const C* vp = v_cache + slot * kv_row + item.kv_head * dim;
-      for (int64_t d = 0; d < dim; ++d) kt[d * kKeyBlock + j] = to_float(kp[d]);
-      for (int64_t d = 0; d < dim; ++d) vb[j * dim + d] = to_float(vp[d]);
-    }
-    for (int64_t i = 0; i < m_count; ++i) {
-      const int64_t valid = std::min(kb, limit[i] - k0);
-      if (valid <= 0) continue;
-      float* sp = s.data();
-      std::fill(sp, sp + kKeyBlock, 0.0f);
-      const float* qi = qv.data() + i * dim;
-      for (int64_t d = 0; d < dim; ++d) {
-        const float qd = qi[d];
-        const float* kd = kt.data() + d * kKeyBlock;
-#pragma omp simd
-        for (int64_t j = 0; j < kKeyBlock; ++j) sp[j] += qd * kd[j];
-      }
-      float block_max = run_max[i];
-      for (int64_t j = 0; j < valid; ++j) block_max = std::max(block_max, sp[j]);
-      const float alpha = exp_nonpositive(run_max[i] - block_max);
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < valid; ++j) {
-        sp[j] = exp_nonpositive(sp[j] - block_max);
-        sum += sp[j];
-      }
-      run_sum[i] = run_sum[i] * alpha + sum;
-      run_max[i] = block_max;
-      float* ai = acc.data() + i * dim;
-#pragma omp simd
-      for (int64_t d = 0; d < dim; ++d) ai[d] *= alpha;
-      for (int64_t j = 0; j < valid; ++j) {
-        const float p = sp[j];
-        const float* vj = vb.data() + j * dim;
-#pragma omp simd
-        for (int64_t d = 0; d < dim; ++d) ai[d] += p * vj[d];
-      }
-    }
+  if (m_count <= kDirectQueries) {
+    attend_direct<C>(item.kv_head, qv.data(), m_count, limit.data(), key_end, k_cache, v_cache,
+                     token_row, kv_row, dim, acc.data(), run_max.data(), run_sum.data());
+  } else {
+    attend_gathered<C>(item.kv_head, qv.data(), m_count, limit.data(), key_end, k_cache,
+                       v_cache, token_row, kv_row, dim, acc.data(), run_max.data(),
+                       run_sum.data());
   }
   for (int64_t r = 0; r < rows; ++r) {
     T* orow = out + (q_start + item.row0 + r) * heads * dim;
