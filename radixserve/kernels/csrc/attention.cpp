@@ -28,11 +28,11 @@ inline void softmax_update(float* sp, int64_t valid, float* run_max, float* run_
                            int64_t dim) {
   float block_max = *run_max;
   for (int64_t j = 0; j < valid; ++j) block_max = std::max(block_max, sp[j]);
-  const float alpha = exp_nonpositive(*run_max - block_max);
+  const float alpha = fast_exp(*run_max - block_max);
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < valid; ++j) {
-    sp[j] = exp_nonpositive(sp[j] - block_max);
+    sp[j] = fast_exp(sp[j] - block_max);
     sum += sp[j];
   }
   *run_sum = *run_sum * alpha + sum;

@@ -23,28 +23,10 @@ inline T from_float(float v) {
   return static_cast<T>(v);
 }
 
-// exp(x) for x <= 0 (softmax arguments), written branch-free so that loops calling it
-// vectorise: x = k ln2 + r, exp(r) by a degree-6 polynomial (Cephes' expf coefficients),
-// 2^k assembled in the exponent bits. Relative error ~2 ulp; underflows to 0 below -87.
-inline float exp_nonpositive(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  const float k = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
-  const float r = x - k * 0.693359375f + k * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return y * scale;
-}
-
-// exp(x) for any x in float range (silu), same method, clamped at both ends.
-inline float exp_any(float x) {
+// exp(x), written branch-free so that loops calling it vectorise: x = k ln2 + r, exp(r) by a
+// degree-6 polynomial (Cephes' expf coefficients), 2^k assembled in the exponent bits.
+// Relative error ~2 ulp; clamped to [-87, 88] (below -87 the result is ~1e-38, not 0).
+inline float fast_exp(float x) {
   x = x > 88.0f ? 88.0f : x;
   x = x < -87.0f ? -87.0f : x;
   const float k = __builtin_floorf(x * 1.44269504088896341f + 0.5f);

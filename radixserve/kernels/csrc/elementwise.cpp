@@ -50,7 +50,7 @@ void silu_and_mul_rows(const T* xp, T* op, int64_t rows, int64_t d, int64_t stri
 #pragma omp simd
       for (int64_t i = 0; i < d; ++i) {
         const float g = to_float(gate[i]);
-        o[i] = from_float<T>(g / (1.0f + exp_any(-g)) * to_float(up[i]));
+        o[i] = from_float<T>(g / (1.0f + fast_exp(-g)) * to_float(up[i]));
       }
     }
   });
