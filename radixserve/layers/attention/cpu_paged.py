@@ -57,23 +57,6 @@ class CpuPagedAttnBackend(AttentionBackend):
         )
         return self._attend(q, layer, forward_batch)
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        layer: RadixAttention,
-        forward_batch: ForwardBatch,
-    ) -> torch.Tensor:
-        num_tokens = q.shape[0]
-        forward_batch.kv_cache.set_kv(
-            layer.layer_id,
-            forward_batch.out_cache_loc,
-            k.reshape(num_tokens, layer.num_kv_heads, layer.head_dim),
-            v.reshape(num_tokens, layer.num_kv_heads, layer.head_dim),
-        )
-        return self._attend(q.reshape(num_tokens, -1), layer, forward_batch)
-
     def _attend(
         self, q: torch.Tensor, layer: RadixAttention, forward_batch: ForwardBatch
     ) -> torch.Tensor:
