@@ -245,13 +245,10 @@ class Scheduler:
 
     # -- scheduling -------------------------------------------------------------------------
     def _schedule(self) -> ScheduledBatch | None:
+        if self.args.enable_mixed_chunk and self.running:
+            return self._schedule_mixed()
         prefill = self._schedule_prefill()
         if prefill is not None:
-            if self.args.enable_mixed_chunk and self.running and self._reserve_decode_slots():
-                self._alloc_decode_slots()
-                prefill.num_prefill_reqs = len(prefill.reqs)
-                prefill.reqs.extend(self.running)
-                prefill.extend_lens.extend([1] * len(self.running))
             return prefill
         if not self.running:
             return None
@@ -259,6 +256,27 @@ class Scheduler:
             return None
         self._alloc_decode_slots()
         return ScheduledBatch(list(self.running), [1] * len(self.running), is_decode=True)
+
+    def _schedule_mixed(self) -> ScheduledBatch | None:
+        """--enable-mixed-chunk: the running requests' next tokens ride along with a prefill.
+
+        Their slots are reserved (retracting, or giving back the chunked prompt, if needed)
+        before the prefill is budgeted, so nothing the prefill admits can be released again
+        while the batch is being built; the prefill gets whatever KV is left.
+        """
+        decoding = self._reserve_decode_slots()
+        if decoding:
+            self._alloc_decode_slots()
+        prefill = self._schedule_prefill()
+        if prefill is None:
+            if not decoding:
+                return None
+            return ScheduledBatch(list(self.running), [1] * len(self.running), is_decode=True)
+        if decoding:
+            prefill.num_prefill_reqs = len(prefill.reqs)
+            prefill.reqs.extend(self.running)
+            prefill.extend_lens.extend([1] * len(self.running))
+        return prefill
 
     def _alloc_decode_slots(self) -> None:
         for req in self.running:
