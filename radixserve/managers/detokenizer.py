@@ -68,7 +68,8 @@ class IncrementalDetokenizer:
 
     def _final_text(self, matched_stop: str | None) -> str:
         text = self.text
-        if matched_stop and not self.no_stop_trim:
+        # Only stop strings are cut; a stop regex reports its pattern and keeps the matched text.
+        if matched_stop and matched_stop in self.stop_strings and not self.no_stop_trim:
             cut = text.find(matched_stop, max(self.sent - len(matched_stop), 0))
             if cut < 0:
                 cut = text.find(matched_stop)

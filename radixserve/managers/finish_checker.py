@@ -1,7 +1,10 @@
-"""Decides whether a request is done after each new token: EOS, stop ids, stop strings, length."""
+"""Decides whether a request is done after each new token: EOS, stop ids, stop strings, stop
+regexes, length."""
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +16,9 @@ if TYPE_CHECKING:
 # Extra tokens decoded beyond the longest stop string, so a stop string that starts inside a
 # multi-byte token sequence is still seen whole.
 STOP_TAIL_SLACK_TOKENS = 8
+# A stop regex is searched in the text of the last tokens: as many as its longest match has
+# characters, at most this many (an unbounded pattern such as `\d+` sees this much text).
+STOP_REGEX_MAX_WINDOW = 256
 
 
 class FinishChecker:
@@ -32,6 +38,12 @@ class FinishChecker:
             matched = self._match_stop_string(req)
             if matched is not None:
                 return FinishReason("stop", matched=matched)
+        if params.stop_regex and self.tokenizer is not None:
+            pattern = self._match_stop_regex(req)
+            if pattern is not None:
+                # SGLang reports the pattern that matched (FINISHED_MATCHED_REGEX), and the
+                # matched text stays in the output.
+                return FinishReason("stop", matched=pattern)
         if len(req.output_ids) >= req.max_new_tokens:
             return FinishReason("length", matched=None)
         if req.seq_len >= self.context_len:
@@ -47,3 +59,29 @@ class FinishChecker:
             if stop and stop in tail:
                 return stop
         return None
+
+    def _match_stop_regex(self, req: Req) -> str | None:
+        patterns = req.sampling_params.stop_regex
+        window = max(_max_match_len(p) for p in patterns) + STOP_TAIL_SLACK_TOKENS
+        tail = self.tokenizer.decode(req.output_ids[-window:], skip_special_tokens=False)
+        for pattern in patterns:
+            if _compiled(pattern).search(tail) is not None:
+                return pattern
+        return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+@functools.lru_cache(maxsize=1024)
+def _max_match_len(pattern: str) -> int:
+    """Characters in the pattern's longest match, capped at STOP_REGEX_MAX_WINDOW."""
+    try:
+        from re import _parser  # type: ignore[attr-defined]
+
+        width = _parser.parse(pattern).getwidth()[1]
+    except Exception:  # a parser change must not stop generation; fall back to the cap
+        return STOP_REGEX_MAX_WINDOW
+    return min(int(width), STOP_REGEX_MAX_WINDOW)

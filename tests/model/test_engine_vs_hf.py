@@ -117,3 +117,15 @@ def test_text_prompt_and_stop_string(engine: Engine) -> None:
     assert streamed == out["text"]
     kept = engine.generate(prompt, {**params, "no_stop_trim": True})
     assert kept["text"] == " four, five, six, seven"
+
+
+def test_stop_regex_ends_the_request_streamed_or_not(engine: Engine) -> None:
+    prompt = "Count from one to ten: one, two, three,"
+    params = {**GREEDY, "stop_regex": [r"\bs[a-z]+,", "never-seen"]}
+    out = engine.generate(prompt, params)
+    # SGLang reports the pattern; the matched text stays in the output.
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": r"\bs[a-z]+,"}
+    assert out["text"] == " four, five, six,"
+    chunks = list(engine.generate(prompt, params, stream=True))
+    assert "".join(c["text"] for c in chunks) == out["text"]
+    assert chunks[-1]["meta_info"]["finish_reason"] == out["meta_info"]["finish_reason"]
