@@ -189,6 +189,12 @@ class SamplingParams:
         self._verify_lengths()
         self._verify_stops()
         self._verify_logit_bias(vocab_size)
+        if self.custom_params:
+            # Nothing would read them: refuse rather than silently drop what the client asked.
+            raise SamplingParamsError(
+                "custom_params is not supported: this server does not run custom logit processors.",
+                "custom_params",
+            )
         grammars = [g for g in ("json_schema", "regex", "ebnf") if getattr(self, g) is not None]
         if len(grammars) > 1:
             raise SamplingParamsError(

@@ -302,3 +302,22 @@ def test_openai_client_compatible_shapes() -> None:
     assert ChatCompletion.model_validate(chat.json()).choices[0].message.content == REPLY[:2]
     chunks = [ChatCompletionChunk.model_validate(e) for e in sse_events(stream.text)]
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == REPLY[:2]
+
+
+def test_custom_params_are_refused_not_dropped() -> None:
+    """No custom logit processors are served, so custom_params would be silently ignored."""
+    with make_client() as (client, _):
+        for path, body in (
+            ("/v1/completions", {"prompt": "Hi", "custom_params": {"k": 1}}),
+            ("/v1/chat/completions", {"messages": CHAT, "custom_params": {"k": 1}}),
+            ("/generate", {"text": "Hi", "sampling_params": {"custom_params": {"k": 1}}}),
+        ):
+            r = client.post(path, json=body)
+            assert r.status_code == 400, (path, r.text)
+            error = r.json()["error"]
+            assert error["param"] == "custom_params" and "custom_params" in error["message"]
+            assert error["type"] == "invalid_request_error"
+        ok = client.post("/v1/completions", json={"prompt": "Hi", "custom_params": None})
+        assert ok.status_code == 200
+        ok = client.post("/v1/completions", json={"prompt": "Hi", "custom_params": {}})
+        assert ok.status_code == 200
