@@ -25,7 +25,13 @@ from radixserve.kernels.cpu_features import cpu_features
 logger = logging.getLogger(__name__)
 
 DISABLE_ENV = "RADIXSERVE_DISABLE_CPU_KERNELS"
-SOURCES = ("bindings.cpp", "elementwise.cpp", "attention.cpp", "gguf_gemm.cpp")
+SOURCES = (
+    "bindings.cpp",
+    "elementwise.cpp",
+    "attention.cpp",
+    "gguf_gemm.cpp",
+    "fused_layer.cpp",
+)
 BUILD_VERSION = 1  # bump when the sources change in a way the file hashes would not show
 
 
@@ -37,7 +43,7 @@ def extension_name() -> str:
     import hashlib
 
     digest = hashlib.sha256(str(BUILD_VERSION).encode())
-    for name in (*SOURCES, "common.h"):
+    for name in (*SOURCES, "common.h", "kernels.h"):
         digest.update((_source_dir() / name).read_bytes())
     return f"radixserve_cpu_{cpu_features().fingerprint}_{digest.hexdigest()[:8]}"
 

@@ -155,3 +155,13 @@ def gguf_linear(
     if ext is not None and x.dim() == 2 and x.stride(1) == 1:
         return ext.gguf_linear(x, blocks, qtype, out_features)
     return reference.gguf_linear(x, blocks, qtype, out_features)
+
+
+def llama_layer(*args: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoder layer in the C++ extension (radixserve/kernels/csrc/fused_layer.cpp); only
+    called where using_cpp_kernels() (the module-by-module path is its PyTorch equivalent)."""
+    ext = load_extension()
+    if ext is None:
+        raise RuntimeError("llama_layer needs the C++ kernels")
+    out, residual = ext.llama_layer(*args)
+    return out, residual

@@ -12,10 +12,17 @@ _FUSABLE = (RMSNorm, SiluAndMul)
 
 
 def use_fast_kernels(model: nn.Module, enabled: bool) -> int:
-    """Set the fused-kernel switch on every fusable module; returns how many were switched."""
+    """Set the fused-kernel switch on every fusable module; returns how many were switched.
+    Decoder layers that llama_layer can run whole also get use_fused_layer (call this again
+    after changing a model's weights' form, e.g. GGUF quantization)."""
+    from radixserve.layers.fused_decoder import fusable
+    from radixserve.models.llama import LlamaDecoderLayer
+
     count = 0
     for module in model.modules():
         if isinstance(module, _FUSABLE):
             module.use_fast_kernels = enabled
             count += 1
+        elif isinstance(module, LlamaDecoderLayer):
+            module.use_fused_layer = enabled and fusable(module)
     return count

@@ -95,7 +95,11 @@ def test_dequantize_blocks_matches_gguf_library() -> None:
 def _tiny_model(
     arch: str = "llama", dtype: torch.dtype = torch.float32
 ) -> tuple[torch.nn.Module, ModelConfig]:
-    classes = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+    classes = {
+        "llama": "LlamaForCausalLM",
+        "qwen2": "Qwen2ForCausalLM",
+        "qwen3": "Qwen3ForCausalLM",
+    }
     hf_config = tiny_hf_config(arch, architectures=[classes[arch]])
     config = ModelConfig.from_hf_config(hf_config, dtype=dtype)
     torch.manual_seed(0)
@@ -106,12 +110,21 @@ def _tiny_model(
     return model.eval(), config
 
 
-def _run_steps(model: torch.nn.Module, config: ModelConfig, fast: bool) -> list[torch.Tensor]:
-    """A prefill, a prefill over a cached prefix mixed with a decode, and a decode step."""
+def _run_steps(
+    model: torch.nn.Module, config: ModelConfig, fast: bool, fused: bool = True
+) -> list[torch.Tensor]:
+    """A prefill, a prefill over a cached prefix mixed with a decode, and a decode step.
+    fused=False keeps the fast path module by module (no whole-layer C++ call)."""
+    from radixserve.models.llama import LlamaDecoderLayer
+
     driver = ManualDriver(model, config)
     if fast:
         driver.backend = CpuPagedAttnBackend()
     use_fast_kernels(model, fast)
+    if not fused:
+        for module in model.modules():
+            if isinstance(module, LlamaDecoderLayer):
+                module.use_fused_layer = False
     try:
         return [
             driver.forward([(0, [5, 6, 7, 8, 9, 10, 11]), (1, [3, 4])], all_logits=True),
@@ -150,3 +163,67 @@ def test_fast_backend_in_bfloat16_tracks_torch_native() -> None:
         assert g.dtype == torch.float32
         torch.testing.assert_close(g, w, rtol=5e-2, atol=5e-2)
         assert torch.equal(g.argmax(-1), w.argmax(-1))
+
+
+def _random_gguf_blocks(rows: int, cols: int, qtype: int, gen: torch.Generator) -> torch.Tensor:
+    """Valid GGUF blocks (finite fp16 scales) for a [rows, cols] weight."""
+    nb = cols // 32
+    per_block = reference.BLOCK_BYTES[qtype]
+    blocks = torch.randint(0, 256, (rows, nb, per_block), dtype=torch.uint8, generator=gen)
+    scales = (torch.rand(rows, nb, 2, generator=gen) * 0.02 - 0.01).to(torch.float16)
+    n_scales = 2 if qtype == reference.GGML_Q4_1 else 1  # Q4_1: d and m; Q8_0: d
+    blocks[:, :, : 2 * n_scales] = scales[:, :, :n_scales].contiguous().view(torch.uint8)
+    return blocks.reshape(rows, nb * per_block)
+
+
+def _quantize_tiny(model: torch.nn.Module) -> int:
+    """Put every decoder projection on random GGUF blocks (alternating Q4_1 and Q8_0)."""
+    from radixserve.layers.linear import attach_gguf_weight
+
+    gen = torch.Generator().manual_seed(1)
+    count = 0
+    for name, module in model.named_modules():
+        if name.endswith(("qkv_proj", "o_proj", "gate_up_proj", "down_proj")):
+            rows, cols = module.weight.shape
+            qtype = (reference.GGML_Q4_1, reference.GGML_Q8_0)[count % 2]
+            attach_gguf_weight(module, _random_gguf_blocks(rows, cols, qtype, gen), qtype)
+            count += 1
+    return count
+
+
+@pytest.mark.parametrize("weights", ["float", "gguf"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_fused_layer_equals_module_by_module_fast_path(
+    ext: object, arch: str, weights: str
+) -> None:
+    """One C++ call per decoder layer runs the same kernels in the same order as the layer's
+    modules do, so prefill, mixed and decode logits are bitwise equal."""
+    from radixserve.models.llama import LlamaDecoderLayer
+
+    model, config = _tiny_model(arch)
+    if weights == "gguf":
+        assert _quantize_tiny(model) == 4 * config.num_hidden_layers
+    layers = [m for m in model.modules() if isinstance(m, LlamaDecoderLayer)]
+    calls = []
+    real = ops.llama_layer
+    with torch.inference_mode():
+        want = _run_steps(model, config, fast=True, fused=False)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ops, "llama_layer", lambda *a: calls.append(1) or real(*a))
+            got = _run_steps(model, config, fast=True, fused=True)
+    assert len(calls) == 3 * len(layers)  # every layer of every step took the fused call
+    for w, g in zip(want, got, strict=True):
+        assert torch.equal(g, w)
+
+
+def test_fused_layer_not_used_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen3's per-head q/k norms and a missing C++ build keep the module-by-module path."""
+    from radixserve.layers.fused_decoder import fusable
+    from radixserve.models.llama import LlamaDecoderLayer
+
+    qwen3, _ = _tiny_model("qwen3")
+    assert not any(fusable(m) for m in qwen3.modules() if isinstance(m, LlamaDecoderLayer))
+    llama, _ = _tiny_model("llama")
+    monkeypatch.setattr(ops, "load_extension", lambda: None)
+    use_fast_kernels(llama, True)
+    assert not any(m.use_fused_layer for m in llama.modules() if isinstance(m, LlamaDecoderLayer))

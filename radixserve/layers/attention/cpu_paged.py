@@ -24,7 +24,7 @@ class CpuPagedAttnBackend(AttentionBackend):
     fuses_rope = True
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
-        self._meta = ops.PagedMeta.build(
+        self.paged_meta = ops.PagedMeta.build(
             forward_batch.req_pool_indices_cpu,
             forward_batch.extend_prefix_lens_cpu,
             forward_batch.extend_seq_lens_cpu,
@@ -66,7 +66,7 @@ class CpuPagedAttnBackend(AttentionBackend):
             k_buf,
             v_buf,
             forward_batch.req_to_token,
-            self._meta,
+            self.paged_meta,
             layer.num_heads,
             layer.scaling,
         )

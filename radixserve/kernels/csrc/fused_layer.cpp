@@ -1,0 +1,74 @@
+// One Llama-family decoder layer in a single call: the same kernels, in the same order, as the
+// layer-by-layer fast path (so the results are bitwise equal to it), without the ~10 Python
+// module calls and dispatches per layer that cost a few milliseconds per decode step at small
+// batch sizes.
+#include "common.h"
+#include "kernels.h"
+
+namespace radixserve {
+namespace {
+
+constexpr int64_t kFloatWeight = -1;  // qtype of a plain float weight (else a GGML type id)
+
+// x @ W^T (+ bias): W is GGUF blocks (qtype >= 0) or a float [N, K] weight. An empty bias
+// tensor means no bias.
+at::Tensor project(const at::Tensor& x, const at::Tensor& weight, int64_t qtype,
+                   const at::Tensor& bias) {
+  const bool has_bias = bias.numel() > 0;
+  if (qtype == kFloatWeight) {
+    return has_bias ? at::linear(x, weight, bias) : at::linear(x, weight);
+  }
+  // The block count per row fixes N: blocks are [N, bytes].
+  auto out = gguf_linear(x, weight, qtype, weight.size(0));
+  return has_bias ? out + bias : out;
+}
+
+}  // namespace
+
+// hidden [T, E] (contiguous), residual [T, E] or empty for the first layer.
+// norms: {input_layernorm, post_attention_layernorm} weights.
+// weights/qtypes/biases: qkv, o, gate_up, down projections (biases empty where absent).
+// meta: {req_pool_indices, prefix_lens, extend_lens, q_starts} as for paged_attention.
+// Returns {mlp output, residual}: what LlamaDecoderLayer.forward returns. `hidden` and
+// `residual` may be overwritten (as the layer-by-layer fused norms do).
+std::vector<at::Tensor> llama_layer(
+    const at::Tensor& hidden, const at::Tensor& residual, const std::vector<at::Tensor>& norms,
+    double eps, const std::vector<at::Tensor>& weights, const std::vector<int64_t>& qtypes,
+    const std::vector<at::Tensor>& biases, const at::Tensor& positions, const at::Tensor& cos_sin,
+    int64_t rot_dim, bool neox, const at::Tensor& k_cache, const at::Tensor& v_cache,
+    const at::Tensor& slots, const at::Tensor& req_to_token, const std::vector<at::Tensor>& meta,
+    int64_t heads, int64_t kv_heads, int64_t head_dim, double scale) {
+  check_cpu(hidden, "hidden");
+  TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous(), "hidden must be contiguous [T, E]");
+  TORCH_CHECK(norms.size() == 2, "norms: input and post-attention weights");
+  TORCH_CHECK(weights.size() == 4 && qtypes.size() == 4 && biases.size() == 4,
+              "weights, qtypes, biases: qkv, o, gate_up, down");
+  TORCH_CHECK(meta.size() == 4, "meta: req_pool_indices, prefix_lens, extend_lens, q_starts");
+  at::Tensor x, res;
+  if (residual.numel() == 0) {
+    res = hidden;
+    x = rms_norm(hidden, norms[0], eps);
+  } else {
+    TORCH_CHECK(residual.sizes() == hidden.sizes() && residual.is_contiguous(),
+                "residual must be contiguous and shaped like hidden");
+    x = hidden;
+    res = residual;
+    fused_add_rms_norm(x, res, norms[0], eps);
+  }
+  auto qkv = project(x, weights[0], qtypes[0], biases[0]);
+  const int64_t q_size = heads * head_dim, kv_size = kv_heads * head_dim;
+  TORCH_CHECK(qkv.size(1) == q_size + 2 * kv_size, "qkv width does not match the heads");
+  auto q = qkv.narrow(1, 0, q_size);
+  auto k = qkv.narrow(1, q_size, kv_size);
+  auto v = qkv.narrow(1, q_size + kv_size, kv_size);
+  at::Tensor kc = k_cache, vc = v_cache;
+  rope_store_kv(q, k, v, positions, cos_sin, kc, vc, slots, head_dim, rot_dim, neox);
+  auto attn = paged_attention(q, k_cache, v_cache, req_to_token, meta[0], meta[1], meta[2],
+                              meta[3], heads, scale);
+  auto o = project(attn, weights[1], qtypes[1], biases[1]);
+  fused_add_rms_norm(o, res, norms[1], eps);
+  auto act = silu_and_mul(project(o, weights[2], qtypes[2], biases[2]));
+  return {project(act, weights[3], qtypes[3], biases[3]), res};
+}
+
+}  // namespace radixserve

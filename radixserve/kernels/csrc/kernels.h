@@ -1,0 +1,29 @@
+// Declarations of radixserve's CPU kernels, shared by the bindings and the fused layer.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+namespace radixserve {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
+at::Tensor silu_and_mul(const at::Tensor& x);
+void rope_store_kv(at::Tensor& q, at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                   const at::Tensor& cos_sin, at::Tensor& k_cache, at::Tensor& v_cache,
+                   const at::Tensor& slots, int64_t head_dim, int64_t rot_dim, bool neox);
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                           const at::Tensor& v_cache, const at::Tensor& req_to_token,
+                           const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
+                           const at::Tensor& extend_lens, const at::Tensor& q_starts,
+                           int64_t heads, double scale);
+at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
+                       int64_t out_features);
+std::vector<at::Tensor> llama_layer(
+    const at::Tensor& hidden, const at::Tensor& residual, const std::vector<at::Tensor>& norms,
+    double eps, const std::vector<at::Tensor>& weights, const std::vector<int64_t>& qtypes,
+    const std::vector<at::Tensor>& biases, const at::Tensor& positions, const at::Tensor& cos_sin,
+    int64_t rot_dim, bool neox, const at::Tensor& k_cache, const at::Tensor& v_cache,
+    const at::Tensor& slots, const at::Tensor& req_to_token, const std::vector<at::Tensor>& meta,
+    int64_t heads, int64_t kv_heads, int64_t head_dim, double scale);
+}  // namespace radixserve
