@@ -135,6 +135,12 @@ class Engine:
             top_logprobs_num,
             stream,
             priority,
+            check_grammar=False,
+        )
+        # Compiling a grammar can take seconds: await it here instead of blocking the loop.
+        # (Copies of one request share a compile through the backend's cache.)
+        await asyncio.gather(
+            *(self.tokenizer_manager.check_grammar_async(msg.sampling_params) for msg, _ in items)
         )
         if stream:
             return self._astream(*items[0])
@@ -210,6 +216,7 @@ class Engine:
         top_logprobs_num: int | None,
         stream: bool,
         priority: int | None,
+        check_grammar: bool = True,
     ) -> tuple[list[tuple[TokenizedGenerateReq, RequestState]], bool]:
         if self.server_args.is_embedding:
             raise RequestError(
@@ -238,6 +245,7 @@ class Engine:
                         top_logprobs_num=top_logprobs_num,
                         stream=stream,
                         priority=priority,
+                        check_grammar=check_grammar,
                     )
                 )
             single = single and n == 1

@@ -6,6 +6,8 @@ It never imports model code: the scheduler may live in another thread or process
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -13,8 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.messages import ReqOutput, TokenizedGenerateReq
-from radixserve.sampling.constrained import GrammarError, spec_from_sampling_params
+from radixserve.sampling.constrained import GrammarError, GrammarSpec, spec_from_sampling_params
 from radixserve.sampling.sampling_params import SamplingParams
+
+# Sampling parameters that make a request constrained (see spec_from_sampling_params).
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
 class RequestError(ValueError):
@@ -52,14 +57,39 @@ class TokenizerManager:
         self.context_len = context_len
         self._make_grammar_backend = make_grammar_backend
         self._grammar_backend: Any = None
+        self._grammar_backend_lock = threading.Lock()
 
     def _check_grammar(self, params: SamplingParams) -> None:
         """Compile a constrained request's grammar here too (cached), so an invalid regex,
-        schema or grammar is a 400 naming the field before anything is queued or streamed."""
+        schema or grammar is a 400 naming the field before anything is queued or streamed.
+        Blocks up to the compile deadline: an event loop awaits `check_grammar_async`."""
+        spec = _grammar_spec(params)
+        if spec is None:
+            return
         try:
-            spec = spec_from_sampling_params(params)
-            if spec is None:
-                return
+            self._grammar_backend_for(spec).compile(spec)
+        except GrammarError as exc:
+            raise RequestError(str(exc), exc.param) from exc
+
+    async def check_grammar_async(self, sampling_params: Mapping[str, Any]) -> None:
+        """`_check_grammar` for a built request's sampling parameters, without blocking the
+        event loop: the backend is built (first use) on a worker thread, and the compile, which
+        runs on its own thread, is awaited."""
+        if all(sampling_params.get(name) is None for name in GRAMMAR_FIELDS):
+            return
+        spec = _grammar_spec(SamplingParams.from_dict(sampling_params))
+        if spec is None:
+            return
+        backend = self._grammar_backend
+        if backend is None:
+            backend = await asyncio.to_thread(self._grammar_backend_for, spec)
+        try:
+            await asyncio.wrap_future(backend.compile_async(spec))
+        except GrammarError as exc:
+            raise RequestError(str(exc), exc.param) from exc
+
+    def _grammar_backend_for(self, spec: GrammarSpec) -> Any:
+        with self._grammar_backend_lock:
             if self._grammar_backend is None and self._make_grammar_backend is not None:
                 try:
                     self._grammar_backend = self._make_grammar_backend()
@@ -72,9 +102,7 @@ class TokenizerManager:
                     "Structured outputs are disabled on this server (--grammar-backend none).",
                     spec.param,
                 )
-            self._grammar_backend.compile(spec)
-        except GrammarError as exc:
-            raise RequestError(str(exc), exc.param) from exc
+            return self._grammar_backend
 
     # -- requests ---------------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:
@@ -95,8 +123,10 @@ class TokenizerManager:
         stream: bool = False,
         priority: int | None = None,
         embedding: bool = False,
+        check_grammar: bool = True,
     ) -> tuple[TokenizedGenerateReq, RequestState]:
-        """Validate one request; raise RequestError (a ValueError) naming the bad field."""
+        """Validate one request; raise RequestError (a ValueError) naming the bad field.
+        check_grammar=False leaves the grammar to `check_grammar_async` (async callers)."""
         if (prompt is None) == (input_ids is None):
             raise RequestError("Exactly one of text (prompt) and input_ids must be given.", "text")
         if prompt is not None:
@@ -111,7 +141,8 @@ class TokenizerManager:
             )
         params = SamplingParams.from_dict(sampling_params)
         params.verify(self.vocab_size)
-        self._check_grammar(params)
+        if check_grammar:
+            self._check_grammar(params)
         self._check_length(len(ids), params)
         start = -1 if logprob_start_len is None else int(logprob_start_len)
         msg = TokenizedGenerateReq(
@@ -202,6 +233,13 @@ class TokenizerManager:
             meta["input_token_logprobs"] = state.input_token_logprobs
             meta["input_top_logprobs"] = state.input_top_logprobs
         return meta
+
+
+def _grammar_spec(params: SamplingParams) -> GrammarSpec | None:
+    try:
+        return spec_from_sampling_params(params)
+    except GrammarError as exc:
+        raise RequestError(str(exc), exc.param) from exc
 
 
 def _top(entries: list[tuple[float, int]] | None) -> list[list[Any]] | None:
