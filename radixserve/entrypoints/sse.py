@@ -13,7 +13,8 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from radixserve.entrypoints.openai.errors import ApiError, error_body, from_value_error
+from radixserve.entrypoints.openai.errors import ApiError, from_request_error, internal_error
+from radixserve.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
@@ -28,9 +29,9 @@ def sse_event(payload: Any) -> bytes:
 def error_event(exc: BaseException) -> bytes:
     if isinstance(exc, ApiError):
         return sse_event(exc.body())
-    if isinstance(exc, ValueError):
-        return sse_event(from_value_error(exc).body())
-    return sse_event(error_body("Internal server error.", 500))
+    if isinstance(exc, InvalidRequestError):
+        return sse_event(from_request_error(exc).body())
+    return sse_event(internal_error(exc, "after a stream started").body())
 
 
 async def sse_stream(
@@ -43,9 +44,7 @@ async def sse_stream(
             async for chunk in chunks:
                 yield sse_event(chunk)
         except Exception as exc:
-            if not isinstance(exc, ApiError | ValueError):
-                logger.exception("Stream failed after it started")
-            yield error_event(exc)
+            yield error_event(exc)  # logs anything that is not a client error
         yield DONE
     finally:
         # Release first: under a cancelled task group every later await raises again.

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from radixserve.errors import InvalidRequestError
 from radixserve.messages import BatchOutput, ControlCall, ControlReply, FinishReason, ReqOutput
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ class RequestRouter:
     def register(self, rid: str, sink: Sink) -> None:
         with self.lock:
             if rid in self.sinks:
-                raise ValueError(f"Duplicate request id {rid!r}.")
+                raise InvalidRequestError(f"Duplicate request id {rid!r}.", "rid")
             self.sinks[rid] = sink
 
     def num_in_flight(self) -> int:

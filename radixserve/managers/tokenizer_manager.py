@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.errors import InvalidRequestError
 from radixserve.messages import ReqOutput, TokenizedGenerateReq
 from radixserve.sampling.constrained import GrammarError, GrammarSpec, spec_from_sampling_params
 from radixserve.sampling.sampling_params import SamplingParams
@@ -22,12 +23,8 @@ from radixserve.sampling.sampling_params import SamplingParams
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
-class RequestError(ValueError):
+class RequestError(InvalidRequestError):
     """A request the engine refuses; `param` names the offending field."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 @dataclass
@@ -125,7 +122,7 @@ class TokenizerManager:
         embedding: bool = False,
         check_grammar: bool = True,
     ) -> tuple[TokenizedGenerateReq, RequestState]:
-        """Validate one request; raise RequestError (a ValueError) naming the bad field.
+        """Validate one request; raise RequestError (an InvalidRequestError) naming the bad field.
         check_grammar=False leaves the grammar to `check_grammar_async` (async callers)."""
         if (prompt is None) == (input_ids is None):
             raise RequestError("Exactly one of text (prompt) and input_ids must be given.", "text")

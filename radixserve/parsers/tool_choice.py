@@ -11,17 +11,18 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from radixserve.errors import InvalidRequestError
+
 logger = logging.getLogger(__name__)
 
 TOOL_CHOICE_MODES = ("none", "auto", "required")
 
 
-class ToolChoiceError(ValueError):
+class ToolChoiceError(InvalidRequestError):
     """Bad `tools` / `tool_choice`; `param` names the request field."""
 
     def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
+        super().__init__(message, param)
 
 
 def _function(tool: Any, k: int) -> Mapping[str, Any]:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
 
+from radixserve.errors import InvalidRequestError
+
 # Below this a temperature means greedy (SGLang turns it into temperature=1, top_k=1).
 SAMPLING_EPS = 1e-6
 # SGLang has no cap on n; we bound it because each sample is a full request in the batch.
@@ -49,12 +51,8 @@ _OPTIONAL_STR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 _ALIASES = {"seed": "sampling_seed"}
 
 
-class SamplingParamsError(ValueError):
+class SamplingParamsError(InvalidRequestError):
     """A sampling parameter has the wrong type or an out-of-range value."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 def _is_int(value: Any) -> bool:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -218,8 +219,60 @@ def test_engine_failure_non_stream_is_a_clean_500() -> None:
     with make_client(FakeEngine(fail_after=1)) as (client, _):
         r = client.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 4})
         err = assert_error(r, 500)
-        assert err["message"] == "Internal server error."
+        assert err["message"].startswith("Internal server error (request id err-")
         assert "/secret" not in r.text
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/generate"])
+def test_a_value_error_inside_the_engine_is_a_logged_500_not_a_400(
+    path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only InvalidRequestError (radixserve.errors) is the client's fault; a bare ValueError is
+    a bug: a 500 whose request id finds the logged traceback, and no host path in the body."""
+    body: dict[str, Any] = {"prompt": "Hi", "max_tokens": 4}
+    if path == "/generate":
+        body = {"text": "Hi", "sampling_params": {"max_new_tokens": 4}}
+    with make_client(FakeEngine(fail_after=1, fail_exc=ValueError)) as (client, _):
+        with caplog.at_level(logging.ERROR, logger="radixserve"):
+            r = client.post(path, json=body)
+        err = assert_error(r, 500)
+        assert err["type"] == "internal_server_error" and err["param"] is None
+        error_id = r.headers["X-Request-Id"]
+        assert error_id in err["message"] and "/secret" not in r.text
+        assert "Traceback" not in r.text
+        logged = [rec for rec in caplog.records if error_id in rec.getMessage()]
+        assert logged and logged[0].exc_info is not None
+        assert "/secret/host/path" in str(logged[0].exc_info[1])
+
+
+def test_a_value_error_mid_stream_is_a_logged_500_event(caplog: pytest.LogCaptureFixture) -> None:
+    engine = FakeEngine(fail_after=2, fail_exc=ValueError)
+    with make_client(engine) as (client, _), caplog.at_level(logging.ERROR, logger="radixserve"):
+        r = client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 6, "stream": True})
+    lines = [ln for ln in r.text.split("\n") if ln.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    err = json.loads(lines[-2][len("data: ") :])["error"]
+    assert err["code"] == 500 and "request id err-" in err["message"]
+    error_id = err["message"].split("request id ")[1].rstrip(").")
+    assert any(error_id in rec.getMessage() for rec in caplog.records)
+    assert "/secret" not in r.text
+
+
+def test_client_errors_share_one_base_class() -> None:
+    from radixserve.errors import InvalidRequestError
+    from radixserve.managers.request_router import RequestRouter
+    from radixserve.managers.tokenizer_manager import RequestError
+    from radixserve.parsers.tool_choice import ToolChoiceError
+    from radixserve.sampling.constrained import GrammarError
+    from radixserve.sampling.sampling_params import SamplingParamsError
+
+    for cls in (RequestError, SamplingParamsError, GrammarError, ToolChoiceError):
+        assert issubclass(cls, InvalidRequestError)
+    router = RequestRouter()
+    router.register("a", lambda out: None)
+    with pytest.raises(InvalidRequestError) as info:
+        router.register("a", lambda out: None)
+    assert info.value.param == "rid"
 
 
 def test_abort_with_error_status_becomes_that_status(client: TestClient) -> None:

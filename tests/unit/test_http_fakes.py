@@ -16,6 +16,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from radixserve.entrypoints.http_server import create_app
+from radixserve.errors import InvalidRequestError
 from radixserve.managers.detokenizer import IncrementalDetokenizer
 from radixserve.managers.tokenizer_manager import RequestError, TokenizerManager
 from radixserve.messages import FinishReason, ReqOutput, TokenizedGenerateReq
@@ -83,6 +84,8 @@ class FakeEngine:
         self.token_delay = float(engine_opts.get("token_delay", 0.0))
         self.gate: asyncio.Event | None = engine_opts.get("gate")
         self.fail_after: int | None = engine_opts.get("fail_after")
+        # What the scripted model raises at fail_after (an internal failure, not a client's).
+        self.fail_exc: type[Exception] = engine_opts.get("fail_exc", RuntimeError)
         self.active: dict[str, int] = {}
         self.aborted: list[str] = []
         self.abort_flags: set[str] = set()
@@ -184,7 +187,7 @@ class FakeEngine:
 
     async def _outputs(self, msg: TokenizedGenerateReq) -> AsyncIterator[ReqOutput]:
         if msg.rid in self.active:
-            raise ValueError(f"Duplicate request id {msg.rid!r}.")
+            raise InvalidRequestError(f"Duplicate request id {msg.rid!r}.", "rid")
         key = tuple(msg.input_ids)
         cached = len(key) - 1 if key in self.seen_prompts else 0
         self.seen_prompts.add(key)
@@ -234,7 +237,7 @@ class FakeEngine:
             else:
                 await asyncio.sleep(0)
             if self.fail_after is not None and step >= self.fail_after:
-                raise RuntimeError("/secret/host/path exploded")
+                raise self.fail_exc("/secret/host/path exploded")
             out_ids.append(tid)
             finish = self._finish(msg, out_ids, limit, stops, stop_ids)
             yield self._output(msg, tid, finish, len(out_ids), cached, first=step == 0)

@@ -29,8 +29,11 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     ),
     "radixserve.kernels": ("radixserve.kernels",),
     "radixserve.mem_cache": ("radixserve.mem_cache",),
-    "radixserve.sampling": ("radixserve.sampling",),
+    # radixserve.errors is a leaf (it imports nothing): the client-error base class.
+    "radixserve.sampling": ("radixserve.sampling", "radixserve.errors"),
+    "radixserve.errors": (),
     "radixserve.managers.tokenizer_manager": (
+        "radixserve.errors",
         "radixserve.managers.detokenizer",
         "radixserve.messages",
         "radixserve.sampling.sampling_params",

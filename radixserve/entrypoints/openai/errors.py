@@ -1,14 +1,17 @@
 """One error shape for every route: OpenAI's `{"error": {"message", "type", "param", "code"}}`.
 
-Handlers raise `ApiError` (or let a `ValueError` carrying `.param` escape); the exception
-handlers installed by `install_error_handlers` turn everything into that body. Bodies never
-carry a traceback or a host path: unexpected exceptions become a generic 500 and are logged.
+Handlers raise `ApiError`, or let an `InvalidRequestError` (radixserve.errors: the one base of
+every client error, carrying `.param`) escape to become a 400; the exception handlers installed
+by `install_error_handlers` turn everything into that body. Any other exception, a ValueError
+from a bug included, is an internal error: logged with a fresh error id, answered with a 500
+whose body carries only that id. Bodies never carry a traceback or a host path.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import uuid
 from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
@@ -18,6 +21,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from radixserve.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
@@ -92,16 +97,30 @@ def bad_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
-def from_value_error(exc: ValueError, param_names: Mapping[str, str] | None = None) -> ApiError:
-    """A 400 for a ValueError from the engine (`RequestError`, `SamplingParamsError`), with
-    the engine's parameter name mapped back to the name the client used."""
-    param = getattr(exc, "param", None)
+def from_request_error(
+    exc: InvalidRequestError, param_names: Mapping[str, str] | None = None
+) -> ApiError:
+    """A 400 for a client error from the engine (`RequestError`, `SamplingParamsError`,
+    `GrammarError`, ...), with the engine's parameter name mapped back to the client's."""
+    param = exc.param
     message = scrub(str(exc)) or "Invalid request."
     if param_names and param in param_names:
         new = param_names[param]
         message = message.replace(param, new)
         param = new
     return ApiError(400, message, param=param)
+
+
+def internal_error(exc: BaseException, context: str) -> ApiError:
+    """A 500 for an unexpected exception: logged (with its traceback) under a fresh error id,
+    which is all the client sees of it."""
+    error_id = f"err-{uuid.uuid4().hex[:16]}"
+    logger.error("Internal error %s %s", error_id, context, exc_info=exc)
+    return ApiError(
+        500,
+        f"Internal server error (request id {error_id}).",
+        headers={"X-Request-Id": error_id},
+    )
 
 
 def validation_error_to_api(exc: ValidationError | RequestValidationError) -> ApiError:
@@ -162,7 +181,10 @@ def install_error_handlers(app: FastAPI) -> None:
         message = detail or HTTPStatus(exc.status_code).phrase
         return ApiError(exc.status_code, message, headers=exc.headers).response()
 
+    @app.exception_handler(InvalidRequestError)
+    async def _invalid_request(_: Request, exc: InvalidRequestError) -> JSONResponse:
+        return from_request_error(exc).response()
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("Unhandled error on %s %s", request.method, request.url.path)
-        return ApiError(500, "Internal server error.").response()
+        return internal_error(exc, f"on {request.method} {request.url.path}").response()

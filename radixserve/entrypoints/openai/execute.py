@@ -1,5 +1,6 @@
-"""Admit a generation request, then run it (non-stream) or open its streams, mapping engine
-validation errors to 400s that name the client's field. Shared by every generating route."""
+"""Admit a generation request, then run it (non-stream) or open its streams, mapping the
+engine's client errors (InvalidRequestError) to 400s that name the client's field; anything
+else reaches the app's handler as a 500. Shared by every generating route."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from starlette.requests import Request
 
 from radixserve.entrypoints.generation import GenItem, LogprobOptions
 from radixserve.entrypoints.http_state import Ticket
-from radixserve.entrypoints.openai.errors import from_value_error
+from radixserve.entrypoints.openai.errors import from_request_error
 from radixserve.entrypoints.serving_context import ServingContext
+from radixserve.errors import InvalidRequestError
 
 
 class Started(NamedTuple):
@@ -37,9 +39,9 @@ async def start_generation(
             streams = await ctx.runner.open_streams(items, opts)
             return Started(None, streams, ticket)
         results = await ctx.runner.run(request, items, opts)
-    except ValueError as exc:
+    except InvalidRequestError as exc:
         ticket.release()
-        raise from_value_error(exc, param_names) from exc
+        raise from_request_error(exc, param_names) from exc
     except BaseException:
         ticket.release()
         raise

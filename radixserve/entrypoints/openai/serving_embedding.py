@@ -11,10 +11,11 @@ from typing import Any
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
-from radixserve.entrypoints.openai.errors import ApiError, from_value_error
+from radixserve.entrypoints.openai.errors import ApiError, from_request_error
 from radixserve.entrypoints.openai.protocol import EmbeddingRequest
 from radixserve.entrypoints.request_body import read_json, read_model
 from radixserve.entrypoints.serving_context import ServingContext, get_ctx
+from radixserve.errors import InvalidRequestError
 
 NOT_EMBEDDING = "This server does not serve an embedding model (start it with --is-embedding)."
 NOT_IMPLEMENTED = "Embedding models are not supported by this engine yet."
@@ -42,8 +43,8 @@ async def create_embedding(request: Request) -> Response:
     )
     try:
         results = await encode(**{key: inputs})
-    except ValueError as exc:
-        raise from_value_error(exc, {"text": "input", "input_ids": "input"}) from exc
+    except InvalidRequestError as exc:
+        raise from_request_error(exc, {"text": "input", "input_ids": "input"}) from exc
     results = results if isinstance(results, list) else [results]
     data = [
         {"object": "embedding", "index": i, "embedding": r["embedding"]}
@@ -64,6 +65,6 @@ async def encode(request: Request) -> Response:
         result = await encoder(
             prompt=body.get("text"), input_ids=body.get("input_ids"), rid=body.get("rid")
         )
-    except ValueError as exc:
-        raise from_value_error(exc) from exc
+    except InvalidRequestError as exc:
+        raise from_request_error(exc) from exc
     return JSONResponse(result)

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from radixserve.errors import InvalidRequestError
+
 if TYPE_CHECKING:
     from radixserve.sampling.sampling_params import SamplingParams
 
@@ -37,14 +39,13 @@ _PARAM_OF_KIND = {
 _NATIVE_PREFIX = re.compile(r"^\[[\d:]+\]\s+\S+:\d+:\s*(Check failed:.*?is false:\s*)?")
 
 
-class GrammarError(ValueError):
+class GrammarError(InvalidRequestError):
     """A grammar that cannot be used: invalid regex / schema / EBNF / structural tag, a feature
     the chosen backend lacks, or a compile that took too long. The API layer reports it as a
     400 naming ``param``."""
 
     def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
+        super().__init__(message, param)
 
 
 @dataclass(frozen=True)
