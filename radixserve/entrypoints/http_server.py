@@ -252,6 +252,9 @@ def launch_server(server_args: Any) -> None:
                 _PathPrefixFilter(config.access_log_exclude_prefixes)
             )
         logger.info("Serving %s on %s:%d", config.served_model_name, config.host, config.port)
+        from radixserve.sampling.constrained.registry import describe_grammar_backend
+
+        logger.log(*describe_grammar_backend(server_args.grammar_backend))
         server.run()
     finally:
         engine.shutdown()

@@ -47,7 +47,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--grammar-backend",
         STR,
         None,
-        "Backend for grammar-constrained decoding (resolved to xgrammar when unset).",
+        "Backend for grammar-constrained decoding (when unset: the first installed of "
+        "xgrammar, llguidance, outlines).",
         choices=("xgrammar", "outlines", "llguidance", "none"),
         support=IMPLEMENTED,
     ),

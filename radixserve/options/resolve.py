@@ -7,6 +7,7 @@ where a CPU needs different numbers, which is said where it happens.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import random
 from typing import Any, NamedTuple
@@ -134,7 +135,24 @@ def _resolve_backends(values: dict[str, Any]) -> None:
     for phase in ("prefill_attention_backend", "decode_attention_backend"):
         values[phase] = values.get(phase) or values["attention_backend"]
     values["sampling_backend"] = values.get("sampling_backend") or "pytorch"
-    values["grammar_backend"] = values.get("grammar_backend") or "xgrammar"
+    values["grammar_backend"] = values.get("grammar_backend") or default_grammar_backend()
+
+
+# --grammar-backend when unset: the first of these whose library is installed (SGLang's default
+# first; llguidance is a core dependency, so a plain `pip install` always has one). The library
+# names are those of radixserve.sampling.constrained.registry, which imports torch.
+GRAMMAR_BACKEND_PREFERENCE = (
+    ("xgrammar", "xgrammar"),
+    ("llguidance", "llguidance"),
+    ("outlines", "outlines_core"),
+)
+
+
+def default_grammar_backend() -> str:
+    for name, library in GRAMMAR_BACKEND_PREFERENCE:
+        if importlib.util.find_spec(library) is not None:
+            return name
+    return GRAMMAR_BACKEND_PREFERENCE[0][0]  # none installed: its error names the package
 
 
 def _resolve_renamed(values: dict[str, Any]) -> None:

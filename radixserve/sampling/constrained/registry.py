@@ -29,6 +29,21 @@ def available_grammar_backends() -> tuple[str, ...]:
     )
 
 
+def describe_grammar_backend(name: str | None) -> tuple[int, str]:
+    """A startup log line (level, message) saying which backend structured outputs use."""
+    installed = available_grammar_backends()
+    listed = ", ".join(installed) or "none"
+    if name is None or name == "none":
+        return logging.INFO, "Structured outputs are disabled (--grammar-backend none)."
+    if name not in installed:
+        package = _BACKENDS[name][2] if name in _BACKENDS else name
+        return logging.WARNING, (
+            f"Grammar backend {name} is not installed (installed: {listed}): structured-output "
+            f"requests will be refused; install {package} or pick another --grammar-backend."
+        )
+    return logging.INFO, f"Structured outputs use the {name} grammar backend (installed: {listed})."
+
+
 def create_grammar_backend(
     name: str | None, tokenizer: Any, vocab_size: int, **kwargs: Any
 ) -> GrammarBackend | None:
