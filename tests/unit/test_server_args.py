@@ -14,6 +14,7 @@ import pytest
 
 from radixserve import default_model
 from radixserve.options import hardware, registry
+from radixserve.options.resolve import default_grammar_backend
 from radixserve.options.spec import Kind, Support
 from radixserve.options.validate import validate_against_model
 from radixserve.server_args import ServerArgs, ServerArgsError
@@ -62,7 +63,7 @@ def test_cli_resolves_every_auto_for_cpu(monkeypatch: pytest.MonkeyPatch) -> Non
     assert args.attention_backend == args.prefill_attention_backend == "intel_amx"
     assert args.decode_attention_backend == "intel_amx"
     assert args.sampling_backend == "pytorch"
-    assert args.grammar_backend == "xgrammar"
+    assert args.grammar_backend == default_grammar_backend()  # the first installed
     assert args.log_level_http == "info"
     assert args.cuda_graph_max_bs_decode == args.torch_compile_max_bs == 32
     assert args.not_applicable == ()
