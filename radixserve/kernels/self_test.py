@@ -88,14 +88,15 @@ def check_gguf(ext: object) -> None:
         scales = (torch.rand(n, k // 32, 2) * 0.02).to(torch.float16).view(torch.uint8)
         blocks[..., 0:4] = scales.reshape(n, k // 32, 4)
         blocks = blocks.reshape(n, -1).contiguous()
-        x = torch.randn(6, k)
-        # Activations are quantized to int16 per block of 32: ~1e-4 relative error at most.
-        _close(
-            "gguf_linear",
-            ext.gguf_linear(x, blocks, qtype, n),
-            reference.gguf_linear(x, blocks, qtype, n),
-            1e-3,
-        )
+        for rows in (1, 2, 3, 6):  # every row-tile size the kernel specialises
+            x = torch.randn(rows, k)
+            # Activations are quantized to int16 per block of 32: ~1e-4 relative error at most.
+            _close(
+                "gguf_linear",
+                ext.gguf_linear(x, blocks, qtype, n),
+                reference.gguf_linear(x, blocks, qtype, n),
+                1e-3,
+            )
 
 
 CHECKS: tuple[Check, ...] = (check_elementwise, check_rope_and_attention, check_gguf)

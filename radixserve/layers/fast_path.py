@@ -13,9 +13,9 @@ _FUSABLE = (RMSNorm, SiluAndMul)
 
 def use_fast_kernels(model: nn.Module, enabled: bool) -> int:
     """Set the fused-kernel switch on every fusable module; returns how many were switched.
-    Decoder layers that llama_layer can run whole also get use_fused_layer (call this again
-    after changing a model's weights' form, e.g. GGUF quantization)."""
-    from radixserve.layers.fused_decoder import fusable
+    Decoder layers that llama_layer can run whole also get its static arguments, fused_args
+    (call this again after changing a model's weights' form, e.g. GGUF quantization)."""
+    from radixserve.layers.fused_decoder import fusable, fused_layer_args
     from radixserve.models.llama import LlamaDecoderLayer
 
     count = 0
@@ -24,5 +24,5 @@ def use_fast_kernels(model: nn.Module, enabled: bool) -> int:
             module.use_fast_kernels = enabled
             count += 1
         elif isinstance(module, LlamaDecoderLayer):
-            module.use_fused_layer = enabled and fusable(module)
+            module.fused_args = fused_layer_args(module) if enabled and fusable(module) else None
     return count

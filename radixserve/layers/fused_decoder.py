@@ -10,7 +10,7 @@ no per-head q/k norm, and every projection is a float or GGUF-block weight.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import nn
@@ -46,22 +46,63 @@ def _projection(linear: nn.Module) -> tuple[torch.Tensor, int, torch.Tensor] | N
 
 def fusable(layer: LlamaDecoderLayer) -> bool:
     """Whether llama_layer can run this layer (static properties only)."""
-    attn = layer.self_attn
     eps = layer.input_layernorm.variance_epsilon
     return (
         ops.using_cpp_kernels()
-        and attn.q_norm is None
+        and layer.self_attn.q_norm is None
         and isinstance(layer.mlp.act_fn, SiluAndMul)
         and layer.post_attention_layernorm.variance_epsilon == eps
-        and all(
-            _projection(p) is not None
-            for p in (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
-        )
+        and fused_layer_args(layer) is not None
+    )
+
+
+class FusedLayerArgs(NamedTuple):
+    """The arguments of llama_layer that do not change from step to step (gathered once per
+    layer: the per-step Python work is then a few attribute reads)."""
+
+    norms: list[torch.Tensor]
+    eps: float
+    weights: list[torch.Tensor]
+    qtypes: list[int]
+    biases: list[torch.Tensor]
+    cos_sin: torch.Tensor
+    rot_dim: int
+    neox: bool
+    layer_id: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    scale: float
+
+
+def fused_layer_args(layer: LlamaDecoderLayer) -> FusedLayerArgs | None:
+    attn = layer.self_attn
+    projections = [
+        _projection(p)
+        for p in (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+    ]
+    if any(p is None for p in projections):
+        return None
+    rotary, radix = attn.rotary_emb, attn.attn
+    return FusedLayerArgs(
+        norms=[layer.input_layernorm.weight, layer.post_attention_layernorm.weight],
+        eps=layer.input_layernorm.variance_epsilon,
+        weights=[p[0] for p in projections],  # type: ignore[index]
+        qtypes=[p[1] for p in projections],  # type: ignore[index]
+        biases=[p[2] for p in projections],  # type: ignore[index]
+        cos_sin=rotary.cos_sin_cache,
+        rot_dim=rotary.rotary_dim,
+        neox=rotary.is_neox_style,
+        layer_id=radix.layer_id,
+        heads=radix.num_heads,
+        kv_heads=radix.num_kv_heads,
+        head_dim=radix.head_dim,
+        scale=radix.scaling,
     )
 
 
 def run_fused_layer(
-    layer: LlamaDecoderLayer,
+    args: FusedLayerArgs,
     positions: torch.Tensor,
     hidden: torch.Tensor,
     residual: torch.Tensor | None,
@@ -79,36 +120,27 @@ def run_fused_layer(
         or (residual is not None and not residual.is_contiguous())
     ):
         return None
-    attn = layer.self_attn
-    projections = [
-        _projection(p)
-        for p in (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
-    ]
-    if any(p is None for p in projections):
-        return None
-    rotary, radix = attn.rotary_emb, attn.attn
-    k_buf, v_buf = forward_batch.kv_cache.get_kv(radix.layer_id)
+    k_buf, v_buf = forward_batch.kv_cache.get_kv(args.layer_id)
     meta = backend.paged_meta
-    out, res = ops.llama_layer(
+    return ops.llama_layer(
         hidden,
         residual if residual is not None else _NO_BIAS,
-        [layer.input_layernorm.weight, layer.post_attention_layernorm.weight],
-        layer.input_layernorm.variance_epsilon,
-        [p[0] for p in projections],  # type: ignore[index]
-        [p[1] for p in projections],  # type: ignore[index]
-        [p[2] for p in projections],  # type: ignore[index]
+        args.norms,
+        args.eps,
+        args.weights,
+        args.qtypes,
+        args.biases,
         positions,
-        rotary.cos_sin_cache,
-        rotary.rotary_dim,
-        rotary.is_neox_style,
+        args.cos_sin,
+        args.rot_dim,
+        args.neox,
         k_buf,
         v_buf,
         forward_batch.out_cache_loc,
         forward_batch.req_to_token,
         [meta.req_pool_indices, meta.prefix_lens, meta.extend_lens, meta.q_starts],
-        radix.num_heads,
-        radix.num_kv_heads,
-        radix.head_dim,
-        radix.scaling,
+        args.heads,
+        args.kv_heads,
+        args.head_dim,
+        args.scale,
     )
-    return out, res

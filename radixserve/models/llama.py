@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from radixserve.layers.activation import get_act_and_mul
-from radixserve.layers.fused_decoder import run_fused_layer
+from radixserve.layers.fused_decoder import FusedLayerArgs, run_fused_layer
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.linear import (
     MergedColumnParallelLinear,
@@ -119,8 +119,9 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    # Set by layers.fast_path where the whole layer can run as one C++ call.
-    use_fused_layer = False
+    # Set by layers.fast_path where the whole layer can run as one C++ call: the kernel's
+    # static arguments (weights, shapes), else None.
+    fused_args: FusedLayerArgs | None = None
 
     def forward(
         self,
@@ -129,8 +130,8 @@ class LlamaDecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         forward_batch: ForwardBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.use_fused_layer:
-            fused = run_fused_layer(self, positions, hidden, residual, forward_batch)
+        if self.fused_args is not None:
+            fused = run_fused_layer(self.fused_args, positions, hidden, residual, forward_batch)
             if fused is not None:
                 return fused
         # The residual stream is carried separately so each norm can fuse the preceding add.

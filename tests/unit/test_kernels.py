@@ -124,7 +124,7 @@ def _run_steps(
     if not fused:
         for module in model.modules():
             if isinstance(module, LlamaDecoderLayer):
-                module.use_fused_layer = False
+                module.fused_args = None
     try:
         return [
             driver.forward([(0, [5, 6, 7, 8, 9, 10, 11]), (1, [3, 4])], all_logits=True),
@@ -226,4 +226,4 @@ def test_fused_layer_not_used_where_it_cannot_run(monkeypatch: pytest.MonkeyPatc
     llama, _ = _tiny_model("llama")
     monkeypatch.setattr(ops, "load_extension", lambda: None)
     use_fast_kernels(llama, True)
-    assert not any(m.use_fused_layer for m in llama.modules() if isinstance(m, LlamaDecoderLayer))
+    assert all(m.fused_args is None for m in llama.modules() if isinstance(m, LlamaDecoderLayer))

@@ -97,28 +97,98 @@ inline __m256 dot_block(__m256i w_lo, __m256i w_hi, const int16_t* x) {
 }
 #endif
 
-// out[r, n] for rows r in [r0, r0 + rows) and one weight row n.
-void dot_row_q4_1(const uint8_t* wrow, const QuantizedRows& xq, int64_t r0, int64_t rows,
-                  int64_t k, float* out_col, int64_t out_stride) {
-  const int64_t nb = k / kBlock;
+// out[r, n] for activation rows r in [r0, r0 + R) and one weight row n. R is a template
+// parameter so the accumulators live in registers (with a run-time row count they spill to the
+// stack, and every block then waits on a store and a reload: about 2x slower).
 #if defined(__AVX2__)
-  __m256 acc[kRowTile];
-  float offset[kRowTile] = {0, 0, 0, 0};
-  for (int64_t r = 0; r < rows; ++r) acc[r] = _mm256_setzero_ps();
+template <int R>
+void dot_rows_q4_1(const uint8_t* wrow, const QuantizedRows& xq, int64_t r0, int64_t k,
+                   float* out_col, int64_t out_stride) {
+  const int64_t nb = k / kBlock;
+  __m256 acc[R];
+  __m256 offset[R];  // m * sum(x) per block, in lane 0 (kept in vectors: no scalar chain)
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    offset[r] = _mm256_setzero_ps();
+  }
+  const int16_t* xq_base = xq.q.data() + r0 * k;
+  const float* scale_base = xq.scale.data() + r0 * nb;
+  const float* sum_base = xq.sum.data() + r0 * nb;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = wrow + b * kQ4_1Bytes;
-    const float d = half_to_float(blk), m = half_to_float(blk + 2);
+    const __m256 d = _mm256_set1_ps(half_to_float(blk));
+    const __m256 m = _mm256_set1_ps(half_to_float(blk + 2));
     __m256i w_lo, w_hi;
     unpack_q4(blk + 4, &w_lo, &w_hi);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t row = r0 + r;
-      const __m256 p = dot_block(w_lo, w_hi, xq.q.data() + row * k + b * kBlock);
-      acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xq.scale[row * nb + b]), acc[r]);
-      offset[r] += m * xq.sum[row * nb + b];
+    for (int r = 0; r < R; ++r) {
+      const __m256 p = dot_block(w_lo, w_hi, xq_base + r * k + b * kBlock);
+      const __m256 xs = _mm256_broadcast_ss(scale_base + r * nb + b);
+      acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(d, xs), acc[r]);
+      offset[r] = _mm256_fmadd_ps(m, _mm256_broadcast_ss(sum_base + r * nb + b), offset[r]);
     }
   }
-  for (int64_t r = 0; r < rows; ++r) out_col[r * out_stride] = hsum(acc[r]) + offset[r];
+  for (int r = 0; r < R; ++r) {
+    out_col[r * out_stride] = hsum(acc[r]) + _mm256_cvtss_f32(offset[r]);
+  }
+}
+
+template <int R>
+void dot_rows_q8_0(const uint8_t* wrow, const QuantizedRows& xq, int64_t r0, int64_t k,
+                   float* out_col, int64_t out_stride) {
+  const int64_t nb = k / kBlock;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const int16_t* xq_base = xq.q.data() + r0 * k;
+  const float* scale_base = xq.scale.data() + r0 * nb;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = wrow + b * kQ8_0Bytes;
+    const __m256 d = _mm256_set1_ps(half_to_float(blk));
+    __m256i w_lo, w_hi;
+    unpack_q8(blk + 2, &w_lo, &w_hi);
+    for (int r = 0; r < R; ++r) {
+      const __m256 p = dot_block(w_lo, w_hi, xq_base + r * k + b * kBlock);
+      const __m256 xs = _mm256_broadcast_ss(scale_base + r * nb + b);
+      acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(d, xs), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out_col[r * out_stride] = hsum(acc[r]);
+}
+
+template <template <int> class Kernel>
+void dispatch_rows(int64_t rows, const uint8_t* wrow, const QuantizedRows& xq, int64_t r0,
+                   int64_t k, float* out_col, int64_t out_stride) {
+  switch (rows) {
+    case 1: Kernel<1>::run(wrow, xq, r0, k, out_col, out_stride); break;
+    case 2: Kernel<2>::run(wrow, xq, r0, k, out_col, out_stride); break;
+    case 3: Kernel<3>::run(wrow, xq, r0, k, out_col, out_stride); break;
+    default: Kernel<4>::run(wrow, xq, r0, k, out_col, out_stride); break;
+  }
+}
+
+template <int R>
+struct Q4_1Kernel {
+  static void run(const uint8_t* w, const QuantizedRows& xq, int64_t r0, int64_t k, float* o,
+                  int64_t s) {
+    dot_rows_q4_1<R>(w, xq, r0, k, o, s);
+  }
+};
+
+template <int R>
+struct Q8_0Kernel {
+  static void run(const uint8_t* w, const QuantizedRows& xq, int64_t r0, int64_t k, float* o,
+                  int64_t s) {
+    dot_rows_q8_0<R>(w, xq, r0, k, o, s);
+  }
+};
+static_assert(kRowTile == 4, "dispatch_rows covers tiles of up to 4 rows");
+#endif
+
+void dot_row_q4_1(const uint8_t* wrow, const QuantizedRows& xq, int64_t r0, int64_t rows,
+                  int64_t k, float* out_col, int64_t out_stride) {
+#if defined(__AVX2__)
+  dispatch_rows<Q4_1Kernel>(rows, wrow, xq, r0, k, out_col, out_stride);
 #else
+  const int64_t nb = k / kBlock;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t row = r0 + r;
     float total = 0.0f;
@@ -139,23 +209,10 @@ void dot_row_q4_1(const uint8_t* wrow, const QuantizedRows& xq, int64_t r0, int6
 
 void dot_row_q8_0(const uint8_t* wrow, const QuantizedRows& xq, int64_t r0, int64_t rows,
                   int64_t k, float* out_col, int64_t out_stride) {
-  const int64_t nb = k / kBlock;
 #if defined(__AVX2__)
-  __m256 acc[kRowTile];
-  for (int64_t r = 0; r < rows; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = wrow + b * kQ8_0Bytes;
-    const float d = half_to_float(blk);
-    __m256i w_lo, w_hi;
-    unpack_q8(blk + 2, &w_lo, &w_hi);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t row = r0 + r;
-      const __m256 p = dot_block(w_lo, w_hi, xq.q.data() + row * k + b * kBlock);
-      acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * xq.scale[row * nb + b]), acc[r]);
-    }
-  }
-  for (int64_t r = 0; r < rows; ++r) out_col[r * out_stride] = hsum(acc[r]);
+  dispatch_rows<Q8_0Kernel>(rows, wrow, xq, r0, k, out_col, out_stride);
 #else
+  const int64_t nb = k / kBlock;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t row = r0 + r;
     float total = 0.0f;
@@ -198,11 +255,13 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
   const uint8_t* wp = blocks.data_ptr<uint8_t>();
   const int64_t row_bytes = blocks.size(1);
   auto dot = qtype == kQ4_1 ? dot_row_q4_1 : dot_row_q8_0;
-  // Each thread owns a range of output columns; activations (small) are re-read per column.
+  // Each thread owns a range of output columns. A weight row is read from memory once and
+  // stays in L1 while every tile of activation rows (quantized, re-read from L2) passes over it;
+  // with the tiles outside, the weights would stream from memory once per 4 rows.
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r0 = 0; r0 < m; r0 += kRowTile) {
-      const int64_t rows = std::min(kRowTile, m - r0);
-      for (int64_t col = begin; col < end; ++col) {
+    for (int64_t col = begin; col < end; ++col) {
+      for (int64_t r0 = 0; r0 < m; r0 += kRowTile) {
+        const int64_t rows = std::min(kRowTile, m - r0);
         dot(wp + col * row_bytes, xq, r0, rows, k, op + r0 * n + col, n);
       }
     }
