@@ -244,6 +244,11 @@ def launch_server(server_args: Any) -> None:
     except Exception:
         logger.exception("The engine failed to start")
         raise SystemExit(1) from None
+    cpu_plan = getattr(engine.runtime, "cpu_plan", None)
+    if cpu_plan is not None:  # the model runs in child processes: keep off their cores
+        from radixserve.utils.cpu_threads import run_light
+
+        run_light(cpu_plan)
     try:
         app = create_app(engine, server_args)
         server = DrainingServer(_uvicorn_config(app, config), app.state.ctx)

@@ -31,6 +31,7 @@ SOURCES = (
     "attention.cpp",
     "gguf_gemm.cpp",
     "fused_layer.cpp",
+    "threads.cpp",
 )
 BUILD_VERSION = 1  # bump when the sources change in a way the file hashes would not show
 

@@ -165,3 +165,12 @@ def llama_layer(*args: object) -> tuple[torch.Tensor, torch.Tensor]:
         raise RuntimeError("llama_layer needs the C++ kernels")
     out, residual = ext.llama_layer(*args)
     return out, residual
+
+
+def bind_threads(cpus: list[int]) -> bool:
+    """Pin PyTorch's OpenMP thread i to cpus[i]; False where the C++ kernels are not built (the
+    pure-PyTorch fallback can only pin the whole process)."""
+    ext = load_extension()
+    if ext is None:
+        return False
+    return int(ext.bind_threads(cpus)) == len(cpus)

@@ -11,6 +11,7 @@ from radixserve.managers.detokenizer_manager import DetokenizerManager
 from radixserve.managers.process_utils import start_child
 from radixserve.managers.scheduler_factory import load_tokenizer
 from radixserve.messages import BatchOutput, SchedulerReady
+from radixserve.utils.cpu_threads import CpuPlan, run_light
 
 if TYPE_CHECKING:
     from radixserve.server_args import ServerArgs
@@ -19,9 +20,10 @@ logger = logging.getLogger(__name__)
 
 
 def run_detokenizer_process(
-    server_args: ServerArgs, in_addr: str, out_addr: str, parent_pid: int
+    server_args: ServerArgs, in_addr: str, out_addr: str, parent_pid: int, cpu_plan: CpuPlan
 ) -> None:
     receiver, sender = start_child("detokenizer", server_args, in_addr, out_addr, parent_pid)
+    run_light(cpu_plan)
     signal.signal(signal.SIGTERM, _exit_on_signal)
     manager: DetokenizerManager | None = None
     while True:

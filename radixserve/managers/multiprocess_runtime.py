@@ -27,6 +27,7 @@ from radixserve.managers.process_utils import ipc_address
 from radixserve.managers.request_router import RequestRouter, RuntimeDeadError, Sink
 from radixserve.managers.scheduler_process import run_scheduler_process
 from radixserve.messages import AbortReq, SchedulerFailed, SchedulerReady, TokenizedGenerateReq
+from radixserve.utils.cpu_threads import plan_cpus
 
 if TYPE_CHECKING:
     from radixserve.server_args import ServerArgs
@@ -63,16 +64,18 @@ class MultiProcessRuntime:
         self._send_lock = threading.Lock()
         spawn = mp.get_context("spawn")
         pid = os.getpid()
+        # Decided here, before any process changes its affinity: the children inherit ours.
+        self.cpu_plan = plan_cpus()
         self.processes = [
             spawn.Process(
                 target=run_scheduler_process,
-                args=(server_args, sched_in, detok_in, pid),
+                args=(server_args, sched_in, detok_in, pid, self.cpu_plan),
                 name="radixserve-scheduler",
                 daemon=True,
             ),
             spawn.Process(
                 target=run_detokenizer_process,
-                args=(server_args, detok_in, api_in, pid),
+                args=(server_args, detok_in, api_in, pid, self.cpu_plan),
                 name="radixserve-detokenizer",
                 daemon=True,
             ),

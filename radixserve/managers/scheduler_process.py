@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from radixserve.managers.process_utils import start_child
 from radixserve.managers.scheduler_factory import build_scheduler
 from radixserve.messages import SchedulerFailed
+from radixserve.utils.cpu_threads import CpuPlan, claim_compute_cores
 
 if TYPE_CHECKING:
     from radixserve.server_args import ServerArgs
@@ -21,10 +22,11 @@ logger = logging.getLogger(__name__)
 
 
 def run_scheduler_process(
-    server_args: ServerArgs, in_addr: str, out_addr: str, parent_pid: int
+    server_args: ServerArgs, in_addr: str, out_addr: str, parent_pid: int, cpu_plan: CpuPlan
 ) -> None:
     receiver, sender = start_child("scheduler", server_args, in_addr, out_addr, parent_pid)
     try:
+        claim_compute_cores(cpu_plan)
         scheduler, _, ready = build_scheduler(server_args)
     except Exception as exc:
         logger.error("The scheduler failed to start: %s", exc)

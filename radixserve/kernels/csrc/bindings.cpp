@@ -14,4 +14,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_attention", &radixserve::paged_attention);
   m.def("gguf_linear", &radixserve::gguf_linear);
   m.def("llama_layer", &radixserve::llama_layer);
+  m.def("bind_threads", &radixserve::bind_threads);
 }

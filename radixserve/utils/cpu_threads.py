@@ -1,0 +1,131 @@
+"""Who runs on which CPU cores.
+
+The scheduler's compute threads own the cores: its process is pinned to them and PyTorch (and
+radixserve's C++ kernels, which share PyTorch's OpenMP pool) run one thread per core. The API
+and detokenizer processes do light Python work; they run a single PyTorch thread (an idle
+OpenMP team there would only compete with the compute threads) and, where the machine has
+cores outside the compute set, stay on those.
+
+SGLang's SGLANG_CPU_OMP_THREADS_BIND chooses the compute cores ("0-31|32-63": one core list
+per tensor-parallel rank); it also pins each compute thread to its own core. Without it, the
+compute set is every core this process may use, and threads are left to the OS to place (on a
+machine shared with other work, a pinned thread cannot move off a busy core).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+BIND_ENV = "SGLANG_CPU_OMP_THREADS_BIND"
+
+
+@dataclass(frozen=True)
+class CpuPlan:
+    compute: tuple[int, ...]  # the scheduler's cores, one compute thread each
+    light: tuple[int, ...]  # where the API and detokenizer run: spare cores, else all
+    pin_threads: bool  # one compute thread per core (SGLANG_CPU_OMP_THREADS_BIND given)
+
+    def describe(self) -> str:
+        where = "spare cores " + _format(self.light) if self.light != self.compute else "shared"
+        pinned = ", one thread pinned per core" if self.pin_threads else ""
+        return (
+            f"{len(self.compute)} compute threads on CPUs {_format(self.compute)}{pinned}; "
+            f"API and detokenizer: 1 thread each ({where})"
+        )
+
+
+def _format(cpus: Sequence[int]) -> str:
+    return ",".join(str(c) for c in cpus)
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """'0-3,6' -> [0, 1, 2, 3, 6]; ValueError on anything else."""
+    cpus: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        low, sep, high = part.partition("-")
+        if not low.isdigit() or (sep and not high.isdigit()):
+            raise ValueError(f"not a CPU list: {text!r} (expected e.g. '0-3,6')")
+        first, last = int(low), int(high) if sep else int(low)
+        if last < first:
+            raise ValueError(f"not a CPU list: {text!r} ({part} runs backwards)")
+        cpus.extend(range(first, last + 1))
+    if not cpus:
+        raise ValueError(f"not a CPU list: {text!r} (no CPUs)")
+    return sorted(set(cpus))
+
+
+def _allowed_cpus() -> list[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))  # no affinity API (macOS): every CPU
+
+
+def _set_affinity(cpus: Sequence[int]) -> None:
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)
+
+
+def plan_cpus(
+    tp_rank: int = 0,
+    env: Mapping[str, str] | None = None,
+    allowed: Sequence[int] | None = None,
+) -> CpuPlan:
+    """The compute and light CPU sets for the scheduler of `tp_rank`."""
+    env = os.environ if env is None else env
+    if allowed is None:
+        allowed = _allowed_cpus()
+    usable = sorted(allowed)
+    spec = env.get(BIND_ENV, "").strip()
+    if spec:
+        ranks = spec.split("|")
+        if tp_rank >= len(ranks):
+            raise ValueError(
+                f"{BIND_ENV}={spec!r} lists {len(ranks)} core sets, none for TP rank {tp_rank}: "
+                "give one core list per rank, separated by '|'"
+            )
+        compute = parse_cpu_list(ranks[tp_rank])
+        outside = [c for c in compute if c not in usable]
+        if outside:
+            raise ValueError(
+                f"{BIND_ENV} names CPUs {_format(outside)}, which this process may not use "
+                f"(allowed: {_format(usable)})"
+            )
+    else:
+        compute = usable
+    spare = tuple(c for c in usable if c not in compute)
+    return CpuPlan(tuple(compute), spare or tuple(usable), pin_threads=bool(spec))
+
+
+def claim_compute_cores(plan: CpuPlan) -> None:
+    """In the scheduler process: pin it to the compute cores, one PyTorch thread per core."""
+    import torch
+
+    _set_affinity(plan.compute)
+    torch.set_num_threads(len(plan.compute))
+    if plan.pin_threads:
+        from radixserve.kernels.ops import bind_threads
+
+        if not bind_threads(list(plan.compute)):
+            logger.warning(
+                "%s: pinning each compute thread needs the C++ kernels; the process is pinned "
+                "to the cores but its threads may move between them",
+                BIND_ENV,
+            )
+    logger.info("CPU threads: %s", plan.describe())
+
+
+def run_light(plan: CpuPlan) -> None:
+    """In the API and detokenizer processes: one PyTorch thread, off the compute cores when
+    there are cores to spare."""
+    import torch
+
+    torch.set_num_threads(1)
+    _set_affinity(plan.light)
