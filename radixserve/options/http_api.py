@@ -153,7 +153,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--constrained-json-whitespace-pattern",
         STR,
         None,
-        "Regex of whitespace allowed in JSON constrained output (outlines, llguidance).",
+        "Regex of whitespace allowed in JSON constrained output (outlines, llguidance). When "
+        "unset, whitespace between JSON tokens is bounded: one space or tab, or a newline and up "
+        "to 20 spaces/tabs (xgrammar: at most 21 whitespace characters; outlines: one space).",
         support=IMPLEMENTED,
     ),
     flag(

@@ -120,3 +120,28 @@ def test_invalid_grammars_are_refused_and_the_engine_serves_on(engine: Engine) -
     assert getattr(err.value, "param", None) == "json_schema"
     ok = engine.generate("Hello", {"max_new_tokens": 4, "temperature": 0})
     assert len(ok["output_ids"]) == 4
+
+
+def test_json_whitespace_is_bounded_so_the_json_completes(engine: Engine) -> None:
+    """With "any whitespace" JSON this greedy request emitted 120 newlines and ran out of
+    tokens (issue 11); by default whitespace between JSON tokens is bounded."""
+    schema = SCHEMAS[1]
+    prompt = chat(engine, "Give me a JSON example.")
+    params = [
+        {"json_schema": json.dumps(schema), "max_new_tokens": 160, "temperature": 0},
+        *(
+            {
+                "json_schema": json.dumps(schema),
+                "max_new_tokens": 160,
+                "temperature": 1.0,
+                "sampling_seed": seed,
+            }
+            for seed in (3, 4, 5)
+        ),
+    ]
+    for result in engine.generate([prompt] * len(params), params):
+        text = result["text"]
+        assert result["meta_info"]["finish_reason"]["type"] == "stop", text
+        jsonschema.validate(json.loads(text), schema)
+        longest = max((len(run) for run in re.findall(r"\s+", text)), default=0)
+        assert longest <= 21, repr(text)

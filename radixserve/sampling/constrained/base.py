@@ -29,6 +29,13 @@ logger = logging.getLogger(__name__)
 MAX_ROLLBACK_TOKENS = 200
 DEFAULT_COMPILE_TIMEOUT_S = 10.0
 DEFAULT_CACHE_SIZE = 256
+# JSON whitespace when --constrained-json-whitespace-pattern is not given. "Any whitespace"
+# lets a small model fill its token budget with newlines and end with invalid JSON, so between
+# two JSON tokens at most one space or tab, or one newline and up to 20 spaces/tabs of indent
+# (llama.cpp's JSON grammars bound it the same way). llguidance takes this pattern; xgrammar
+# takes a character count (DEFAULT_JSON_MAX_WHITESPACE); outlines keeps its own `[ ]?`.
+DEFAULT_JSON_WHITESPACE_PATTERN = r"(?:[ \t]|\n[ \t]{0,20})?"
+DEFAULT_JSON_MAX_WHITESPACE = 21
 
 
 class GrammarMatcher(ABC):
@@ -106,7 +113,8 @@ class GrammarBackend(ABC):
     vocabulary (the extra ids are never allowed). ``any_whitespace=False`` (SGLang's
     ``--constrained-json-disable-any-whitespace``) makes JSON compact; ``whitespace_pattern``
     (``--constrained-json-whitespace-pattern``) is a regex for the whitespace JSON may contain,
-    honoured by llguidance and outlines. ``eos_token_ids`` overrides the tokenizer's EOS ids
+    honoured by llguidance and outlines. Without either, JSON whitespace is bounded (see
+    DEFAULT_JSON_WHITESPACE_PATTERN), never "any". ``eos_token_ids`` overrides the tokenizer's EOS ids
     (SGLang passes the model's generation-config EOS ids).
     """
 

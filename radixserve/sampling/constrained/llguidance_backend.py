@@ -13,7 +13,11 @@ import llguidance.hf
 import llguidance.torch
 import torch
 
-from radixserve.sampling.constrained.base import GrammarBackend, GrammarMatcher
+from radixserve.sampling.constrained.base import (
+    DEFAULT_JSON_WHITESPACE_PATTERN,
+    GrammarBackend,
+    GrammarMatcher,
+)
 from radixserve.sampling.constrained.bitmask import write_only
 from radixserve.sampling.constrained.spec import (
     JSON_OBJECT_SCHEMA,
@@ -91,6 +95,8 @@ class LLGuidanceBackend(GrammarBackend):
         self._json_options: dict[str, Any] = {"whitespace_flexible": self.any_whitespace}
         if self.whitespace_pattern is not None:
             self._json_options["whitespace_pattern"] = self.whitespace_pattern
+        elif self.any_whitespace:  # bounded, not llguidance's default of any run
+            self._json_options["whitespace_pattern"] = DEFAULT_JSON_WHITESPACE_PATTERN
 
     def matcher(self, compiled: object) -> LLGuidanceMatcher:
         if not isinstance(compiled, llguidance.LLMatcher):

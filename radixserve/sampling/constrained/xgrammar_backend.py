@@ -12,7 +12,11 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
-from radixserve.sampling.constrained.base import GrammarBackend, GrammarMatcher
+from radixserve.sampling.constrained.base import (
+    DEFAULT_JSON_MAX_WHITESPACE,
+    GrammarBackend,
+    GrammarMatcher,
+)
 from radixserve.sampling.constrained.bitmask import write_only
 from radixserve.sampling.constrained.spec import (
     JSON_OBJECT_SCHEMA,
@@ -71,8 +75,10 @@ class XGrammarBackend(GrammarBackend):
         if self.whitespace_pattern is not None:
             logger.warning(
                 "xgrammar ignores --constrained-json-whitespace-pattern (only llguidance and "
-                "outlines use it); JSON whitespace follows any_whitespace=%s",
-                self.any_whitespace,
+                "outlines use it); JSON whitespace is %s",
+                f"at most {DEFAULT_JSON_MAX_WHITESPACE} characters between tokens"
+                if self.any_whitespace
+                else "compact",
             )
         info = _tokenizer_info(tokenizer, self.vocab_size, self.eos_token_ids)
         # Our CompileCache already caches per spec; xgrammar's own cache would hold a copy.
@@ -91,8 +97,9 @@ class XGrammarBackend(GrammarBackend):
                 return self._json_schema(JSON_OBJECT_SCHEMA)
             if spec.kind == "json_schema":
                 if spec.is_any_json:
-                    # SGLang's "$$ANY$$": any JSON value, arrays and scalars at the root too.
-                    return self._compiler.compile_builtin_json_grammar()
+                    # SGLang's "$$ANY$$": any JSON value, arrays and scalars at the root too
+                    # (the empty schema, so that whitespace is bounded as elsewhere).
+                    return self._json_schema("{}")
                 parse_json_schema(spec)
                 return self._json_schema(spec.value)
             if spec.kind == "regex":
@@ -106,7 +113,12 @@ class XGrammarBackend(GrammarBackend):
             raise invalid(spec, exc) from exc
 
     def _json_schema(self, schema: str) -> xgr.CompiledGrammar:
-        return self._compiler.compile_json_schema(schema, any_whitespace=self.any_whitespace)
+        # With whitespace allowed, at most DEFAULT_JSON_MAX_WHITESPACE characters of it between
+        # two JSON tokens; otherwise compact JSON.
+        max_ws = DEFAULT_JSON_MAX_WHITESPACE if self.any_whitespace else None
+        return self._compiler.compile_json_schema(
+            schema, any_whitespace=self.any_whitespace, max_whitespace_cnt=max_ws
+        )
 
     def _structural_tag(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
         tag = parse_structural_tag(spec)
