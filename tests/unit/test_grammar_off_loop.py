@@ -7,7 +7,6 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 import pytest
