@@ -16,13 +16,12 @@ def use_fast_kernels(model: nn.Module, enabled: bool) -> int:
     Decoder layers that llama_layer can run whole also get its static arguments, fused_args
     (call this again after changing a model's weights' form, e.g. GGUF quantization)."""
     from radixserve.layers.fused_decoder import fusable, fused_layer_args
-    from radixserve.models.llama import LlamaDecoderLayer
 
     count = 0
     for module in model.modules():
         if isinstance(module, _FUSABLE):
             module.use_fast_kernels = enabled
             count += 1
-        elif isinstance(module, LlamaDecoderLayer):
+        elif hasattr(type(module), "fused_args"):  # a decoder layer that offers the fused call
             module.fused_args = fused_layer_args(module) if enabled and fusable(module) else None
     return count

@@ -22,7 +22,11 @@ from radixserve.layers.linear import GGUF_BLOCK_BYTES, GGUFWeight
 
 if TYPE_CHECKING:
     from radixserve.model_executor.forward_batch import ForwardBatch
-    from radixserve.models.llama import LlamaDecoderLayer
+
+# A Llama-shaped decoder layer (models/llama.py's LlamaDecoderLayer; layers/ may not import
+# models/): self_attn (qkv_proj, o_proj, q_norm, rotary_emb, attn), mlp (gate_up_proj,
+# down_proj, act_fn), input_layernorm, post_attention_layernorm.
+LlamaDecoderLayer = nn.Module
 
 FLOAT_WEIGHT = -1  # llama_layer's qtype for a plain float weight
 _NO_BIAS = torch.empty(0)
