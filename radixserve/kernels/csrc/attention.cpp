@@ -8,6 +8,9 @@
 #include <vector>
 
 #include "common.h"
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 namespace radixserve {
 namespace {
@@ -80,6 +83,113 @@ void attend_direct(int64_t kv_head, const float* qv, int64_t m_count, const int6
   }
 }
 
+#if defined(__AVX2__)
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+// q . k for 4 key rows at once: four independent accumulator chains, one horizontal reduction
+// for all four (a single chain per dot product waits on every FMA's latency).
+template <typename C>
+inline __m128 dot4(const float* q, const C* k0, const C* k1, const C* k2, const C* k3,
+                   int64_t dim) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t d = 0; d < dim; d += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + d);
+    a0 = _mm256_fmadd_ps(qv, load8(k0 + d), a0);
+    a1 = _mm256_fmadd_ps(qv, load8(k1 + d), a1);
+    a2 = _mm256_fmadd_ps(qv, load8(k2 + d), a2);
+    a3 = _mm256_fmadd_ps(qv, load8(k3 + d), a3);
+  }
+  const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+// attend_direct for M query vectors and head_dim a multiple of 8, in AVX2: scores four keys at
+// a time, and P.V with the M accumulators of each 8-wide slice of the head in registers.
+template <typename C, int M>
+void attend_direct_avx2(int64_t kv_head, const float* qv, const int64_t* limit, int64_t key_end,
+                        const C* k_cache, const C* v_cache, const int64_t* token_row,
+                        int64_t kv_row, int64_t dim, float* acc, float* run_max,
+                        float* run_sum) {
+  alignas(32) float scores[M * kKeyBlock];
+  const C* krow[kKeyBlock];
+  const C* vrow[kKeyBlock];
+  for (int64_t k0 = 0; k0 < key_end; k0 += kKeyBlock) {
+    const int64_t kb = std::min(kKeyBlock, key_end - k0);
+    for (int64_t j = 0; j < kb; ++j) {
+      krow[j] = k_cache + token_row[k0 + j] * kv_row + kv_head * dim;
+      vrow[j] = v_cache + token_row[k0 + j] * kv_row + kv_head * dim;
+    }
+    for (int64_t j = 0; j < kb; j += 4) {
+      // A tail of fewer than 4 keys repeats the last one: the same arithmetic for every key.
+      const C* k1 = krow[std::min(j + 1, kb - 1)];
+      const C* k2 = krow[std::min(j + 2, kb - 1)];
+      const C* k3 = krow[std::min(j + 3, kb - 1)];
+      for (int i = 0; i < M; ++i) {
+        alignas(16) float four[4];
+        _mm_store_ps(four, dot4(qv + i * dim, krow[j], k1, k2, k3, dim));
+        for (int64_t t = 0; t < 4 && j + t < kb; ++t) scores[i * kKeyBlock + j + t] = four[t];
+      }
+    }
+    for (int i = 0; i < M; ++i) {
+      const int64_t valid = std::max<int64_t>(0, std::min(kb, limit[i] - k0));
+      float* sp = scores + i * kKeyBlock;
+      if (valid > 0) softmax_update(sp, valid, run_max + i, run_sum + i, acc + i * dim, dim);
+      // Keys this query may not see weigh exactly 0 (their K/V rows are written, finite).
+      for (int64_t j = valid; j < kb; ++j) sp[j] = 0.0f;
+    }
+    for (int64_t d = 0; d < dim; d += 8) {
+      __m256 a[M];
+      for (int i = 0; i < M; ++i) a[i] = _mm256_loadu_ps(acc + i * dim + d);
+      for (int64_t j = 0; j < kb; ++j) {
+        const __m256 v = load8(vrow[j] + d);
+        for (int i = 0; i < M; ++i) {
+          a[i] = _mm256_fmadd_ps(_mm256_set1_ps(scores[i * kKeyBlock + j]), v, a[i]);
+        }
+      }
+      for (int i = 0; i < M; ++i) _mm256_storeu_ps(acc + i * dim + d, a[i]);
+    }
+  }
+}
+
+// Runs attend_direct_avx2 when it applies (AVX2, head_dim % 8 == 0); false otherwise.
+template <typename C>
+bool attend_direct_fast(int64_t kv_head, const float* qv, int64_t m_count, const int64_t* limit,
+                        int64_t key_end, const C* k_cache, const C* v_cache,
+                        const int64_t* token_row, int64_t kv_row, int64_t dim, float* acc,
+                        float* run_max, float* run_sum) {
+  if (dim % 8 != 0) return false;
+#define RADIXSERVE_DIRECT(M)                                                                  \
+  case M:                                                                                     \
+    attend_direct_avx2<C, M>(kv_head, qv, limit, key_end, k_cache, v_cache, token_row, kv_row, \
+                             dim, acc, run_max, run_sum);                                     \
+    return true;
+  switch (m_count) {
+    RADIXSERVE_DIRECT(1)
+    RADIXSERVE_DIRECT(2)
+    RADIXSERVE_DIRECT(3)
+    RADIXSERVE_DIRECT(4)
+    RADIXSERVE_DIRECT(5)
+    RADIXSERVE_DIRECT(6)
+    RADIXSERVE_DIRECT(7)
+    RADIXSERVE_DIRECT(8)
+    default:
+      return false;
+  }
+#undef RADIXSERVE_DIRECT
+}
+static_assert(kDirectQueries == 8, "attend_direct_fast covers up to 8 query vectors");
+#else
+template <typename C>
+bool attend_direct_fast(int64_t, const float*, int64_t, const int64_t*, int64_t, const C*,
+                        const C*, const int64_t*, int64_t, int64_t, float*, float*, float*) {
+  return false;
+}
+#endif
+
 // Many query vectors (prefill): the key block is gathered once into a transposed float tile,
 // so the scores of each query vector are a vectorised outer-product accumulation.
 template <typename C>
@@ -143,7 +253,12 @@ void attend_item(const WorkItem& item, const T* q, int64_t q_stride, const C* k_
     }
   }
   const int64_t key_end = prefix + item.row0 + rows;
-  if (m_count <= kDirectQueries) {
+  if (m_count <= kDirectQueries &&
+      attend_direct_fast<C>(item.kv_head, qv.data(), m_count, limit.data(), key_end, k_cache,
+                            v_cache, token_row, kv_row, dim, acc.data(), run_max.data(),
+                            run_sum.data())) {
+    // done
+  } else if (m_count <= kDirectQueries) {
     attend_direct<C>(item.kv_head, qv.data(), m_count, limit.data(), key_end, k_cache, v_cache,
                      token_row, kv_row, dim, acc.data(), run_max.data(), run_sum.data());
   } else {
