@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from radixserve.kernels.reference import BLOCK_BYTES as GGUF_BLOCK_BYTES
+
 
 @dataclass(frozen=True)
 class StepCost:
@@ -78,6 +80,19 @@ class ModelCost:
         head_bytes = head.numel() * head.element_size() if head is not None else 0
         vocab_params = sum(p.numel() for p in vocab_mats)
         vocab_bytes = sum(p.numel() * p.element_size() for p in vocab_mats)
+        # --quantization gguf: projections hold GGUF blocks (their float weights are empty); a
+        # tied LM head multiplies the embedding's blocks, so those are what a step reads.
+        for module in model.modules():
+            gguf = getattr(module, "gguf", None)
+            if gguf is None:
+                continue
+            rows, row_bytes = gguf.blocks.shape
+            cols = row_bytes // GGUF_BLOCK_BYTES[gguf.qtype] * 32
+            if rows >= vocab and cols == hidden:
+                head_params, head_bytes = rows * cols, gguf.blocks.numel()
+            else:
+                total_params += rows * cols
+                total_bytes += gguf.blocks.numel()
         return cls(
             body_params=total_params - vocab_params,
             body_bytes=total_bytes - vocab_bytes,
