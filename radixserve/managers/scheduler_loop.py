@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -91,8 +92,14 @@ class SchedulerLoop:
         try:
             self.scheduler.step_and_stash()
         except Exception:
-            logger.exception("Scheduler step failed; aborting the requests in flight")
-            self.scheduler.fail_all("Internal error while running the batch.")
+            # The clients get the id, the log gets the traceback (as the API's own 500s).
+            error_id = f"err-{uuid.uuid4().hex[:16]}"
+            logger.exception(
+                "Scheduler step failed (error id %s); aborting the requests in flight", error_id
+            )
+            self.scheduler.fail_all(
+                f"Internal error while running the batch (request id {error_id})."
+            )
 
     def _flush_outputs(self) -> None:
         outputs = self.scheduler.step_outputs_only()
