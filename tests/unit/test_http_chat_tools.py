@@ -139,3 +139,58 @@ def test_reasoning_then_tool_call() -> None:
     assert message["reasoning_content"] == "use add"
     assert message["content"] is None
     assert message["tool_calls"][0]["function"]["name"] == "add"
+
+
+# Shaped like SmolLM2's template (shorter, for the fake model's 128-token context): it
+# concatenates message['content'] and knows nothing of tool_calls.
+CONCAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] + ':' + message['content'] + '\\n' }}"
+    "{% endfor %}"
+)
+
+
+def test_two_round_tool_conversation_as_the_openai_client_sends_it() -> None:
+    """Round 1 returns a call; round 2 sends it back as an assistant message with content
+    null plus tool_calls, then the tool's result. Both rounds answer 200 (streamed and not),
+    and the prompt of round 2 shows the model its own call and the result."""
+    first, _ = _post(HERMES, {"tools": TOOLS}, tool_call_parser="hermes")
+    assert first.status_code == 200, first.text
+    message = first.json()["choices"][0]["message"]
+    (call,) = message["tool_calls"]
+    follow_up = [
+        *CHAT,
+        {"role": "assistant", "content": None, "tool_calls": message["tool_calls"]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "3"},
+    ]
+    for stream in (False, True):
+        engine = FakeEngine(reply="The sum is 3.")
+        overrides = {"tool_call_parser": "hermes", "chat_template": CONCAT_TEMPLATE}
+        with make_client(engine, **overrides) as (client, _):
+            r = client.post(
+                "/v1/chat/completions",
+                json={"messages": follow_up, "tools": TOOLS, "stream": stream},
+            )
+        assert r.status_code == 200, r.text
+        ids = engine.calls[-1]["input_ids"]
+        prompt = engine.tokenizer.decode(ids[0] if isinstance(ids[0], list) else ids)
+        assert '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>' in prompt
+        assert "\ntool:3\n" in prompt
+        if stream:
+            text = "".join(
+                e["choices"][0]["delta"].get("content") or ""
+                for e in sse_events(r.text)
+                if e["choices"]
+            )
+        else:
+            text = r.json()["choices"][0]["message"]["content"]
+        assert text == "The sum is 3."
+
+
+def test_templates_that_render_tool_calls_get_them_unchanged() -> None:
+    from radixserve.entrypoints.openai.chat_template import to_template_messages
+    from radixserve.entrypoints.openai.protocol import ChatMessage
+
+    calls = [{"id": "c1", "type": "function", "function": {"name": "now", "arguments": "{}"}}]
+    msg = ChatMessage(role="assistant", content=None, tool_calls=calls)
+    (item,) = to_template_messages([msg], "{{ m.tool_calls }}")
+    assert item == {"role": "assistant", "content": "", "tool_calls": calls}

@@ -3,6 +3,8 @@ by `--chat-template` (a Jinja file, or Jinja text)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,11 @@ def load_chat_template(value: str | None) -> str | None:
     if value is None or value == "":
         return None
     path = Path(value).expanduser()
-    if path.is_file():
+    try:
+        is_file = path.is_file()
+    except OSError:  # inline Jinja longer than a file name may be
+        is_file = False
+    if is_file:
         return path.read_text(encoding="utf-8")
     if "{{" in value or "{%" in value:
         return value  # inline Jinja
@@ -44,10 +50,40 @@ def _content_text(msg: ChatMessage, index: int) -> str | None:
     return "".join(texts)
 
 
-def to_template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+def _tool_calls_text(tool_calls: list[Any]) -> str:
+    """Earlier tool calls written back as the model emits them (the Hermes/Qwen style
+    `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`), for templates that would
+    otherwise drop them."""
+    parts = []
+    for call in tool_calls:
+        call = call if isinstance(call, dict) else dict(call)
+        function = call.get("function") or {}
+        function = function if isinstance(function, dict) else dict(function)
+        arguments: Any = function.get("arguments")
+        if isinstance(arguments, str):
+            # Not JSON: kept as the string the client sent.
+            with contextlib.suppress(json.JSONDecodeError):
+                arguments = json.loads(arguments)
+        body = json.dumps({"name": function.get("name"), "arguments": arguments})
+        parts.append(f"<tool_call>\n{body}\n</tool_call>")
+    return "\n".join(parts)
+
+
+def to_template_messages(
+    messages: list[ChatMessage], template: str | None = None
+) -> list[dict[str, Any]]:
+    """Messages as chat templates expect them. `content: null` (an assistant turn that only
+    calls tools, as the openai client sends it) becomes "" (templates concatenate content);
+    when the template does not render `tool_calls` itself, the calls are written into the
+    content so the model still sees what it called."""
+    renders_tool_calls = template is None or "tool_calls" in template
     out = []
     for i, msg in enumerate(messages):
-        item: dict[str, Any] = {"role": msg.role, "content": _content_text(msg, i)}
+        content = _content_text(msg, i) or ""
+        if msg.tool_calls and not renders_tool_calls:
+            calls = _tool_calls_text(msg.tool_calls)
+            content = f"{content}\n{calls}" if content else calls
+        item: dict[str, Any] = {"role": msg.role, "content": content}
         for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
             value = getattr(msg, key)
             if value is not None:
@@ -58,7 +94,8 @@ def to_template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 
 def render_chat(tokenizer: Any, req: ChatCompletionRequest, template: str | None) -> list[int]:
     """Prompt token ids for a chat request."""
-    messages = to_template_messages(req.messages)
+    active = template if template is not None else getattr(tokenizer, "chat_template", None)
+    messages = to_template_messages(req.messages, active if isinstance(active, str) else None)
     continue_final = bool(req.continue_final_message)
     if continue_final and messages[-1]["role"] != "assistant":
         raise ApiError(
