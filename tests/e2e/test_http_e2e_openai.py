@@ -266,3 +266,45 @@ def test_structured_outputs_through_the_openai_client(client: openai.OpenAI, mod
             model=model, prompt="x", max_tokens=4, extra_body={"regex": "([a-z"}
         )
     assert info.value.status_code == 400
+
+
+def test_two_round_tool_loop_with_the_openai_client(client: openai.OpenAI, model: str) -> None:
+    """The standard tool loop, exactly as the openai client sends it: a forced call, then the
+    call sent back (assistant content null + tool_calls) with the tool's result; the second
+    round answers, streamed and not."""
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "add",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                    "required": ["a", "b"],
+                },
+            },
+        }
+    ]
+    messages: list[Any] = [{"role": "user", "content": "What is 2 + 3? Use the add tool."}]
+    first = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        tools=tools,
+        tool_choice={"type": "function", "function": {"name": "add"}},
+        parallel_tool_calls=False,
+        max_tokens=48,
+        temperature=0,
+    )
+    message = first.choices[0].message
+    assert message.tool_calls and message.tool_calls[0].function.name == "add"
+    messages.append(message.model_dump(exclude_unset=True))  # content None + tool_calls
+    messages.append({"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "5"})
+    second = client.chat.completions.create(
+        model=model, messages=messages, tools=tools, max_tokens=12, temperature=0
+    )
+    assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    stream = client.chat.completions.create(
+        model=model, messages=messages, tools=tools, max_tokens=12, temperature=0, stream=True
+    )
+    finishes = [c.choices[0].finish_reason for c in stream if c.choices]
+    assert finishes[-1] in ("stop", "length", "tool_calls")
