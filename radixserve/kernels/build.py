@@ -32,6 +32,7 @@ SOURCES = (
     "gguf_gemm.cpp",
     "fused_layer.cpp",
     "threads.cpp",
+    "gguf_gemm_tiled.cpp",
 )
 BUILD_VERSION = 1  # bump when the sources change in a way the file hashes would not show
 

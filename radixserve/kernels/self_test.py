@@ -81,14 +81,14 @@ def check_rope_and_attention(ext: object) -> None:
 
 def check_gguf(ext: object) -> None:
     torch.manual_seed(0)
-    n, k = 24, 96
+    n, k = 25, 96  # an odd column count: the float tiles pair columns
     for qtype in (reference.GGML_Q4_1, reference.GGML_Q8_0):
         nbytes = reference.BLOCK_BYTES[qtype]
         blocks = torch.randint(0, 256, (n, k // 32, nbytes), dtype=torch.uint8)
         scales = (torch.rand(n, k // 32, 2) * 0.02).to(torch.float16).view(torch.uint8)
         blocks[..., 0:4] = scales.reshape(n, k // 32, 4)
         blocks = blocks.reshape(n, -1).contiguous()
-        for rows in (1, 2, 3, 6):  # every row-tile size the kernel specialises
+        for rows in (1, 2, 3, 6, 37):  # every row tile, and the float-tile path (32+ rows)
             x = torch.randn(rows, k)
             # Activations are quantized to int16 per block of 32: ~1e-4 relative error at most.
             _close(

@@ -15,4 +15,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_linear", &radixserve::gguf_linear);
   m.def("llama_layer", &radixserve::llama_layer);
   m.def("bind_threads", &radixserve::bind_threads);
+  m.def("gguf_linear_tiled", &radixserve::gguf_linear_tiled);
 }

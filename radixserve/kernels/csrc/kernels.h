@@ -26,5 +26,8 @@ std::vector<at::Tensor> llama_layer(
     int64_t rot_dim, bool neox, const at::Tensor& k_cache, const at::Tensor& v_cache,
     const at::Tensor& slots, const at::Tensor& req_to_token, const std::vector<at::Tensor>& meta,
     int64_t heads, int64_t kv_heads, int64_t head_dim, double scale);
+at::Tensor gguf_linear_tiled(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
+                             int64_t out_features);
+bool gguf_tiled_available();
 int64_t bind_threads(const std::vector<int64_t>& cpus);
 }  // namespace radixserve
