@@ -16,6 +16,8 @@ MAX_BODY_ENV = "RADIXSERVE_MAX_REQUEST_BODY_BYTES"
 # How long SIGTERM waits for in-flight requests before the server stops anyway.
 DEFAULT_GRACE_S = 30.0
 GRACE_ENV = "RADIXSERVE_GRACEFUL_SHUTDOWN_TIMEOUT"
+# Set to 1 to let requests carry their own Jinja chat template (chat_template_kwargs).
+ALLOW_REQUEST_TEMPLATE_ENV = "RADIXSERVE_ALLOW_REQUEST_CHAT_TEMPLATE"
 # /health_generate gives up after this many seconds.
 HEALTH_TIMEOUT_ENV = "RADIXSERVE_HEALTH_CHECK_TIMEOUT"
 # SGLang's switch: when true, /health runs a one-token generation like /health_generate.
@@ -40,6 +42,15 @@ def _env_bool(name: str, default: bool) -> bool:
     if raw is None or raw.strip() == "":
         return default
     return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _max_body_bytes(option: Any) -> int:
+    """--max-payload-size, else the environment variable, else 32 MiB."""
+    if option is None:
+        return int(_env_float(MAX_BODY_ENV, DEFAULT_MAX_BODY_BYTES))
+    if isinstance(option, bool) or not isinstance(option, int) or option <= 0:
+        raise ValueError(f"--max-payload-size must be a positive number of bytes, got {option!r}.")
+    return option
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,7 @@ class HttpConfig:
     graceful_shutdown_s: float = DEFAULT_GRACE_S
     health_timeout_s: float = 20.0
     health_generates: bool = False
+    allow_request_chat_template: bool = False
 
     @classmethod
     def from_server_args(cls, args: Any) -> HttpConfig:
@@ -111,8 +123,9 @@ class HttpConfig:
             weight_version=str(get("weight_version", "default")),
             preferred_sampling_params=get("preferred_sampling_params"),
             access_log_exclude_prefixes=tuple(get("uvicorn_access_log_exclude_prefixes", ()) or ()),
-            max_body_bytes=int(_env_float(MAX_BODY_ENV, DEFAULT_MAX_BODY_BYTES)),
+            max_body_bytes=_max_body_bytes(get("max_payload_size")),
             graceful_shutdown_s=_env_float(GRACE_ENV, DEFAULT_GRACE_S),
             health_timeout_s=_env_float(HEALTH_TIMEOUT_ENV, 20.0),
             health_generates=_env_bool(HEALTH_GENERATE_ENV, False),
+            allow_request_chat_template=_env_bool(ALLOW_REQUEST_TEMPLATE_ENV, False),
         )

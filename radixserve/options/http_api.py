@@ -68,6 +68,15 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--admin-api-key", STR, None, "Separate API key for admin endpoints.", support=IMPLEMENTED
     ),
     value(
+        "--max-payload-size",
+        INT,
+        None,
+        "radixserve's own option (SGLang has none): the largest request body in bytes; a larger "
+        "one is answered 413 before it is parsed. Unset: RADIXSERVE_MAX_REQUEST_BODY_BYTES, "
+        "else 32 MiB.",
+        support=IMPLEMENTED,
+    ),
+    value(
         "--served-model-name",
         STR,
         None,

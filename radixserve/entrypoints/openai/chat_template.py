@@ -14,6 +14,24 @@ from radixserve.entrypoints.openai.protocol import ChatCompletionRequest, ChatMe
 
 logger = logging.getLogger(__name__)
 
+# apply_chat_template arguments the server sets itself: a request may not pass them through
+# chat_template_kwargs (tokenize=True, say, would hand token ids to the text path).
+SERVER_OWNED_KWARGS = frozenset(
+    {
+        "conversation",
+        "tokenize",
+        "add_generation_prompt",
+        "continue_final_message",
+        "return_dict",
+        "return_tensors",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+        "padding",
+        "truncation",
+        "max_length",
+    }
+)
+
 
 def load_chat_template(value: str | None) -> str | None:
     """The Jinja text of `--chat-template`; raises ValueError naming the option when unusable."""
@@ -92,7 +110,33 @@ def to_template_messages(
     return out
 
 
-def render_chat(tokenizer: Any, req: ChatCompletionRequest, template: str | None) -> list[int]:
+def _request_kwargs(req: ChatCompletionRequest, allow_request_template: bool) -> dict[str, Any]:
+    """chat_template_kwargs, minus what a client may not set: the template itself (Jinja from
+    the request runs only when the operator allows it) and the arguments the server owns."""
+    kwargs: dict[str, Any] = dict(req.chat_template_kwargs or {})
+    if "chat_template" in kwargs and not allow_request_template:
+        raise ApiError(
+            400,
+            "A chat template may not be supplied with the request; the operator sets it with "
+            "--chat-template.",
+            param="chat_template_kwargs.chat_template",
+        )
+    owned = sorted(SERVER_OWNED_KWARGS.intersection(kwargs))
+    if owned:
+        raise ApiError(
+            400,
+            f"chat_template_kwargs may not set {owned[0]!r}: the server sets it.",
+            param=f"chat_template_kwargs.{owned[0]}",
+        )
+    return kwargs
+
+
+def render_chat(
+    tokenizer: Any,
+    req: ChatCompletionRequest,
+    template: str | None,
+    allow_request_template: bool = False,
+) -> list[int]:
     """Prompt token ids for a chat request."""
     active = template if template is not None else getattr(tokenizer, "chat_template", None)
     messages = to_template_messages(req.messages, active if isinstance(active, str) else None)
@@ -109,7 +153,7 @@ def render_chat(tokenizer: Any, req: ChatCompletionRequest, template: str | None
             "The model's tokenizer has no chat template; start the server with --chat-template.",
             param="messages",
         )
-    kwargs: dict[str, Any] = dict(req.chat_template_kwargs or {})
+    kwargs = _request_kwargs(req, allow_request_template)
     if req.tools:
         kwargs["tools"] = req.tools
     if template is not None:

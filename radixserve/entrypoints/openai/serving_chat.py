@@ -56,7 +56,12 @@ def plan_chat(ctx: ServingContext, req: ChatCompletionRequest) -> _Plan:
         output = plan_output(ctx.server_args, req)
     except ToolChoiceError as exc:
         raise ApiError(400, str(exc), param=exc.param) from exc
-    prompt_ids = render_chat(ctx.require_tokenizer("Chat completion"), req, ctx.chat_template)
+    prompt_ids = render_chat(
+        ctx.require_tokenizer("Chat completion"),
+        req,
+        ctx.chat_template,
+        allow_request_template=ctx.config.allow_request_chat_template,
+    )
     rid = new_id("chatcmpl")
     if isinstance(req.rid, str) and req.rid:
         rids = [req.rid] if req.n == 1 else [f"{req.rid}-{k}" for k in range(req.n)]
