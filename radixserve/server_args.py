@@ -98,6 +98,7 @@ class ServerArgs:
     ssl_certfile: str | None = None
     api_key: str | None = None
     admin_api_key: str | None = None
+    max_payload_size: int | None = None
     served_model_name: str | None = None
     weight_version: str = "default"
     chat_template: str | None = None

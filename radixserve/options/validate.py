@@ -31,6 +31,7 @@ _POSITIVE = (
     "torch_compile_max_bs",
     "decode_log_interval",
     "watchdog_timeout",
+    "max_payload_size",
 )
 _PARALLEL = {"tp_size": "tensor", "dp_size": "data", "pp_size": "pipeline"}
 

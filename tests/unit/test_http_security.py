@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from radixserve.options.errors import ServerArgsError
+from radixserve.options.validate import validate
 from tests.unit.test_http_errors import assert_error
 from tests.unit.test_http_fakes import FakeTokenizer, make_client
 
@@ -133,3 +135,8 @@ def test_keys_never_reach_any_log(caplog: pytest.LogCaptureFixture) -> None:
     for secret in ("user-key-123", "admin-key-456", "wrong-key-789"):
         assert secret not in caplog.text
         assert secret not in info.text
+
+
+def test_max_payload_size_zero_is_refused_at_startup() -> None:
+    with pytest.raises(ServerArgsError, match="max-payload-size"):
+        validate({"max_payload_size": 0})
