@@ -128,14 +128,52 @@ def _resolve_model(values: dict[str, Any]) -> None:
         values["load_format"] = "gguf"
 
 
+# The kernels radixserve has; any other SGLang kernel name (flashinfer, triton, fa3, ...) is
+# mapped to the one that runs here, with one warning, so SGLang command lines start as they are.
+ATTENTION_KERNELS = ("torch_native", "intel_amx")
+SAMPLING_KERNELS = ("pytorch",)
+
+
+def _map_kernel(values: dict[str, Any], dest: str, available: tuple[str, ...], to: str) -> None:
+    chosen = values.get(dest)
+    if chosen is None or chosen in available:
+        return
+    option = "--" + dest.replace("_", "-")
+    logger.warning(
+        "%s %s: that kernel is not part of radixserve; using %s instead (the same computation).",
+        option,
+        chosen,
+        to,
+    )
+    values[dest] = to
+
+
 def _resolve_backends(values: dict[str, Any]) -> None:
     # On CPU the fused C++ kernels (SGLang's CPU backend name); elsewhere the PyTorch ops.
     default_attention = "intel_amx" if values.get("device") == "cpu" else "torch_native"
+    for dest in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
+        _map_kernel(values, dest, ATTENTION_KERNELS, default_attention)
+    _map_kernel(values, "sampling_backend", SAMPLING_KERNELS, "pytorch")
     values["attention_backend"] = values.get("attention_backend") or default_attention
     for phase in ("prefill_attention_backend", "decode_attention_backend"):
         values[phase] = values.get(phase) or values["attention_backend"]
     values["sampling_backend"] = values.get("sampling_backend") or "pytorch"
+    grammar = values.get("grammar_backend")
+    if grammar not in (None, "none") and not _grammar_installed(grammar):
+        fallback = default_grammar_backend()
+        logger.warning(
+            "--grammar-backend %s: its library (%s) is not installed; using %s instead.",
+            grammar,
+            dict(GRAMMAR_BACKEND_PREFERENCE).get(grammar, grammar),
+            fallback,
+        )
+        values["grammar_backend"] = fallback
     values["grammar_backend"] = values.get("grammar_backend") or default_grammar_backend()
+
+
+def _grammar_installed(name: str) -> bool:
+    library = dict(GRAMMAR_BACKEND_PREFERENCE).get(name)
+    return library is None or importlib.util.find_spec(library) is not None
 
 
 # --grammar-backend when unset: the first of these whose library is installed (SGLang's default

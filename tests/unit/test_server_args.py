@@ -178,13 +178,43 @@ def test_unsupported_options_are_refused_not_ignored() -> None:
 
 
 def test_implemented_options_refuse_unsupported_choices() -> None:
-    with pytest.raises(
-        ServerArgsError, match=r"--attention-backend triton \(supported: torch_native, intel_amx\)"
-    ):
-        _cpu(attention_backend="triton")
     with pytest.raises(ServerArgsError, match=r"--load-format npcache"):
         _cpu(load_format="npcache")
     assert _cpu(load_format="safetensors", schedule_policy="lpm").schedule_policy == "lpm"
+
+
+def test_sglang_kernel_names_map_to_the_kernels_here(caplog: pytest.LogCaptureFixture) -> None:
+    """SGLang command lines start unchanged: a kernel radixserve lacks (flashinfer, triton,
+    fa3, ...) becomes the one that runs here, with one warning naming both."""
+    with caplog.at_level(logging.WARNING):
+        args = _cpu(
+            attention_backend="flashinfer",
+            decode_attention_backend="triton",
+            sampling_backend="flashinfer",
+        )
+    assert args.attention_backend == "intel_amx"
+    assert args.decode_attention_backend == "intel_amx"
+    assert args.prefill_attention_backend == "intel_amx"
+    assert args.sampling_backend == "pytorch"
+    warnings = [r.getMessage() for r in caplog.records]
+    assert any("--attention-backend flashinfer" in w and "intel_amx" in w for w in warnings)
+    assert any("--decode-attention-backend triton" in w for w in warnings)
+    assert any("--sampling-backend flashinfer" in w and "pytorch" in w for w in warnings)
+    assert _cpu(attention_backend="torch_native").attention_backend == "torch_native"
+
+
+def test_a_grammar_backend_that_is_not_installed_falls_back_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from radixserve.options import resolve
+
+    monkeypatch.setattr(resolve, "_grammar_installed", lambda name: name == "llguidance")
+    monkeypatch.setattr(resolve, "default_grammar_backend", lambda: "llguidance")
+    with caplog.at_level(logging.WARNING):
+        args = _cpu(grammar_backend="outlines")
+    assert args.grammar_backend == "llguidance"
+    assert any("--grammar-backend outlines" in r.getMessage() for r in caplog.records)
+    assert _cpu(grammar_backend="none").grammar_backend == "none"
 
 
 def test_not_applicable_options_warn_once(caplog: pytest.LogCaptureFixture) -> None:
