@@ -24,6 +24,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from starlette.requests import Request
 
+from radixserve import __version__
 from radixserve.entrypoints import native_api
 from radixserve.entrypoints.auth import ApiKeyMiddleware
 from radixserve.entrypoints.generation import GenerationRunner, call_engine
@@ -136,8 +137,10 @@ def create_app(engine: Any, server_args: Any) -> FastAPI:
         title="radixserve",
         lifespan=_lifespan(ctx),
         root_path=config.root_path,
-        openapi_url=None,
-        docs_url=None,
+        version=__version__,
+        # FastAPI's own /openapi.json and /docs, as SGLang and vLLM serve them.
+        openapi_url="/openapi.json",
+        docs_url="/docs",
         redoc_url=None,
     )
     app.state.ctx = ctx

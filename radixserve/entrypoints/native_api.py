@@ -70,7 +70,8 @@ async def health(request: Request) -> Response:
         return error.response()
     if ctx.config.health_generates:
         return await health_generate(request)
-    return Response(status_code=200)
+    # SGLang answers an empty 200; a small body lets curl users see it.
+    return JSONResponse({"status": "ok"})
 
 
 async def health_generate(request: Request) -> Response:
@@ -168,17 +169,36 @@ async def version(_: Request) -> Response:
     return JSONResponse({"version": radixserve.__version__})
 
 
+async def root(request: Request) -> Response:
+    """A pointer for whoever opens the server's address in a browser or curl."""
+    prefix = request.scope.get("root_path", "")
+    return JSONResponse(
+        {
+            "name": "radixserve",
+            "version": radixserve.__version__,
+            "docs": f"{prefix}/docs",
+            "openapi": f"{prefix}/openapi.json",
+            "openai_api": f"{prefix}/v1",
+            "health": f"{prefix}/health",
+        }
+    )
+
+
 def build_router() -> APIRouter:
     router = APIRouter()
-    router.add_api_route("/generate", generate, methods=["POST", "PUT"])
-    router.add_api_route("/encode", encode, methods=["POST", "PUT"])
+    router.add_api_route("/", root, methods=["GET"], include_in_schema=False)
+    # One route per method: each gets its own OpenAPI operation id.
+    for method in ("POST", "PUT"):
+        router.add_api_route("/generate", generate, methods=[method])
+        router.add_api_route("/encode", encode, methods=[method])
     router.add_api_route("/health", health, methods=["GET"])
     router.add_api_route("/health_generate", health_generate, methods=["GET"])
     for path in ("/model_info", "/get_model_info"):
         router.add_api_route(path, model_info, methods=["GET"])
     for path in ("/server_info", "/get_server_info"):
         router.add_api_route(path, server_info, methods=["GET"])
-    router.add_api_route("/flush_cache", flush_cache, methods=["GET", "POST"])
+    for method in ("GET", "POST"):
+        router.add_api_route("/flush_cache", flush_cache, methods=[method])
     router.add_api_route("/abort_request", abort_request, methods=["POST"])
     router.add_api_route("/tokenize", tokenize, methods=["POST"], include_in_schema=False)
     router.add_api_route("/detokenize", detokenize, methods=["POST"], include_in_schema=False)

@@ -21,7 +21,7 @@ def _model_card(ctx: ServingContext) -> dict[str, Any]:
         "id": ctx.model_name,
         "object": "model",
         "created": int(ctx.state.started_at),
-        "owned_by": "sglang",
+        "owned_by": "radixserve",
         "root": ctx.config.model_path,
         "max_model_len": ctx.context_len,
     }

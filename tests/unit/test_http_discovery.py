@@ -1,0 +1,44 @@
+"""What a newcomer sees first: `/` points somewhere useful, /health shows a body, FastAPI's
+/docs and /openapi.json exist (one operation id per route and method), and /v1/models says
+who serves the model."""
+
+from __future__ import annotations
+
+import warnings
+
+from tests.unit.test_http_fakes import MODEL, make_client
+
+
+def test_root_points_to_docs_api_and_health() -> None:
+    with make_client() as (client, _):
+        r = client.get("/")
+        assert r.status_code == 200
+        body = r.json()
+        assert body["name"] == "radixserve"
+        for key, path in (("docs", "/docs"), ("openai_api", "/v1"), ("health", "/health")):
+            assert body[key] == path
+            assert client.get(path if key != "openai_api" else "/v1/models").status_code == 200
+
+
+def test_health_answers_with_a_small_body() -> None:
+    with make_client() as (client, _):
+        r = client.get("/health")
+        assert r.status_code == 200 and r.json() == {"status": "ok"}
+
+
+def test_openapi_document_lists_the_routes_without_duplicate_ids() -> None:
+    with make_client() as (client, _), warnings.catch_warnings():
+        warnings.simplefilter("error")  # FastAPI warns on duplicate operation ids
+        spec = client.get("/openapi.json").json()
+        assert "swagger" in client.get("/docs").text.lower()
+    paths = spec["paths"]
+    assert {"post", "put"} <= set(paths["/generate"])
+    assert "post" in paths["/v1/chat/completions"] and "get" in paths["/v1/models"]
+    ids = [op["operationId"] for item in paths.values() for op in item.values()]
+    assert len(ids) == len(set(ids))
+
+
+def test_models_are_owned_by_radixserve() -> None:
+    with make_client() as (client, _):
+        (model,) = client.get("/v1/models").json()["data"]
+    assert model["id"] == MODEL and model["owned_by"] == "radixserve"
