@@ -38,8 +38,14 @@ PROMPTS = [
 ]
 
 
+# A second server for the kill test, started together with the module's server so that the two
+# startups overlap (the kill test starts its own when run alone).
+_SPARE: list[ServerProcess] = []
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
+    _SPARE.append(ServerProcess())
     proc = start_server(
         "--enable-metrics",
         "--max-total-tokens",
@@ -48,6 +54,20 @@ def server() -> Iterator[ServerProcess]:
     )
     yield proc
     proc.stop(signal.SIGKILL)
+    while _SPARE:
+        _SPARE.pop().stop(signal.SIGKILL)
+
+
+def _kill_test_server() -> ServerProcess:
+    if not _SPARE:
+        return start_server()
+    proc = _SPARE.pop()
+    try:
+        proc.wait_ready()
+    except BaseException:
+        proc.stop(signal.SIGKILL)
+        raise
+    return proc
 
 
 def metric(server: ServerProcess, name: str) -> float:
@@ -343,7 +363,7 @@ async def _victim_request(client: httpx.AsyncClient, base: str, i: int) -> dict[
     "victim", ["scheduler", pytest.param("detokenizer", marks=pytest.mark.slow)]
 )
 def test_killed_child_mid_stream_fails_every_client_once(victim: str) -> None:
-    proc = start_server()
+    proc = _kill_test_server()
     try:
         base = proc.base_url
         children = _engine_children(proc.proc.pid)
