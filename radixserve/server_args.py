@@ -128,9 +128,14 @@ class ServerArgs:
     resolved_dtype: str = field(init=False, default="")
     resolved_kv_cache_dtype: str = field(init=False, default="")
     not_applicable: tuple[str, ...] = field(init=False, default=(), compare=False)
+    # Neither --max-total-tokens nor --mem-fraction-static was given (the CPU pool is capped).
+    kv_pool_sized_by_default: bool = field(init=False, default=False, compare=False)
 
     def __post_init__(self) -> None:
         values = self._collect_values()
+        sized_by_default = (
+            values.get("max_total_tokens") is None and values.get("mem_fraction_static") is None
+        )
         resolution = resolve(values)
         resolved = resolution.values
         validate(resolved)
@@ -146,6 +151,7 @@ class ServerArgs:
             self, "resolved_kv_cache_dtype", resolve_kv_cache_dtype(self.kv_cache_dtype, dtype)
         )
         object.__setattr__(self, "not_applicable", report.not_applicable)
+        object.__setattr__(self, "kv_pool_sized_by_default", sized_by_default)
 
     def _collect_values(self) -> dict[str, Any]:
         other = dict(self.other)

@@ -17,6 +17,7 @@ from radixserve.layers.attention.registry import FAST_KERNEL_BACKENDS, create_at
 from radixserve.layers.fast_path import use_fast_kernels
 from radixserve.mem_cache.kv_cache import KVCache
 from radixserve.model_executor.forward_batch import ForwardBatch, ForwardMode
+from radixserve.model_executor.memory_plan import plan_kv_pool
 from radixserve.options.hardware import device_memory_bytes
 
 if TYPE_CHECKING:
@@ -103,9 +104,10 @@ class ModelRunner:
             describe_kernels(fast),
         )
         logger.info(
-            "KV cache: %d tokens (%.1f MiB), max running requests %d",
+            "KV cache: %d tokens (%.1f MiB, committed as used; %s), max running requests %d",
             self.plan.max_total_tokens,
             self.plan.max_total_tokens * self.plan.bytes_per_token / 2**20,
+            self.kv_pool_reason,
             self.plan.max_running_requests,
         )
 
@@ -146,23 +148,19 @@ class ModelRunner:
         )
         tensors = [*self.model.parameters(), *self.model.buffers()]
         weight_bytes = sum(t.numel() * t.element_size() for t in tensors)
-        memory = device_memory_bytes(self.device.type) or 0
-        budget = int(memory * args.mem_fraction_static) - weight_bytes
-        from_memory = max(budget // per_token, 0)
-        total = from_memory if args.max_total_tokens is None else args.max_total_tokens
-        if args.max_total_tokens is not None and args.max_total_tokens > from_memory:
-            logger.warning(
-                "--max-total-tokens %d exceeds what --mem-fraction-static leaves (%d); using it "
-                "anyway",
-                args.max_total_tokens,
-                from_memory,
-            )
-        total = total // args.page_size * args.page_size
-        if total < args.page_size * 2:
-            raise ValueError(
-                f"The KV cache would hold only {total} tokens: raise --mem-fraction-static or "
-                "--max-total-tokens"
-            )
+        pool = plan_kv_pool(
+            device=self.device.type,
+            memory_bytes=device_memory_bytes(self.device.type) or 0,
+            mem_fraction_static=args.mem_fraction_static,
+            weight_bytes=weight_bytes,
+            bytes_per_token=per_token,
+            context_len=cfg.context_len,
+            page_size=args.page_size,
+            max_total_tokens=args.max_total_tokens,
+            sized_by_default=args.kv_pool_sized_by_default,
+        )
+        total = pool.tokens
+        self.kv_pool_reason = pool.reason
         running = args.max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS.get(
             self.device.type, 256
         )

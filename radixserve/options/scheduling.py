@@ -12,7 +12,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--mem-fraction-static",
         FLOAT,
         None,
-        "Fraction of device memory (RAM on CPU) for weights plus the KV cache pool. Resolved from the device size when unset.",
+        "Fraction of device memory (RAM on CPU) for weights plus the KV cache pool. Resolved from the device size when unset; on CPU, when neither this nor --max-total-tokens is given, the pool is capped at 4 full contexts (at least 65,536 tokens), its pages committed as used.",
         support=IMPLEMENTED,
     ),
     value(
