@@ -259,7 +259,11 @@ def launch_server(server_args: Any) -> None:
             logging.getLogger("uvicorn.access").addFilter(
                 _PathPrefixFilter(config.access_log_exclude_prefixes)
             )
-        logger.info("Serving %s on %s:%d", config.served_model_name, config.host, config.port)
+        from radixserve.entrypoints.banner import startup_banner
+
+        host = f"[{config.host}]" if ":" in config.host else config.host
+        url = f"http://{host}:{config.port}{config.root_path or ''}"
+        logger.info("%s", startup_banner(server_args, engine.runtime.ready, cpu_plan, url))
         from radixserve.sampling.constrained.registry import describe_grammar_backend
 
         logger.log(*describe_grammar_backend(server_args.grammar_backend))
