@@ -80,6 +80,8 @@ class ModelRunner:
         self.model_config: ModelConfig = loaded.config
         if server_args.quantization == "gguf":
             self._quantize_from_gguf()
+        elif server_args.quantization == "w8a8_int8":
+            self._quantize_int8()
         self.model_dir = loaded.model_dir
         self.dtype = self.model_config.dtype
         self.plan = self._plan_memory()
@@ -110,6 +112,14 @@ class ModelRunner:
             self.kv_pool_reason,
             self.plan.max_running_requests,
         )
+
+    def _quantize_int8(self) -> None:
+        from radixserve.distributed import parallel_state as ps
+        from radixserve.models.int8_quant import apply_int8_quantization
+
+        if ps.get_tp_size() != 1 or self.device.type != "cpu":
+            raise ValueError("--quantization w8a8_int8 runs on the CPU with --tp-size 1 only")
+        apply_int8_quantization(self.model)
 
     def _quantize_from_gguf(self) -> None:
         from pathlib import Path
