@@ -124,8 +124,12 @@ def claim_compute_cores(plan: CpuPlan) -> None:
 
 def run_light(plan: CpuPlan) -> None:
     """In the API and detokenizer processes: one PyTorch thread, off the compute cores when
-    there are cores to spare."""
-    import torch
+    there are cores to spare. Does not import torch (a process that never needs it stays
+    without it); if torch comes later, OMP_NUM_THREADS gives it one thread."""
+    import sys
 
-    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
     _set_affinity(plan.light)
