@@ -37,6 +37,20 @@ def _error(prog: str, message: str, code: int) -> int:
     return code
 
 
+def _missing_local_model(model_path: str) -> str | None:
+    """A one-line error for a --model-path that names a local file or folder that is not there
+    (checked before any process starts); hub-style ids are left to the loader."""
+    from pathlib import Path
+
+    looks_local = model_path.startswith(("/", ".", "~")) or model_path.endswith(".gguf")
+    if looks_local and not Path(model_path).expanduser().exists():
+        return (
+            f"--model-path: {model_path} does not exist (give a Hugging Face model folder or a "
+            ".gguf file; leave it out for the default model)"
+        )
+    return None
+
+
 def _serve(argv: Sequence[str]) -> int:
     from radixserve.server_args import OptionError, ServerArgs, ServerArgsError
 
@@ -49,6 +63,9 @@ def _serve(argv: Sequence[str]) -> int:
     except (OptionError, ServerArgsError) as exc:
         return _error("radixserve serve", str(exc), 2)
     _configure_logging(server_args.log_level)
+    missing = _missing_local_model(server_args.model_path)
+    if missing is not None:
+        return _error("radixserve serve", missing, 2)
     server_args.warn_not_applicable()
     try:
         server_args.check_port_available()

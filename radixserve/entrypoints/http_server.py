@@ -240,10 +240,15 @@ def launch_server(server_args: Any) -> None:
             level=config.log_level.upper(),
             format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
         )
+    from radixserve.managers.multiprocess_runtime import EngineStartupError
+
     try:
         from radixserve.entrypoints.engine import Engine
 
         engine = Engine(server_args)
+    except EngineStartupError as exc:  # the scheduler already logged why: no traceback here
+        logger.error("%s", exc)
+        raise SystemExit(1) from None
     except Exception:
         logger.exception("The engine failed to start")
         raise SystemExit(1) from None

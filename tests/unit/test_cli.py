@@ -15,6 +15,8 @@ from radixserve import __version__
 from radixserve.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
+# An existing folder standing in for a model: the fake servers below never load it.
+MODEL = str(REPO / "tests")
 
 
 def _free_port() -> int:
@@ -112,11 +114,11 @@ def test_serve_launches_with_resolved_args(
     fake_server: list[object], caplog: pytest.LogCaptureFixture
 ) -> None:
     port = str(_free_port())
-    argv = ["serve", "/m", "--device", "cpu", "--port", port, "--cuda-graph-max-bs", "8"]
+    argv = ["serve", MODEL, "--device", "cpu", "--port", port, "--cuda-graph-max-bs", "8"]
     with caplog.at_level(logging.WARNING):
         assert main(argv) == 0
     (args,) = fake_server
-    assert args.model_path == "/m" and args.cuda_graph_max_bs_decode == 8  # type: ignore[attr-defined]
+    assert args.model_path == MODEL and args.cuda_graph_max_bs_decode == 8  # type: ignore[attr-defined]
     ignored = [r for r in caplog.records if "no effect" in r.getMessage()]
     assert len(ignored) == 1
     assert "--cuda-graph-max-bs-decode=8" in ignored[0].getMessage()
@@ -129,7 +131,7 @@ def test_busy_port_is_refused(
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        message = _fail(["serve", "/m", "--device", "cpu", "--port", str(port)], capsys)
+        message = _fail(["serve", MODEL, "--device", "cpu", "--port", str(port)], capsys)
     assert message.startswith(f"--port: cannot listen on 127.0.0.1:{port}")
     assert fake_server == []
 
@@ -138,7 +140,7 @@ def test_missing_http_server_exits_1(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setitem(sys.modules, "radixserve.entrypoints.http_server", None)
-    assert main(["serve", "/m", "--device", "cpu", "--port", str(_free_port())]) == 1
+    assert main(["serve", MODEL, "--device", "cpu", "--port", str(_free_port())]) == 1
     err = capsys.readouterr().err
     assert err.startswith("radixserve serve: error: the HTTP server is not available")
     assert err.count("\n") == 1
@@ -165,3 +167,17 @@ def test_real_subprocess_bad_choice_and_legacy_help() -> None:
     assert legacy.returncode == 0, legacy.stderr
     assert "usage: radixserve serve" in legacy.stdout
     assert "'--cuda-graph-max-bs' is deprecated" in legacy.stderr
+
+
+def test_missing_local_model_path_is_one_line_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from radixserve.entrypoints import http_server
+
+    def never(*_: object) -> None:
+        raise AssertionError("the server must not start")
+
+    monkeypatch.setattr(http_server, "launch_server", never)
+    for missing in (tmp_path / "nope", tmp_path / "model.gguf"):
+        message = _fail(["serve", "--model-path", str(missing)], capsys)
+        assert message.startswith(f"--model-path: {missing} does not exist")
