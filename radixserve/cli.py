@@ -15,12 +15,13 @@ from radixserve import __version__
 
 logger = logging.getLogger(__name__)
 
-_COMMANDS = ("serve", "version")
+_COMMANDS = ("serve", "cache", "version")
 _USAGE = """usage: radixserve <command> [options]
 
 commands:
   serve     start the HTTP server; takes the `sglang serve` command line
             (radixserve serve --help lists every option)
+  cache     list or clear the converted-GGUF cache (radixserve cache --help)
   version   print the radixserve version
 """
 _LOG_FORMAT = "[%(asctime)s] %(levelname)s %(name)s: %(message)s"
@@ -94,6 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if command == "serve":
         return _serve(rest)
+    if command == "cache":
+        from radixserve.cache_cli import run
+
+        return run(rest)
     close = difflib.get_close_matches(command, _COMMANDS, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else f" (commands: {', '.join(_COMMANDS)})"
     return _error("radixserve", f"unknown command '{command}'{hint}", 2)

@@ -1,7 +1,9 @@
 """GGUF checkpoints: dequantise once into a cached Hugging Face folder.
 
 The folder (config.json, safetensors, tokenizer files with the chat template) lives under
-<user cache>/radixserve/gguf/<name>-<size>-<hash of path, size, mtime>/ and is written to a temp
+<user cache>/radixserve/gguf/<name>-<size>-<hash of the file's size, first 4 MiB and last
+1 MiB> (so copies, reinstalls and clones of the same file share it; RADIXSERVE_CACHE_DIR moves
+the root; `radixserve cache list|clear` manages it) and is written to a temp
 folder then renamed, so a half-written conversion is never used and the second start skips the
 conversion entirely. Config and tokenizer come from transformers' GGUF readers; tensor names and
 llama.cpp's q/k row permutation are handled here.
@@ -92,13 +94,28 @@ def cache_root() -> Path:
     return Path(platformdirs.user_cache_dir("radixserve")) / "gguf"
 
 
+_HEAD_BYTES = 4 * 2**20  # the header (metadata, tensor table) and the first tensors
+_TAIL_BYTES = 2**20
+
+
+def content_fingerprint(path: Path) -> str:
+    """A hash of the file's size, head and tail (the header names every tensor and its offset,
+    so two different files of one size differ there): cheap even for multi-GB files."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(f"{size}|{CONVERTER_VERSION}|".encode())
+    with path.open("rb") as f:
+        digest.update(f.read(_HEAD_BYTES))
+        if size > _HEAD_BYTES:
+            f.seek(max(size - _TAIL_BYTES, _HEAD_BYTES))
+            digest.update(f.read(_TAIL_BYTES))
+    return digest.hexdigest()[:16]
+
+
 def cached_folder(gguf_path: Path) -> Path:
     """Where the conversion of `gguf_path` lives (whether or not it exists yet)."""
     path = gguf_path.resolve()
-    stat = path.stat()
-    key = f"{path}|{stat.st_size}|{stat.st_mtime_ns}|{CONVERTER_VERSION}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return cache_root() / f"{path.stem}-{stat.st_size}-{digest}"
+    size = path.stat().st_size
+    return cache_root() / f"{path.stem}-{size}-{content_fingerprint(path)}"
 
 
 def ensure_converted(gguf_path: Path) -> Path:

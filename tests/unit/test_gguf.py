@@ -96,6 +96,37 @@ def test_conversion_is_cached_and_reused(tmp_path: Path, monkeypatch: pytest.Mon
     assert load_model(str(path), dtype="float32").model_dir == first
 
 
+def test_cache_is_keyed_by_content_not_path_or_mtime(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A copy of the file elsewhere (a reinstall, a clone) reuses the conversion; a different
+    file of the same name does not. `radixserve cache list|clear` show and remove it."""
+    import os
+    import shutil
+
+    from radixserve.cli import main
+
+    hf = tiny_hf_model(tiny_hf_config("llama", vocab_size=VOCAB))
+    for sub in ("a", "b", "c"):
+        (tmp_path / sub).mkdir()
+    path = write_tiny_gguf(tmp_path / "a" / "tiny.gguf", hf)
+    copy = tmp_path / "b" / "tiny.gguf"
+    shutil.copyfile(path, copy)
+    os.utime(copy, (1, 1))
+    assert gguf.cached_folder(copy) == gguf.cached_folder(path)
+    other = write_tiny_gguf(tmp_path / "c" / "tiny.gguf", tiny_hf_model(hf.config, seed=1))
+    assert gguf.cached_folder(other) != gguf.cached_folder(path)
+
+    folder = gguf.ensure_converted(path)
+    assert main(["cache", "list"]) == 0
+    listing = capsys.readouterr().out
+    assert str(gguf.cache_root()) in listing and folder.name in listing
+    assert main(["cache", "clear", "not-there"]) == 2
+    assert "not in the cache: not-there" in capsys.readouterr().err
+    assert main(["cache", "clear", folder.name]) == 0
+    assert not folder.exists() and "removed 1" in capsys.readouterr().out
+
+
 def test_folder_with_one_gguf_and_tokenizer_from_it(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
