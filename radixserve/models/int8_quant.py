@@ -13,11 +13,11 @@ import logging
 import torch
 from torch import nn
 
-from radixserve.kernels.reference import BLOCK_BYTES, GGML_Q8_0
-from radixserve.layers.linear import attach_gguf_weight
+from radixserve.layers.linear import GGUF_BLOCK_BYTES, attach_gguf_weight
 
 logger = logging.getLogger(__name__)
 
+GGML_Q8_0 = 8  # GGML's type id of Q8_0 blocks
 _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
@@ -32,7 +32,7 @@ def q8_0_blocks(weight: torch.Tensor) -> torch.Tensor:
     q = torch.round(w * inverse.unsqueeze(-1)).clamp_(-127, 127).to(torch.int8)
     d = scale.to(torch.float16).view(torch.uint8).reshape(rows, cols // 32, 2)
     blocks = torch.cat([d, q.view(torch.uint8)], dim=-1)
-    assert blocks.shape[-1] == BLOCK_BYTES[GGML_Q8_0]
+    assert blocks.shape[-1] == GGUF_BLOCK_BYTES[GGML_Q8_0]
     return blocks.reshape(rows, -1).contiguous()
 
 
