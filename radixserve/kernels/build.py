@@ -51,16 +51,29 @@ def extension_name() -> str:
 
 
 def _compile(verbose: bool = False) -> ModuleType:
+    import fcntl
+
     from torch.utils import cpp_extension
 
     flags = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-DNDEBUG"]
-    return cpp_extension.load(
-        name=extension_name(),
-        sources=[str(_source_dir() / s) for s in SOURCES],
-        extra_cflags=flags,
-        extra_ldflags=["-fopenmp"],
-        verbose=verbose,
-    )
+    build_dir = Path(cpp_extension._get_build_directory(extension_name(), verbose=False))
+    # torch guards a build with a plain lock file that a killed build (Ctrl-C during install)
+    # leaves behind, and every later load then waits on it forever. Builds go through this
+    # flock, which the OS releases when its holder dies: whoever holds it knows that a torch
+    # lock file left in the folder belongs to a dead build.
+    with (build_dir / "radixserve-build.flock").open("w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        stale = build_dir / "lock"
+        if stale.exists():
+            logger.warning("Removing %s, left by an interrupted kernel build", stale)
+            stale.unlink(missing_ok=True)
+        return cpp_extension.load(
+            name=extension_name(),
+            sources=[str(_source_dir() / s) for s in SOURCES],
+            extra_cflags=flags,
+            extra_ldflags=["-fopenmp"],
+            verbose=verbose,
+        )
 
 
 def _probe_marker() -> Path:

@@ -227,3 +227,21 @@ def test_fused_layer_not_used_where_it_cannot_run(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(ops, "load_extension", lambda: None)
     use_fast_kernels(llama, True)
     assert all(m.fused_args is None for m in llama.modules() if isinstance(m, LlamaDecoderLayer))
+
+
+def test_a_build_killed_midway_does_not_hang_the_next_load(ext: object) -> None:
+    """torch's build lock file, left behind by a killed build, is cleared by the next build
+    (which holds radixserve's flock, so no live build can own that file)."""
+    import subprocess
+
+    from torch.utils import cpp_extension
+
+    folder = Path(cpp_extension._get_build_directory(build.extension_name(), verbose=False))
+    stale = folder / "lock"
+    stale.touch()
+    code = "from radixserve.kernels import build; build._compile(); print('loaded')"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert proc.returncode == 0 and "loaded" in proc.stdout, proc.stderr[-2000:]
+    assert not stale.exists()
