@@ -45,7 +45,7 @@ def extension_name() -> str:
     import hashlib
 
     digest = hashlib.sha256(str(BUILD_VERSION).encode())
-    for name in (*SOURCES, "common.h", "kernels.h"):
+    for name in (*SOURCES, "common.h", "kernels.h", "gguf_blocks.h"):
         digest.update((_source_dir() / name).read_bytes())
     return f"radixserve_cpu_{cpu_features().fingerprint}_{digest.hexdigest()[:8]}"
 

@@ -7,7 +7,7 @@
 // With many activation rows (prefill) gguf_linear hands over to gguf_gemm_tiled.cpp instead.
 #include <vector>
 
-#include "common.h"
+#include "gguf_blocks.h"
 #include "kernels.h"
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -16,25 +16,17 @@
 namespace radixserve {
 namespace {
 
-constexpr int64_t kBlock = 32;
-constexpr int64_t kQ4_1Bytes = 20;  // fp16 d, fp16 m, 16 bytes of nibbles
-constexpr int64_t kQ8_0Bytes = 34;  // fp16 d, 32 int8
+using gguf::half_to_float;
+using gguf::kBlock;
+using gguf::kQ4_1;
+using gguf::kQ4_1Bytes;
+using gguf::kQ8_0;
+using gguf::kQ8_0Bytes;
+
 constexpr int64_t kRowTile = 4;     // activation rows sharing one unpacked weight block
 // From this many rows on, the float-tile kernel is faster (measured 1.5-2x at 64 and 512 rows;
 // at 16 rows the two are even) and exact in x: the integer path serves small batches (decode).
 constexpr int64_t kTiledMinRows = 32;
-constexpr int64_t kQ4_1 = 3;        // GGML type ids
-constexpr int64_t kQ8_0 = 8;
-
-inline float half_to_float(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, 2);
-#if defined(__F16C__)
-  return _cvtsh_ss(bits);
-#else
-  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
-#endif
-}
 
 struct QuantizedRows {
   std::vector<int16_t> q;    // [M, K]
@@ -72,13 +64,7 @@ QuantizedRows quantize_rows(const T* x, int64_t m, int64_t k, int64_t stride) {
 }
 
 #if defined(__AVX2__)
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
+using gguf::hsum;
 
 // The 32 nibbles of a Q4_1 block as two vectors of 16 int16 (weights 0..15 and 16..31).
 inline void unpack_q4(const uint8_t* qs, __m256i* lo16, __m256i* hi16) {

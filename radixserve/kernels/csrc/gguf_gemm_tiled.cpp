@@ -5,24 +5,18 @@
 // spends most of its instructions on conversions. Activations stay float32: no rounding of x.
 #include <vector>
 
-#include "common.h"
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#include "gguf_blocks.h"
 
 namespace radixserve {
 namespace {
 
-constexpr int64_t kBlockW = 32;
+using gguf::half_to_float;
+using gguf::kQ4_1;
+using gguf::kQ4_1Bytes;
+using gguf::kQ8_0;
+using gguf::kQ8_0Bytes;
+constexpr int64_t kBlockW = gguf::kBlock;
 constexpr int64_t kColBlock = 32;  // weight columns dequantized at a time, per thread
-constexpr int64_t kQ4_1 = 3, kQ8_0 = 8;
-constexpr int64_t kQ4_1Bytes = 20, kQ8_0Bytes = 34;
-
-inline float half_bits_to_float(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, 2);
-  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
-}
 
 // One weight row (K values) from its GGUF blocks, as dequantize_blocks computes it.
 void dequantize_row(const uint8_t* row, int64_t qtype, int64_t k, float* out) {
@@ -31,14 +25,14 @@ void dequantize_row(const uint8_t* row, int64_t qtype, int64_t k, float* out) {
     float* o = out + b * kBlockW;
     if (qtype == kQ4_1) {
       const uint8_t* blk = row + b * kQ4_1Bytes;
-      const float d = half_bits_to_float(blk), m = half_bits_to_float(blk + 2);
+      const float d = half_to_float(blk), m = half_to_float(blk + 2);
       for (int64_t i = 0; i < 16; ++i) {
         o[i] = d * static_cast<float>(blk[4 + i] & 0x0F) + m;
         o[i + 16] = d * static_cast<float>(blk[4 + i] >> 4) + m;
       }
     } else {
       const uint8_t* blk = row + b * kQ8_0Bytes;
-      const float d = half_bits_to_float(blk);
+      const float d = half_to_float(blk);
       const int8_t* q = reinterpret_cast<const int8_t*>(blk + 2);
       for (int64_t i = 0; i < kBlockW; ++i) o[i] = d * static_cast<float>(q[i]);
     }
@@ -46,13 +40,7 @@ void dequantize_row(const uint8_t* row, int64_t qtype, int64_t k, float* out) {
 }
 
 #if defined(__AVX2__)
-inline float hsum8(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-  return _mm_cvtss_f32(lo);
-}
+using gguf::hsum;
 
 // out[r, c] = x[r, :] . w_c for R rows and 2 columns; k a multiple of 8.
 template <int R>
@@ -69,8 +57,8 @@ void tile(const float* x, int64_t ldx, const float* w0, const float* w1, int64_t
     }
   }
   for (int r = 0; r < R; ++r) {
-    out[r * ldo] = hsum8(a0[r]);
-    if (second) out[r * ldo + 1] = hsum8(a1[r]);
+    out[r * ldo] = hsum(a0[r]);
+    if (second) out[r * ldo + 1] = hsum(a1[r]);
   }
 }
 
