@@ -19,9 +19,10 @@ import radixserve
 from radixserve.entrypoints.generation import call_engine
 from radixserve.entrypoints.native_generate import generate
 from radixserve.entrypoints.openai.errors import ApiError
-from radixserve.entrypoints.openai.protocol import AbortRequestInput
+from radixserve.entrypoints.openai.protocol import AbortRequestInput, EncodeReqInput
 from radixserve.entrypoints.openai.serving_embedding import encode
 from radixserve.entrypoints.openai.serving_tokenize import detokenize, tokenize
+from radixserve.entrypoints.openapi_bodies import body_doc, generate_body_doc
 from radixserve.entrypoints.request_body import parse_model, read_json
 from radixserve.entrypoints.serving_context import ServingContext, get_ctx
 
@@ -189,8 +190,12 @@ def build_router() -> APIRouter:
     router.add_api_route("/", root, methods=["GET"], include_in_schema=False)
     # One route per method: each gets its own OpenAPI operation id.
     for method in ("POST", "PUT"):
-        router.add_api_route("/generate", generate, methods=[method])
-        router.add_api_route("/encode", encode, methods=[method])
+        router.add_api_route(
+            "/generate", generate, methods=[method], openapi_extra=generate_body_doc()
+        )
+        router.add_api_route(
+            "/encode", encode, methods=[method], openapi_extra=body_doc(EncodeReqInput)
+        )
     router.add_api_route("/health", health, methods=["GET"])
     router.add_api_route("/health_generate", health_generate, methods=["GET"])
     for path in ("/model_info", "/get_model_info"):
@@ -199,7 +204,9 @@ def build_router() -> APIRouter:
         router.add_api_route(path, server_info, methods=["GET"])
     for method in ("GET", "POST"):
         router.add_api_route("/flush_cache", flush_cache, methods=[method])
-    router.add_api_route("/abort_request", abort_request, methods=["POST"])
+    router.add_api_route(
+        "/abort_request", abort_request, methods=["POST"], openapi_extra=body_doc(AbortRequestInput)
+    )
     router.add_api_route("/tokenize", tokenize, methods=["POST"], include_in_schema=False)
     router.add_api_route("/detokenize", detokenize, methods=["POST"], include_in_schema=False)
     router.add_api_route("/version", version, methods=["GET"])

@@ -42,3 +42,48 @@ def test_models_are_owned_by_radixserve() -> None:
     with make_client() as (client, _):
         (model,) = client.get("/v1/models").json()["data"]
     assert model["id"] == MODEL and model["owned_by"] == "radixserve"
+
+
+def test_openapi_document_describes_every_json_body() -> None:
+    """The routes read their bodies themselves; /openapi.json still documents each body, and
+    the documented schemas accept what the server accepts and refuse unknown sampling keys."""
+    import jsonschema
+
+    with make_client() as (client, _):
+        spec = client.get("/openapi.json").json()
+    paths = spec["paths"]
+    bodies = {
+        (path, method): op["requestBody"]["content"]["application/json"]["schema"]
+        for path, item in paths.items()
+        for method, op in item.items()
+        if "requestBody" in op
+    }
+    expected = {
+        ("/generate", "post"),
+        ("/generate", "put"),
+        ("/encode", "post"),
+        ("/encode", "put"),
+        ("/abort_request", "post"),
+        ("/v1/completions", "post"),
+        ("/v1/chat/completions", "post"),
+        ("/v1/embeddings", "post"),
+        ("/v1/tokenize", "post"),
+        ("/v1/detokenize", "post"),
+    }
+    assert set(bodies) == expected
+    assert "$ref" not in str(bodies)  # every schema stands alone
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    jsonschema.validate(chat, bodies[("/v1/chat/completions", "post")])
+    generate = bodies[("/generate", "post")]
+    jsonschema.validate({"text": "Hi", "sampling_params": {"max_new_tokens": 4}}, generate)
+    for bad in (
+        {"text": "Hi", "input_ids": [1]},  # one input, not both
+        {"text": "Hi", "sampling_params": {"no_such_key": 1}},
+        {"messages": []},
+    ):
+        schema = bodies[("/v1/chat/completions", "post")] if "messages" in bad else generate
+        try:
+            jsonschema.validate(bad, schema)
+        except jsonschema.ValidationError:
+            continue
+        raise AssertionError(f"the schema accepts {bad}")

@@ -100,7 +100,8 @@ class ContentPart(BaseModel):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
-    role: str
+    # The enum documents the roles in /openapi.json; the validator also takes other cases.
+    role: str = Field(json_schema_extra={"enum": list(CHAT_ROLES)})
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
@@ -131,7 +132,7 @@ class ResponseFormat(BaseModel):
 
 
 class ChatCompletionRequest(SamplingExtensions):
-    messages: list[ChatMessage]
+    messages: list[ChatMessage] = Field(json_schema_extra={"minItems": 1})
     model: str | None = None
     frequency_penalty: float | None = 0.0
     logit_bias: dict[str, float] | None = None
@@ -210,7 +211,16 @@ _UNSUPPORTED_INPUTS = ("input_embeds", "image_data", "video_data", "audio_data")
 class GenerateReqInput(BaseModel):
     """POST /generate (SGLang's GenerateReqInput, the fields this server implements)."""
 
-    model_config = ConfigDict(extra="allow")
+    # The schema says what _one_input checks: text or input_ids, never both.
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["text"], "not": {"required": ["input_ids"]}},
+                {"required": ["input_ids"], "not": {"required": ["text"]}},
+            ]
+        },
+    )
     text: str | list[str] | None = None
     input_ids: TokenIds | list[TokenIds] | None = None
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
@@ -231,6 +241,14 @@ class GenerateReqInput(BaseModel):
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("exactly one of text and input_ids must be given")
         return self
+
+
+class EncodeReqInput(BaseModel):
+    """POST /encode (SGLang's EmbeddingReqInput, the fields this server implements)."""
+
+    text: str | list[str] | None = None
+    input_ids: TokenIds | list[TokenIds] | None = None
+    rid: str | list[str] | None = None
 
 
 class AbortRequestInput(BaseModel):

@@ -9,10 +9,18 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
 from radixserve.entrypoints.openai.errors import ApiError
+from radixserve.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    TokenizeRequest,
+)
 from radixserve.entrypoints.openai.serving_chat import create_chat_completion
 from radixserve.entrypoints.openai.serving_completions import create_completion
 from radixserve.entrypoints.openai.serving_embedding import create_embedding
 from radixserve.entrypoints.openai.serving_tokenize import detokenize, tokenize
+from radixserve.entrypoints.openapi_bodies import body_doc
 from radixserve.entrypoints.serving_context import ServingContext, get_ctx
 
 
@@ -45,9 +53,13 @@ def build_router() -> APIRouter:
     router = APIRouter()
     router.add_api_route("/v1/models", list_models, methods=["GET"])
     router.add_api_route("/v1/models/{model:path}", retrieve_model, methods=["GET"])
-    router.add_api_route("/v1/completions", create_completion, methods=["POST"])
-    router.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
-    router.add_api_route("/v1/embeddings", create_embedding, methods=["POST"])
-    router.add_api_route("/v1/tokenize", tokenize, methods=["POST"])
-    router.add_api_route("/v1/detokenize", detokenize, methods=["POST"])
+    posts = (
+        ("/v1/completions", create_completion, CompletionRequest),
+        ("/v1/chat/completions", create_chat_completion, ChatCompletionRequest),
+        ("/v1/embeddings", create_embedding, EmbeddingRequest),
+        ("/v1/tokenize", tokenize, TokenizeRequest),
+        ("/v1/detokenize", detokenize, DetokenizeRequest),
+    )
+    for path, endpoint, body in posts:
+        router.add_api_route(path, endpoint, methods=["POST"], openapi_extra=body_doc(body))
     return router

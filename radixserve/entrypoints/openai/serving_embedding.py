@@ -12,8 +12,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
 from radixserve.entrypoints.openai.errors import ApiError, from_request_error
-from radixserve.entrypoints.openai.protocol import EmbeddingRequest
-from radixserve.entrypoints.request_body import read_json, read_model
+from radixserve.entrypoints.openai.protocol import EmbeddingRequest, EncodeReqInput
+from radixserve.entrypoints.request_body import read_model
 from radixserve.entrypoints.serving_context import ServingContext, get_ctx
 from radixserve.errors import InvalidRequestError
 
@@ -57,14 +57,10 @@ async def create_embedding(request: Request) -> Response:
 
 async def encode(request: Request) -> Response:
     ctx = get_ctx(request)
-    body = await read_json(request)
-    if not isinstance(body, dict):
-        raise ApiError(400, "The request body must be a JSON object.")
+    body = await read_model(request, EncodeReqInput)
     encoder = _encoder(ctx)
     try:
-        result = await encoder(
-            prompt=body.get("text"), input_ids=body.get("input_ids"), rid=body.get("rid")
-        )
+        result = await encoder(prompt=body.text, input_ids=body.input_ids, rid=body.rid)
     except InvalidRequestError as exc:
         raise from_request_error(exc) from exc
     return JSONResponse(result)
