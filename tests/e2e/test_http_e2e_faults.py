@@ -13,6 +13,8 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.e2e_server import ServerProcess, start_server
+from tests.e2e.e2e_server import REPO, ServerProcess, start_server
 
 # A client timeout that only guards against hangs: nothing here should come near it.
 HANG_S = 240.0
@@ -286,17 +288,51 @@ def test_kv_exhaustion_retracts_and_keeps_greedy_outputs(
         assert ids == alone[prompts[i % distinct]], i
 
 
+# -- the soak script, shortened (benchmarks/soak.py; its full run is in docs/reliability.md) ----
+def test_short_soak_loses_nothing_and_stays_bounded(server: ServerProcess, tmp_path: Path) -> None:
+    """Mixed n, streams, structured outputs and client aborts at ~70% of measured capacity on
+    the small pool: every request ends exactly once, no token is lost or duplicated, greedy
+    streamed and non-streamed outputs are equal, and fds and memory stay bounded."""
+    wait_idle(server)
+    command = [sys.executable, str(REPO / "benchmarks" / "soak.py"), "--no-progress"]
+    command += ["--base-url", server.base_url, "--server-pid", str(server.proc.pid)]
+    command += ["--duration", "12", "--capacity-seconds", "4", "--probe-concurrency", "6"]
+    command += ["--max-tokens", "12", "--interval", "4", "--equality-every", "3"]
+    command += ["--report-dir", str(tmp_path)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
+    summary = json.loads((tmp_path / "soak.json").read_text())
+    assert (tmp_path / "soak.md").read_text().startswith("# Soak report")
+    assert run.returncode == (0 if summary["passed"] else 1), run.stdout + run.stderr
+    assert summary["requests"] > 0 and summary["capacity"]["requests"] > 0
+    assert summary["first_problems"] == [] and summary["capacity"]["problems"] == 0
+    assert summary["ended_zero_times"] == 0 and summary["ended_more_than_once"] == 0
+    assert summary["lost_tokens"] == 0 and summary["duplicated_tokens"] == 0
+    assert summary["equality_probes"] >= 1
+    assert summary["equality_equal"] == summary["equality_probes"], summary["equality_mismatches"]
+    assert summary["idle_after"]["idle"], summary["idle_after"]
+    # Gross leaks only: a run of seconds cannot show a slow one (the full soak's report can).
+    assert summary["server_processes"] >= 3  # the API process and its two children
+    assert summary["fds_end"] - summary["fds_start"] <= 16
+    assert summary["rss_end_mib"] <= summary["rss_start_mib"] * 1.25
+    assert summary["passed"], summary
+
+
 # -- SIGTERM under load (ends the module's server: keep it last) ------------------------------
-LOAD = 10
+# More requests than the 384-token pool runs at once (each needs ~8 prompt + 24 new tokens), so
+# some are still waiting in the scheduler's queue when the signal arrives.
+LOAD = 24
+SIGTERM_TOKENS = 24
 
 
 def test_sigterm_under_load_finishes_in_flight_and_refuses_new(server: ServerProcess) -> None:
     wait_idle(server)
     base = server.base_url
     results: list[tuple[int, Any]] = []
+    at_signal: dict[str, Any] = {}
 
     async def one(client: httpx.AsyncClient, i: int) -> None:
-        body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 16, "ignore_eos": True}
+        body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": SIGTERM_TOKENS}
+        body["ignore_eos"] = True
         if i % 2:
             body["stream"] = True
         r = await client.post(f"{base}/v1/completions", json=body)
@@ -310,10 +346,14 @@ def test_sigterm_under_load_finishes_in_flight_and_refuses_new(server: ServerPro
     async def main() -> None:
         async with aclient() as client:
             tasks = [asyncio.ensure_future(one(client, i)) for i in range(LOAD)]
-            deadline = time.monotonic() + 60
-            while (await client.get(f"{base}/get_server_info")).json()["num_running_reqs"] < 4:
-                assert time.monotonic() < deadline
+            deadline = time.monotonic() + 120
+            while True:
+                info = (await client.get(f"{base}/get_server_info")).json()
+                if info["num_running_reqs"] >= 4 and info["num_waiting_reqs"] >= 1:
+                    break
+                assert time.monotonic() < deadline, info
                 await asyncio.sleep(0.02)
+            at_signal.update(info)
             server.proc.send_signal(signal.SIGTERM)
             await asyncio.sleep(0.3)
             late = await client.post(f"{base}/v1/completions", json={"prompt": "hi"})
@@ -322,6 +362,8 @@ def test_sigterm_under_load_finishes_in_flight_and_refuses_new(server: ServerPro
             await asyncio.gather(*tasks)
 
     run_async(main())
+    # Requests were both running and queued at the signal; each one still ended exactly once.
+    assert at_signal["num_waiting_reqs"] >= 1 and at_signal["num_running_reqs"] >= 4
     assert len(results) == LOAD
     for status, outcome in results:
         assert status == 200, outcome
