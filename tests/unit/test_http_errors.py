@@ -85,6 +85,11 @@ def test_completion_bad_input(client: TestClient, body: dict, param: str, stream
     assert_still_serving(client)
 
 
+def _calls(*calls: Any) -> dict[str, Any]:
+    """A history whose assistant turn carries `calls` as its tool_calls."""
+    return {"messages": [*CHAT, {"role": "assistant", "content": None, "tool_calls": list(calls)}]}
+
+
 CHAT_CASES = [
     ({}, "messages"),
     ({"messages": []}, "messages"),
@@ -106,6 +111,11 @@ CHAT_CASES = [
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
         "messages[0].content[0].type",
     ),
+    # A malformed earlier tool call in the history was a 500 while the prompt was built.
+    (_calls({"function": 5}), "messages[1].tool_calls[0].function"),
+    (_calls({}), "messages[1].tool_calls[0].function"),
+    (_calls({"function": {"arguments": "{}"}}), "messages[1].tool_calls[0].function.name"),
+    (_calls("call"), "messages[1].tool_calls[0]"),
 ]
 
 

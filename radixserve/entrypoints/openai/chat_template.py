@@ -10,7 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from radixserve.entrypoints.openai.errors import ApiError, scrub
-from radixserve.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
+from radixserve.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    MessageToolCall,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,21 +72,18 @@ def _content_text(msg: ChatMessage, index: int) -> str | None:
     return "".join(texts)
 
 
-def _tool_calls_text(tool_calls: list[Any]) -> str:
+def _tool_calls_text(tool_calls: list[MessageToolCall]) -> str:
     """Earlier tool calls written back as the model emits them (the Hermes/Qwen style
     `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`), for templates that would
     otherwise drop them."""
     parts = []
     for call in tool_calls:
-        call = call if isinstance(call, dict) else dict(call)
-        function = call.get("function") or {}
-        function = function if isinstance(function, dict) else dict(function)
-        arguments: Any = function.get("arguments")
+        arguments: Any = call.function.arguments
         if isinstance(arguments, str):
             # Not JSON: kept as the string the client sent.
             with contextlib.suppress(json.JSONDecodeError):
                 arguments = json.loads(arguments)
-        body = json.dumps({"name": function.get("name"), "arguments": arguments})
+        body = json.dumps({"name": call.function.name, "arguments": arguments})
         parts.append(f"<tool_call>\n{body}\n</tool_call>")
     return "\n".join(parts)
 
@@ -102,10 +103,13 @@ def to_template_messages(
             calls = _tool_calls_text(msg.tool_calls)
             content = f"{content}\n{calls}" if content else calls
         item: dict[str, Any] = {"role": msg.role, "content": content}
-        for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
+        for key in ("name", "tool_call_id", "reasoning_content"):
             value = getattr(msg, key)
             if value is not None:
                 item[key] = value
+        if msg.tool_calls is not None:
+            # The calls as the client sent them: templates index them as dicts.
+            item["tool_calls"] = [c.model_dump(exclude_unset=True) for c in msg.tool_calls]
         out.append(item)
     return out
 

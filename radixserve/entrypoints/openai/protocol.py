@@ -98,13 +98,29 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    arguments: str | dict[str, Any] | None = None
+
+
+class MessageToolCall(BaseModel):
+    """A call the assistant made, sent back in a later request's history. Typed so that a
+    malformed one is a 400 naming it, not a failure while the prompt is built."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str | None = None
+    type: str | None = None
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     # The enum documents the roles in /openapi.json; the validator also takes other cases.
     role: str = Field(json_schema_extra={"enum": list(CHAT_ROLES)})
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[MessageToolCall] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
 
