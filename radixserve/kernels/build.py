@@ -45,7 +45,8 @@ def extension_name() -> str:
     import hashlib
 
     digest = hashlib.sha256(str(BUILD_VERSION).encode())
-    for name in (*SOURCES, "common.h", "kernels.h", "gguf_blocks.h"):
+    headers = sorted(path.name for path in _source_dir().glob("*.h"))  # every header counts
+    for name in (*SOURCES, *headers):
         digest.update((_source_dir() / name).read_bytes())
     return f"radixserve_cpu_{cpu_features().fingerprint}_{digest.hexdigest()[:8]}"
 

@@ -24,9 +24,13 @@ using gguf::kQ8_0;
 using gguf::kQ8_0Bytes;
 
 constexpr int64_t kRowTile = 4;     // activation rows sharing one unpacked weight block
-// From this many rows on, the float-tile kernel is faster (measured 1.5-2x at 64 and 512 rows;
-// at 16 rows the two are even) and exact in x: the integer path serves small batches (decode).
-constexpr int64_t kTiledMinRows = 32;
+// From this many rows on, the packed float kernel (gguf_gemm_tiled.cpp) is at least as fast and
+// exact in x; the integer path serves small batches (decode). One core, AMD Zen 3: Q4_1 decoder
+// shapes 1.2-1.3x at 12 rows, 0.9-1.0x at 8 (its nibble unpacking makes the integer path slow);
+// Q8_0 is even at 32 and 48 rows and the integer path wins below (the LM head's 49k-column pack
+// costs 14 ms at any row count: 0.3x at 4 rows).
+constexpr int64_t kTiledMinRowsQ4_1 = 12;
+constexpr int64_t kTiledMinRowsQ8_0 = 32;
 
 struct QuantizedRows {
   std::vector<int16_t> q;    // [M, K]
@@ -236,7 +240,8 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
   const int64_t block_bytes = qtype == kQ4_1 ? kQ4_1Bytes : kQ8_0Bytes;
   TORCH_CHECK(blocks.size(0) == n && blocks.size(1) == k / kBlock * block_bytes,
               "blocks do not match [N, K]");
-  if (m >= kTiledMinRows && gguf_tiled_available()) {
+  const int64_t tiled_min_rows = qtype == kQ4_1 ? kTiledMinRowsQ4_1 : kTiledMinRowsQ8_0;
+  if (m >= tiled_min_rows && gguf_tiled_available()) {
     // Many rows (prefill): float tiles over dequantized weights (gguf_gemm_tiled.cpp).
     const bool is_float = x.scalar_type() == at::kFloat;
     auto out = gguf_linear_tiled(is_float ? x : x.to(at::kFloat), blocks, qtype, n);
