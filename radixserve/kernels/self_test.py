@@ -61,42 +61,57 @@ def check_rope_and_attention(ext: object) -> None:
         _close("rope q/k", results[0], results[1], 1e-5)
         _close("k_cache", caches[0], caches[2], 1e-5)
         _close("v_cache", caches[1], caches[3], 1e-5)
-    k_cache = torch.randn(slots_n, kv_heads, dim)
-    v_cache = torch.randn(slots_n, kv_heads, dim)
-    # Three requests: prefill over a prefix (gathered path), a decode and a decode whose keys
+    # Four requests: a short prefill over a prefix and a 40-token one over a 70-token prefix
+    # (several query-row items and two key blocks: the gathered prefill path, register-blocked
+    # where head_dim is a multiple of 16, scalar otherwise), a decode, and a decode whose keys
     # span two key blocks (direct path).
-    req_to_token = torch.randint(0, slots_n, (3, 100))
-    rows, prefix, new = [1, 0, 2], [3, 20, 90], [5, 1, 1]
-    starts = [0, 5, 6]
-    q = torch.randn(7, heads * dim)
     t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
-    got = ext.paged_attention(
-        q, k_cache, v_cache, req_to_token, t(rows), t(prefix), t(new), t(starts), heads, 0.25
-    )
-    want = reference.paged_attention(
-        q, k_cache, v_cache, req_to_token, rows, prefix, new, starts, heads, 0.25
-    )
-    _close("paged_attention", got, want, 1e-4)
+    for head_dim in (16, 24):
+        k_cache = torch.randn(256, kv_heads, head_dim)
+        v_cache = torch.randn(256, kv_heads, head_dim)
+        req_to_token = torch.randint(0, 256, (4, 120))
+        rows, prefix, new = [1, 0, 2, 3], [3, 20, 90, 70], [5, 1, 1, 40]
+        starts = [0, 5, 6, 7]
+        q = torch.randn(47, heads * head_dim)
+        got = ext.paged_attention(
+            q, k_cache, v_cache, req_to_token, t(rows), t(prefix), t(new), t(starts), heads, 0.25
+        )
+        want = reference.paged_attention(
+            q, k_cache, v_cache, req_to_token, rows, prefix, new, starts, heads, 0.25
+        )
+        _close(f"paged_attention (head_dim {head_dim})", got, want, 1e-4)
 
 
 def check_gguf(ext: object) -> None:
     torch.manual_seed(0)
-    n, k = 25, 96  # an odd column count: the float tiles pair columns
-    for qtype in (reference.GGML_Q4_1, reference.GGML_Q8_0):
-        nbytes = reference.BLOCK_BYTES[qtype]
-        blocks = torch.randint(0, 256, (n, k // 32, nbytes), dtype=torch.uint8)
-        scales = (torch.rand(n, k // 32, 2) * 0.02).to(torch.float16).view(torch.uint8)
-        blocks[..., 0:4] = scales.reshape(n, k // 32, 4)
-        blocks = blocks.reshape(n, -1).contiguous()
-        for rows in (1, 2, 3, 6, 37):  # every row tile, and the float-tile path (32+ rows)
-            x = torch.randn(rows, k)
-            # Activations are quantized to int16 per block of 32: ~1e-4 relative error at most.
-            _close(
-                "gguf_linear",
-                ext.gguf_linear(x, blocks, qtype, n),
-                reference.gguf_linear(x, blocks, qtype, n),
-                1e-3,
-            )
+    # Column counts off the packed kernel's 16-column panels; K = 320 spans two of its K blocks
+    # (256), so the accumulate-into-output step runs too.
+    for n, k in ((25, 96), (40, 320)):
+        for qtype in (reference.GGML_Q4_1, reference.GGML_Q8_0):
+            nbytes = reference.BLOCK_BYTES[qtype]
+            blocks = torch.randint(0, 256, (n, k // 32, nbytes), dtype=torch.uint8)
+            scales = (torch.rand(n, k // 32, 2) * 0.02).to(torch.float16).view(torch.uint8)
+            blocks[..., 0:4] = scales.reshape(n, k // 32, 4)
+            blocks = blocks.reshape(n, -1).contiguous()
+            # Every integer row tile (1-4 rows), and the packed float kernel (12+ rows for Q4_1,
+            # 32+ for Q8_0) with whole and partial 6-row tiles.
+            for rows in (1, 2, 3, 6, 13, 37):
+                x = torch.randn(rows, k)
+                # Activations are quantized to int16 per block of 32 on the integer path: ~1e-4
+                # relative error at most.
+                _close(
+                    "gguf_linear",
+                    ext.gguf_linear(x, blocks, qtype, n),
+                    reference.gguf_linear(x, blocks, qtype, n),
+                    1e-3,
+                )
+                if rows >= 6:
+                    _close(
+                        "gguf_linear_tiled",
+                        ext.gguf_linear_tiled(x, blocks, qtype, n),
+                        reference.gguf_linear(x, blocks, qtype, n),
+                        1e-5,
+                    )
 
 
 CHECKS: tuple[Check, ...] = (check_elementwise, check_rope_and_attention, check_gguf)

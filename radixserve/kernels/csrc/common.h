@@ -10,6 +10,9 @@
 
 #include <cstdint>
 #include <cstring>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 namespace radixserve {
 
@@ -43,6 +46,29 @@ inline float fast_exp(float x) {
   std::memcpy(&scale, &bits, sizeof(scale));
   return y * scale;
 }
+
+#if defined(__AVX2__)
+// fast_exp on 8 lanes with explicit AVX2 intrinsics: GCC does not vectorise the scalar version
+// inside `omp simd` loops (floorf and the bit cast stay scalar), which made silu_and_mul 4.5x
+// slower than torch's. Same steps and constants as fast_exp.
+inline __m256 fast_exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  const __m256 k = _mm256_floor_ps(
+      _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fmadd_ps(k, _mm256_set1_ps(2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+}
+#endif
 
 // Calls f(T{}) for T = float or c10::BFloat16 (the dtypes the kernels are built for; others
 // take the PyTorch path). Fewer instantiations than AT_DISPATCH_* keep the build short.

@@ -1,6 +1,8 @@
 // Fused element-wise kernels: RMSNorm (with the residual add), SiLU-and-mul, and RoPE applied
 // in place to q and k with k and v stored into the paged KV cache in the same pass.
 // Each replaces 5 to 25 small eager ops per layer; the arithmetic is float32 throughout.
+#include <type_traits>
+
 #include "common.h"
 
 namespace radixserve {
@@ -47,8 +49,19 @@ void silu_and_mul_rows(const T* xp, T* op, int64_t rows, int64_t d, int64_t stri
       const T* gate = xp + r * stride;
       const T* up = gate + d;
       T* o = op + r * d;
-#pragma omp simd
-      for (int64_t i = 0; i < d; ++i) {
+      int64_t i = 0;
+#if defined(__AVX2__)
+      if constexpr (std::is_same_v<T, float>) {
+        const __m256 one = _mm256_set1_ps(1.0f);
+        for (; i + 8 <= d; i += 8) {
+          const __m256 g = _mm256_loadu_ps(gate + i);
+          const __m256 e = fast_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+          const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
+          _mm256_storeu_ps(o + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+        }
+      }
+#endif
+      for (; i < d; ++i) {
         const float g = to_float(gate[i]);
         o[i] = from_float<T>(g / (1.0f + fast_exp(-g)) * to_float(up[i]));
       }
