@@ -93,19 +93,27 @@ inline __m256 dot_block(__m256i w_lo, __m256i w_hi, const int16_t* x) {
 #endif
 
 // out[r, n] for activation rows r in [r0, r0 + R) and one weight row n. R is a template
-// parameter so the accumulators live in registers (with a run-time row count they spill to the
-// stack, and every block then waits on a store and a reload: about 2x slower).
+// parameter and the accumulators are named variables (RS_ACC): with a run-time row count, or
+// with an array of __m256 even at a fixed R, GCC keeps them on the stack and stores every one
+// on every block (seen in the disassembly of the R = 4 loop).
 #if defined(__AVX2__)
+#define RS_Q_ROW(i, EXTRA)                                                                   \
+  if constexpr (R > i) {                                                                     \
+    const __m256 p = dot_block(w_lo, w_hi, xq_base + i * k + b * kBlock);                   \
+    acc##i = _mm256_fmadd_ps(p, _mm256_mul_ps(d, _mm256_broadcast_ss(scale_base + i * nb + b)), \
+                             acc##i);                                                        \
+    EXTRA                                                                                    \
+  }
+#define RS_Q4_OFFSET(i) \
+  off##i = _mm256_fmadd_ps(m, _mm256_broadcast_ss(sum_base + i * nb + b), off##i);
+
 template <int R>
 void dot_rows_q4_1(const uint8_t* wrow, const QuantizedRows& xq, int64_t r0, int64_t k,
                    float* out_col, int64_t out_stride) {
   const int64_t nb = k / kBlock;
-  __m256 acc[R];
-  __m256 offset[R];  // m * sum(x) per block, in lane 0 (kept in vectors: no scalar chain)
-  for (int r = 0; r < R; ++r) {
-    acc[r] = _mm256_setzero_ps();
-    offset[r] = _mm256_setzero_ps();
-  }
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  // m * sum(x) per block, in lane 0 (kept in vectors: no scalar dependency chain)
+  __m256 off0 = acc0, off1 = acc0, off2 = acc0, off3 = acc0;
   const int16_t* xq_base = xq.q.data() + r0 * k;
   const float* scale_base = xq.scale.data() + r0 * nb;
   const float* sum_base = xq.sum.data() + r0 * nb;
@@ -115,15 +123,14 @@ void dot_rows_q4_1(const uint8_t* wrow, const QuantizedRows& xq, int64_t r0, int
     const __m256 m = _mm256_set1_ps(half_to_float(blk + 2));
     __m256i w_lo, w_hi;
     unpack_q4(blk + 4, &w_lo, &w_hi);
-    for (int r = 0; r < R; ++r) {
-      const __m256 p = dot_block(w_lo, w_hi, xq_base + r * k + b * kBlock);
-      const __m256 xs = _mm256_broadcast_ss(scale_base + r * nb + b);
-      acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(d, xs), acc[r]);
-      offset[r] = _mm256_fmadd_ps(m, _mm256_broadcast_ss(sum_base + r * nb + b), offset[r]);
-    }
+    RS_Q_ROW(0, RS_Q4_OFFSET(0))
+    RS_Q_ROW(1, RS_Q4_OFFSET(1))
+    RS_Q_ROW(2, RS_Q4_OFFSET(2))
+    RS_Q_ROW(3, RS_Q4_OFFSET(3))
   }
+  const __m256 accs[4] = {acc0, acc1, acc2, acc3}, offs[4] = {off0, off1, off2, off3};
   for (int r = 0; r < R; ++r) {
-    out_col[r * out_stride] = hsum(acc[r]) + _mm256_cvtss_f32(offset[r]);
+    out_col[r * out_stride] = hsum(accs[r]) + _mm256_cvtss_f32(offs[r]);
   }
 }
 
@@ -131,8 +138,7 @@ template <int R>
 void dot_rows_q8_0(const uint8_t* wrow, const QuantizedRows& xq, int64_t r0, int64_t k,
                    float* out_col, int64_t out_stride) {
   const int64_t nb = k / kBlock;
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
   const int16_t* xq_base = xq.q.data() + r0 * k;
   const float* scale_base = xq.scale.data() + r0 * nb;
   for (int64_t b = 0; b < nb; ++b) {
@@ -140,14 +146,13 @@ void dot_rows_q8_0(const uint8_t* wrow, const QuantizedRows& xq, int64_t r0, int
     const __m256 d = _mm256_set1_ps(half_to_float(blk));
     __m256i w_lo, w_hi;
     unpack_q8(blk + 2, &w_lo, &w_hi);
-    for (int r = 0; r < R; ++r) {
-      const __m256 p = dot_block(w_lo, w_hi, xq_base + r * k + b * kBlock);
-      const __m256 xs = _mm256_broadcast_ss(scale_base + r * nb + b);
-      acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(d, xs), acc[r]);
-    }
+    RS_Q_ROW(0, ) RS_Q_ROW(1, ) RS_Q_ROW(2, ) RS_Q_ROW(3, )
   }
-  for (int r = 0; r < R; ++r) out_col[r * out_stride] = hsum(acc[r]);
+  const __m256 accs[4] = {acc0, acc1, acc2, acc3};
+  for (int r = 0; r < R; ++r) out_col[r * out_stride] = hsum(accs[r]);
 }
+#undef RS_Q_ROW
+#undef RS_Q4_OFFSET
 
 template <template <int> class Kernel>
 void dispatch_rows(int64_t rows, const uint8_t* wrow, const QuantizedRows& xq, int64_t r0,
