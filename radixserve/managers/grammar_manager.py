@@ -1,6 +1,6 @@
 """Grammar-constrained requests on the scheduler side: compile in the background (a request
 waits in its own queue, so compiling never stalls other requests' decoding), give each request
-a matcher, build the batch's vocabulary mask, and follow the sampled tokens."""
+a matcher, fill the batch's packed vocabulary mask, and follow the sampled tokens."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from radixserve.sampling.constrained import (
     GrammarBackend,
     GrammarError,
     create_grammar_backend,
     spec_from_sampling_params,
 )
+from radixserve.sampling.constrained.bitmask import allocate_bitmask
+from radixserve.sampling.constrained.mask_apply import PackedVocabMask
 
 if TYPE_CHECKING:
     from radixserve.managers.schedule_batch import Req
@@ -96,12 +96,23 @@ class GrammarManager:
         return ready, failed
 
     @staticmethod
-    def vocab_mask(reqs: Sequence[Req], vocab_size: int) -> torch.Tensor | None:
-        """[B, V] bool of allowed tokens, or None when no request in the batch is constrained."""
-        if not any(r.grammar is not None for r in reqs):
+    def grammar_mask(reqs: Sequence[Req], vocab_size: int) -> PackedVocabMask | None:
+        """The batch's packed mask (int32 [B, ceil(vocab_size / 32)]), each constrained
+        request's row filled by its matcher; None when no request in the batch is constrained.
+        The sampler applies it in place (``PackedVocabMask.apply_``), so no per-token mask is
+        ever built here."""
+        rows = tuple(i for i, r in enumerate(reqs) if r.grammar is not None)
+        if not rows:
             return None
-        mask = torch.ones((len(reqs), vocab_size), dtype=torch.bool)
-        for i, req in enumerate(reqs):
-            if req.grammar is not None:
-                req.grammar.fill_bitmask(mask[i])
-        return mask
+        # Zeroed, so a row no matcher wrote would allow nothing rather than garbage.
+        bitmask = allocate_bitmask(len(reqs), vocab_size)
+        for i in rows:
+            matcher = reqs[i].grammar
+            assert matcher is not None
+            if matcher.vocab_size != vocab_size:
+                raise ValueError(
+                    f"the grammar's vocabulary ({matcher.vocab_size}) differs from the logits "
+                    f"width ({vocab_size})."
+                )
+            matcher.fill_packed(bitmask, i)
+        return PackedVocabMask(bitmask, rows, vocab_size)

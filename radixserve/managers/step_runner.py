@@ -91,7 +91,7 @@ class StepRunner:
             vocab_size=logits.shape[-1],
             device=logits.device,
             eos_token_ids=self.eos_token_ids,
-            vocab_mask=_to(GrammarManager.vocab_mask(sampled_reqs, logits.shape[-1]), logits),
+            grammar_mask=GrammarManager.grammar_mask(sampled_reqs, logits.shape[-1]),
         )
         top_n = max((r.top_logprobs_num for r in sampled_reqs if r.return_logprob), default=0)
         need_logprobs = any(r.return_logprob for r in sampled_reqs)
@@ -203,7 +203,3 @@ def _plain_greedy(reqs: Sequence[Req]) -> bool:
         ):
             return False
     return True
-
-
-def _to(mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
-    return None if mask is None else mask.to(like.device)

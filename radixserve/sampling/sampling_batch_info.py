@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from radixserve.sampling import penalties
+from radixserve.sampling.constrained.mask_apply import PackedVocabMask
 from radixserve.sampling.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class SamplingBatchInfo:
     logit_bias: torch.Tensor | None = None  # [B, V] float32
     min_tokens_mask: torch.Tensor | None = None  # [B, V] bool, True = blocked this step
     vocab_mask: torch.Tensor | None = None  # [B, V] bool, True = allowed
+    grammar_mask: PackedVocabMask | None = None  # packed, applied in place to its rows only
 
     def __len__(self) -> int:
         return int(self.temperatures.shape[0])
@@ -83,12 +85,14 @@ class SamplingBatchInfo:
         device: torch.device | str,
         eos_token_ids: Sequence[int] = (),
         vocab_mask: torch.Tensor | None = None,
+        grammar_mask: PackedVocabMask | None = None,
     ) -> SamplingBatchInfo:
         """Build the step's tensors.
 
         ``output_ids[i]`` are the tokens request i generated so far (penalties,
         min_new_tokens, and the seeded draw's step index). ``vocab_mask`` is an optional
-        ``[B, V]`` bool tensor, True = allowed (grammar constraints).
+        ``[B, V]`` bool tensor, True = allowed; ``grammar_mask`` the same constraint packed
+        (what the scheduler passes: its grammar rows are masked in place, the others untouched).
         """
         batch = len(params)
         if batch == 0:
@@ -131,6 +135,7 @@ class SamplingBatchInfo:
         info._build_logit_bias(params)
         info._build_min_tokens_mask(params, output_ids, eos_token_ids)
         info._set_vocab_mask(vocab_mask)
+        info._set_grammar_mask(grammar_mask)
         return info
 
     def _build_penalties(
@@ -206,11 +211,27 @@ class SamplingBatchInfo:
             )
         self.vocab_mask = vocab_mask.to(self.device)
 
+    def _set_grammar_mask(self, grammar_mask: PackedVocabMask | None) -> None:
+        if grammar_mask is None:
+            return
+        if len(grammar_mask.bitmask) != len(self):
+            raise ValueError(
+                f"grammar_mask has {len(grammar_mask.bitmask)} rows for a batch of {len(self)}."
+            )
+        # The bitmask stays where it was filled (the CPU); applying moves it if needed.
+        self.grammar_mask = grammar_mask
+
     @property
     def needs_logit_processing(self) -> bool:
         return any(
             t is not None
-            for t in (self.token_counts, self.logit_bias, self.min_tokens_mask, self.vocab_mask)
+            for t in (
+                self.token_counts,
+                self.logit_bias,
+                self.min_tokens_mask,
+                self.vocab_mask,
+                self.grammar_mask,
+            )
         )
 
     def process_logits(self, logits: torch.Tensor) -> torch.Tensor:
@@ -233,4 +254,8 @@ class SamplingBatchInfo:
             x = x.masked_fill(self.min_tokens_mask, float("-inf"))
         if self.vocab_mask is not None:
             x = x.masked_fill(~self.vocab_mask, float("-inf"))
+        if self.grammar_mask is not None:
+            if x is logits:  # .float() of float32 logits is the caller's tensor: copy first
+                x = x.clone()
+            self.grammar_mask.apply_(x)
         return x

@@ -1,9 +1,10 @@
 """The grammar-backend interface the scheduler uses: a backend compiles grammars (cached, off
 the caller's thread, with a deadline) and makes one matcher per request.
 
-Per step, for each constrained request the scheduler fills that request's row of the allowed-
-token mask (``fill_bitmask``, or ``fill_packed`` for a packed batch), masks the logits, samples,
-then calls ``accept_token`` with the sampled id. ``rollback`` undoes accepted tokens (up to
+Per step, for each constrained request the scheduler fills that request's row of the batch's
+packed allowed-token mask (``fill_packed``), the sampler masks those logits rows in place
+(``mask_apply``), and the scheduler calls ``accept_token`` with the sampled id. ``fill_bitmask``
+(one request, unpacked to bool) is for tests and tools. ``rollback`` undoes accepted tokens (up to
 ``MAX_ROLLBACK_TOKENS``).
 """
 

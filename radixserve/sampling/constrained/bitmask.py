@@ -1,8 +1,9 @@
 """Packed vocabulary bitmasks: one bit per token id, 32 ids per int32 word (bit ``i % 32`` of
 word ``i // 32``), the layout xgrammar, llguidance and outlines-core all write.
 
-A batch fills one row per constrained request, then ``unpack_bitmask`` turns the rows into a
-bool mask the width of the logits in one vectorised call.
+A batch fills one row per constrained request and the sampler applies the rows in place
+(``mask_apply``); ``unpack_bitmask`` turns rows into a bool mask where one is wanted (tests,
+``GrammarMatcher.fill_bitmask``).
 """
 
 from __future__ import annotations
