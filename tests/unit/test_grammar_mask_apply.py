@@ -14,6 +14,7 @@ from radixserve.sampling.constrained.bitmask import unpack_bitmask, write_only
 from radixserve.sampling.constrained.mask_apply import (
     PackedVocabMask,
     apply_token_bitmask_inplace,
+    sparse_kernel,
     torch_kernel,
     xgrammar_kernel,
 )
@@ -22,7 +23,7 @@ from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 from radixserve.sampling.sampling_params import SamplingParams
 from tests.unit.test_grammar_core import _Matcher
 
-KERNELS = {"auto": None, "torch": torch_kernel}
+KERNELS = {"auto": None, "torch": torch_kernel, "sparse": sparse_kernel}
 if xgrammar_kernel() is not None:
     KERNELS["xgrammar"] = xgrammar_kernel()
 
@@ -47,6 +48,11 @@ def _random_case(
     # too (they must not matter).
     bitmask = torch.randint(-(2**31), 2**31, (batch, words), generator=gen, dtype=torch.int64)
     bitmask = bitmask.to(torch.int32)
+    # Every other row allows only a few words' worth (as most JSON steps do), which the
+    # automatic choice sends to the sparse kernel.
+    for r in range(0, batch, 2):
+        keep = torch.rand(words, generator=gen) < 0.05
+        bitmask[r] = bitmask[r] * keep.to(torch.int32)
     rows = sorted(set(torch.randint(0, batch, (max(1, batch // 2),), generator=gen).tolist()))
     return logits, bitmask, rows
 
