@@ -86,6 +86,9 @@ class HttpConfig:
     health_timeout_s: float = 20.0
     health_generates: bool = False
     allow_request_chat_template: bool = False
+    # Other names a request may use for the served model: the model path as typed and without a
+    # trailing slash, as SGLang (whose default served name is the path) would accept them.
+    model_aliases: tuple[str, ...] = ()
 
     @classmethod
     def from_server_args(cls, args: Any) -> HttpConfig:
@@ -94,10 +97,12 @@ class HttpConfig:
             return default if value is None else value
 
         model_path = str(get("model_path", ""))
+        served = str(get("served_model_name", model_path) or model_path)
         return cls(
             model_path=model_path,
             tokenizer_path=str(get("tokenizer_path", model_path)),
-            served_model_name=str(get("served_model_name", model_path) or model_path),
+            served_model_name=served,
+            model_aliases=_path_aliases(model_path, served),
             api_key=get("api_key") or None,
             admin_api_key=get("admin_api_key") or None,
             host=str(get("host", "127.0.0.1")),
@@ -129,3 +134,14 @@ class HttpConfig:
             health_generates=_env_bool(HEALTH_GENERATE_ENV, False),
             allow_request_chat_template=_env_bool(ALLOW_REQUEST_TEMPLATE_ENV, False),
         )
+
+
+def _path_aliases(model_path: str, served: str) -> tuple[str, ...]:
+    """The model path (as typed, and without a trailing slash) when the served name is the
+    default one derived from it; an explicit --served-model-name is the only accepted name."""
+    from radixserve.options.resolve import default_served_model_name
+
+    if not model_path or served != default_served_model_name(model_path):
+        return ()
+    stripped = model_path.rstrip("/") or model_path
+    return tuple(dict.fromkeys((model_path, stripped)))

@@ -68,6 +68,8 @@ class ServingContext:
         """OpenAI routes name a model; only the served one (or none) is accepted."""
         if name is None or name == "" or name == self.model_name:
             return
+        if name in self.config.model_aliases:
+            return
         raise ApiError(
             404,
             f"The model {name!r} does not exist; this server serves {self.model_name!r}.",

@@ -80,7 +80,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--served-model-name",
         STR,
         None,
-        "Model name reported by the API (defaults to the model path).",
+        "Model name reported by the API (defaults to the model folder's or GGUF file's name; requests may also name the model path).",
         support=IMPLEMENTED,
     ),
     value(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import random
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from radixserve.options import hardware
@@ -111,6 +112,18 @@ def resolve_kv_cache_dtype(kv_cache_dtype: str, dtype: str) -> str:
     return _DTYPE_ALIASES.get(kv_cache_dtype, kv_cache_dtype)
 
 
+def default_served_model_name(model_path: str) -> str:
+    """The name /v1/models shows when --served-model-name is not given: a local folder's or
+    GGUF file's own name (SGLang shows the path as typed, which exposes the host's directory
+    layout and keeps a trailing slash); anything else (a hub id) as given. Requests naming the
+    path itself are still accepted (HttpConfig.model_aliases)."""
+    local = Path(model_path).expanduser()
+    if not local.exists():
+        return model_path
+    name = local.resolve().name
+    return name[: -len(".gguf")] if local.is_file() and name.endswith(".gguf") else name
+
+
 def _resolve_model(values: dict[str, Any]) -> None:
     if values.get("model_path") is None:
         from radixserve.default_model import DEFAULT_MODEL_NAME, ensure_default_model
@@ -122,7 +135,7 @@ def _resolve_model(values: dict[str, Any]) -> None:
     if values.get("tokenizer_path") is None:
         values["tokenizer_path"] = model_path
     if values.get("served_model_name") is None:
-        values["served_model_name"] = model_path
+        values["served_model_name"] = default_served_model_name(str(model_path))
     # SGLang also switches to the GGUF loader when handed a .gguf file.
     if values.get("load_format") == "auto" and str(model_path).endswith(".gguf"):
         values["load_format"] = "gguf"

@@ -87,3 +87,37 @@ def test_openapi_document_describes_every_json_body() -> None:
         except jsonschema.ValidationError:
             continue
         raise AssertionError(f"the schema accepts {bad}")
+
+
+def test_served_name_defaults_to_the_folder_name_and_the_path_still_works(tmp_path) -> None:
+    from radixserve.options.resolve import default_served_model_name
+
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (tmp_path / "tiny.Q8_0.gguf").write_bytes(b"GGUF")
+    typed = f"{folder}/"
+    assert default_served_model_name(typed) == "my-model"
+    assert default_served_model_name(str(tmp_path / "tiny.Q8_0.gguf")) == "tiny.Q8_0"
+    assert default_served_model_name("org/hub-model") == "org/hub-model"  # not a local path
+
+    with make_client(model_path=typed, tokenizer_path=typed, served_model_name="my-model") as (
+        client,
+        _,
+    ):
+        models = client.get("/v1/models").json()["data"]
+        assert [m["id"] for m in models] == ["my-model"]
+        assert str(tmp_path) not in client.get("/v1/models").text
+        for name in ("my-model", typed, str(folder)):  # SGLang clients send the path
+            r = client.post("/v1/completions", json={"model": name, "prompt": "Hi"})
+            assert r.status_code == 200, name
+            assert r.json()["model"] == "my-model"
+        r = client.post("/v1/completions", json={"model": "other", "prompt": "Hi"})
+        assert r.status_code == 404
+
+    # An explicit --served-model-name is the only name accepted.
+    with make_client(model_path=typed, tokenizer_path=typed, served_model_name="alias") as (
+        client,
+        _,
+    ):
+        r = client.post("/v1/completions", json={"model": typed, "prompt": "Hi"})
+        assert r.status_code == 404

@@ -30,7 +30,7 @@ def _model_card(ctx: ServingContext) -> dict[str, Any]:
         "object": "model",
         "created": int(ctx.state.started_at),
         "owned_by": "radixserve",
-        "root": ctx.config.model_path,
+        "root": ctx.model_name,  # as SGLang: never the host path
         "max_model_len": ctx.context_len,
     }
 
