@@ -275,7 +275,9 @@ async def soak_main(args: argparse.Namespace) -> int:
             soak = Soak(args, base, pid)
             load_started = time.time()
             await soak.run(client, rate)
+            load_ended = time.time()
             idle_after = await wait_idle(client, base)
+            idle_after["drain_s"] = time.time() - load_ended
             soak.resources.append(sample_resources(pid))
     finally:
         exit_code = stop_server(proc) if proc is not None else None

@@ -296,8 +296,8 @@ def test_short_soak_loses_nothing_and_stays_bounded(server: ServerProcess, tmp_p
     wait_idle(server)
     command = [sys.executable, str(REPO / "benchmarks" / "soak.py"), "--no-progress"]
     command += ["--base-url", server.base_url, "--server-pid", str(server.proc.pid)]
-    command += ["--duration", "12", "--capacity-seconds", "4", "--probe-concurrency", "6"]
-    command += ["--max-tokens", "12", "--interval", "4", "--equality-every", "3"]
+    command += ["--duration", "10", "--capacity-seconds", "3", "--probe-concurrency", "4"]
+    command += ["--max-tokens", "8", "--interval", "4", "--equality-every", "4"]
     command += ["--report-dir", str(tmp_path)]
     run = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
     summary = json.loads((tmp_path / "soak.json").read_text())
@@ -318,10 +318,11 @@ def test_short_soak_loses_nothing_and_stays_bounded(server: ServerProcess, tmp_p
 
 
 # -- SIGTERM under load (ends the module's server: keep it last) ------------------------------
-# More requests than the 384-token pool runs at once (each needs ~8 prompt + 24 new tokens), so
-# some are still waiting in the scheduler's queue when the signal arrives.
-LOAD = 24
-SIGTERM_TOKENS = 24
+# More requests than the 384-token pool runs at once (each needs ~40 prompt + 8 new tokens), so
+# some are still waiting in the scheduler's queue when the signal arrives. Long prompts and few
+# new tokens fill the pool with cheap prefill rather than many decode steps.
+LOAD = 16
+SIGTERM_TOKENS = 8
 
 
 def test_sigterm_under_load_finishes_in_flight_and_refuses_new(server: ServerProcess) -> None:
@@ -331,7 +332,8 @@ def test_sigterm_under_load_finishes_in_flight_and_refuses_new(server: ServerPro
     at_signal: dict[str, Any] = {}
 
     async def one(client: httpx.AsyncClient, i: int) -> None:
-        body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": SIGTERM_TOKENS}
+        prompt = " ".join([PROMPTS[i % len(PROMPTS)]] * 5)
+        body = {"prompt": prompt, "max_tokens": SIGTERM_TOKENS}
         body["ignore_eos"] = True
         if i % 2:
             body["stream"] = True
