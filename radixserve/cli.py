@@ -31,6 +31,9 @@ def _configure_logging(level: str) -> None:
     # basicConfig leaves logging alone when the embedding program already configured it.
     logging.basicConfig(format=_LOG_FORMAT)
     logging.getLogger().setLevel(level.upper())
+    # torch logs its FakeTensor cache statistics at exit at INFO: noise after every Ctrl-C.
+    torch_logger = logging.getLogger("torch")
+    torch_logger.setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 def _error(prog: str, message: str, code: int) -> int:
@@ -94,7 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"radixserve {__version__}")
         return 0
     if command == "serve":
-        return _serve(rest)
+        try:
+            return _serve(rest)
+        except KeyboardInterrupt:  # Ctrl-C while loading: the children are already stopped
+            print("radixserve serve: interrupted", file=sys.stderr)
+            return 130
     if command == "cache":
         from radixserve.cache_cli import run
 
