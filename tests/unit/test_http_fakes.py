@@ -217,7 +217,7 @@ class FakeEngine:
     async def _steps(self, msg: TokenizedGenerateReq, cached: int) -> AsyncIterator[ReqOutput]:
         sp = msg.sampling_params
         max_new = sp["max_new_tokens"]
-        limit = max_new if max_new is not None else CONTEXT - len(msg.input_ids)
+        limit = max_new if max_new is not None else self.model_info.context_len - len(msg.input_ids)
         stops = sp.get("stop") or []
         stop_ids = set(sp.get("stop_token_ids") or [])
         size = len(self.reply.encode("utf-8"))

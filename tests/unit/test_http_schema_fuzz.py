@@ -20,7 +20,7 @@ from radixserve.entrypoints.http_server import create_app
 from radixserve.managers.tokenizer_manager import TokenizerManager
 from tests.unit.test_http_fakes import VOCAB, FakeEngine, server_args
 
-EXAMPLES_PER_ROUTE = 25
+EXAMPLES_PER_ROUTE = 20
 # SGLang's default max_new_tokens is 128: on the fakes' 128-token context every generated body
 # without its own small limit would stop at the length check, never reaching generation.
 FUZZ_CONTEXT = 4096
