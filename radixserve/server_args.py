@@ -86,6 +86,9 @@ class ServerArgs:
     tp_size: int = 1
     pp_size: int = 1
     dp_size: int = 1
+    dist_init_addr: str | None = None
+    dist_timeout: int | None = None
+    nccl_port: int | None = None
     device: str | None = None
     random_seed: int | None = None
     gc_threshold: tuple[int, ...] | None = None

@@ -69,3 +69,21 @@ def divide(numerator: int, denominator: int, what: str = "size") -> int:
             f"{what} ({numerator}) is not divisible by the tensor parallel size ({denominator})"
         )
     return numerator // denominator
+
+
+def kv_heads_per_rank(total_num_kv_heads: int) -> int:
+    """KV heads each rank holds: a share when they split, one (replicated) when tp exceeds them.
+    QKVParallelLinear decides the same; the KV cache must be sized to match it."""
+    tp_size = get_tp_size()
+    if tp_size >= total_num_kv_heads:
+        return 1
+    return divide(total_num_kv_heads, tp_size, "number of kv heads")
+
+
+def broadcast_object(obj: object, src: int = 0) -> object:
+    """Rank `src`'s `obj` on every TP rank (pickled by torch.distributed); identity on one rank."""
+    if get_tp_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src, group=_TP_GROUP)
+    return box[0]

@@ -21,6 +21,11 @@ CALL_TIMEOUT_S = 60.0
 
 class InProcessRuntime:
     def __init__(self, server_args: ServerArgs) -> None:
+        if server_args.tp_size > 1:
+            raise ValueError(
+                f"--tp-size {server_args.tp_size} needs one process per rank: use "
+                "runtime='process' (the default), not runtime='thread'"
+            )
         self.scheduler, self.tokenizer, self.ready = build_scheduler(server_args)
         self.runner = self.scheduler.runner
         self.router = RequestRouter()

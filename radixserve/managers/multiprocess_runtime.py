@@ -2,6 +2,9 @@
 
     API process --PUSH--> scheduler --PUSH--> detokenizer --PUSH--> API process (reader thread)
 
+With --tp-size N the scheduler is tensor-parallel rank 0 and N - 1 worker processes (ranks 1..N-1)
+run the same forward steps, joined to it by torch.distributed (managers/tp_sync.py).
+
 Children die with this process (even on SIGKILL). If a child dies, every waiting request
 fails once with an error and `is_alive()` turns False (the server then answers /health with
 503 and exits non-zero).
@@ -22,10 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from radixserve.distributed.launch import DistConfig, dist_config_for
 from radixserve.managers.detokenizer_process import run_detokenizer_process
 from radixserve.managers.process_utils import ipc_address
 from radixserve.managers.request_router import RequestRouter, RuntimeDeadError, Sink
 from radixserve.managers.scheduler_process import run_scheduler_process
+from radixserve.managers.tp_worker_process import run_tp_worker_process
 from radixserve.messages import AbortReq, SchedulerFailed, SchedulerReady, TokenizedGenerateReq
 from radixserve.utils.cpu_threads import plan_cpus
 
@@ -37,6 +42,10 @@ logger = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 1800.0
 CALL_TIMEOUT_S = 60.0
 WATCH_INTERVAL_S = 0.5
+# When a TP rank dies during startup, rank 0 has usually hit the same error (or soon fails its
+# next collective): wait up to this long for its message, which says why, before reporting only
+# the exit code.
+STARTUP_REASON_GRACE_S = 60.0
 
 
 class EngineStartupError(RuntimeError):
@@ -64,12 +73,15 @@ class MultiProcessRuntime:
         self._send_lock = threading.Lock()
         spawn = mp.get_context("spawn")
         pid = os.getpid()
+        tp = server_args.tp_size
         # Decided here, before any process changes its affinity: the children inherit ours.
-        self.cpu_plan = plan_cpus()
+        plans = [plan_cpus(rank, tp_size=tp) for rank in range(tp)]
+        self.cpu_plan = plans[0]
+        dist = self._dist_config(server_args)
         self.processes = [
             spawn.Process(
                 target=run_scheduler_process,
-                args=(server_args, sched_in, detok_in, pid, self.cpu_plan),
+                args=(server_args, sched_in, detok_in, pid, self.cpu_plan, dist),
                 name="radixserve-scheduler",
                 daemon=True,
             ),
@@ -80,6 +92,16 @@ class MultiProcessRuntime:
                 daemon=True,
             ),
         ]
+        if dist is not None:
+            self.processes += [
+                spawn.Process(
+                    target=run_tp_worker_process,
+                    args=(server_args, rank, dist, pid, plans[rank]),
+                    name=f"radixserve-tp-rank-{rank}",
+                    daemon=True,
+                )
+                for rank in range(1, tp)
+            ]
         for proc in self.processes:
             proc.start()
         try:
@@ -93,17 +115,48 @@ class MultiProcessRuntime:
         self._watcher.start()
 
     # -- startup ----------------------------------------------------------------------------
+    @staticmethod
+    def _dist_config(server_args: ServerArgs) -> DistConfig | None:
+        if server_args.tp_size == 1:
+            return None
+        return dist_config_for(
+            server_args.tp_size,
+            server_args.device,
+            server_args.dist_init_addr,
+            server_args.nccl_port,
+            server_args.dist_timeout,
+        )
+
+    def _startup_message(self, wait_s: float) -> SchedulerReady | None:
+        """The scheduler's first message within `wait_s` (None if none came)."""
+        if not self._receiver.poll(int(wait_s * 1000)):
+            return None
+        msg = self._receiver.recv_pyobj()
+        if isinstance(msg, SchedulerFailed):
+            raise EngineStartupError(f"The engine failed to start: {msg.message}")
+        return msg if isinstance(msg, SchedulerReady) else None
+
+    def _await_scheduler_reason(self) -> None:
+        """A process died during startup. If it was a TP rank, rank 0 (the scheduler) has
+        usually hit the same error or will see the lost rank: its message says why, so wait for
+        it (raising it) while the scheduler lives, up to STARTUP_REASON_GRACE_S."""
+        deadline = time.monotonic() + STARTUP_REASON_GRACE_S
+        scheduler = self.processes[0]
+        while time.monotonic() < deadline:
+            self._startup_message(0.5)
+            if not scheduler.is_alive():
+                self._startup_message(0.5)  # what it sent just before exiting
+                return
+
     def _wait_ready(self) -> SchedulerReady:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
-            if self._receiver.poll(500):
-                msg = self._receiver.recv_pyobj()
-                if isinstance(msg, SchedulerReady):
-                    return msg
-                if isinstance(msg, SchedulerFailed):
-                    raise EngineStartupError(f"The engine failed to start: {msg.message}")
+            ready = self._startup_message(0.5)
+            if ready is not None:
+                return ready
             for proc in self.processes:
                 if not proc.is_alive():
+                    self._await_scheduler_reason()
                     raise EngineStartupError(
                         f"{proc.name} exited with code {proc.exitcode} during startup"
                     )

@@ -6,10 +6,12 @@ process; the first message it sends is SchedulerReady (or SchedulerFailed)."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import traceback
 from typing import TYPE_CHECKING, Any
 
+from radixserve.distributed.launch import DistConfig, RankLostError, init_tensor_parallel
 from radixserve.managers.process_utils import start_child
 from radixserve.managers.scheduler_factory import build_scheduler
 from radixserve.messages import SchedulerFailed
@@ -22,17 +24,33 @@ logger = logging.getLogger(__name__)
 
 
 def run_scheduler_process(
-    server_args: ServerArgs, in_addr: str, out_addr: str, parent_pid: int, cpu_plan: CpuPlan
+    server_args: ServerArgs,
+    in_addr: str,
+    out_addr: str,
+    parent_pid: int,
+    cpu_plan: CpuPlan,
+    dist: DistConfig | None = None,
 ) -> None:
+    """The scheduler; with `dist` (--tp-size > 1) also tensor-parallel rank 0, which
+    broadcasts each step to the other ranks (managers/tp_sync.py)."""
     receiver, sender = start_child("scheduler", server_args, in_addr, out_addr, parent_pid)
+    leader = None
     try:
         claim_compute_cores(cpu_plan)
+        if dist is not None:
+            init_tensor_parallel(dist, 0)
         scheduler, _, ready = build_scheduler(server_args)
-    except Exception as exc:
+        if dist is not None:
+            from radixserve.managers.tp_sync import TpLeader
+
+            leader = TpLeader(scheduler.runner, scheduler.kv.req_to_token_pool, dist.timeout_s)
+    except (Exception, RankLostError) as exc:
         logger.error("The scheduler failed to start: %s", exc)
         logger.debug("%s", traceback.format_exc())
         sender.send_pyobj(SchedulerFailed(f"{type(exc).__name__}: {exc}"))
         sender.close(linger=2000)
+        if dist is not None:
+            os._exit(1)  # a process group with a failed peer can hang the normal exit
         raise SystemExit(1) from None
     sender.send_pyobj(ready)
 
@@ -44,6 +62,8 @@ def run_scheduler_process(
             msgs.append(receiver.recv_pyobj())
             while receiver.poll(0):
                 msgs.append(receiver.recv_pyobj())
+        if leader is not None and not msgs and not scheduler.has_work():
+            leader.heartbeat_if_due()  # idle: keep the other ranks' wait short of the timeout
         return msgs
 
     def stop(*_: Any) -> None:
@@ -51,4 +71,15 @@ def run_scheduler_process(
 
     loop = SchedulerLoop(scheduler, receive, sender.send_pyobj)
     signal.signal(signal.SIGTERM, stop)
-    loop.run()
+    if leader is None:
+        loop.run()
+        return
+    from radixserve.managers.tp_sync import exit_rank
+
+    try:
+        loop.run()
+    except RankLostError as exc:
+        exit_rank(0, f"lost contact with the other ranks ({exc})")
+    leader.shutdown()
+    sender.close(linger=1000)
+    os._exit(0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -39,6 +40,9 @@ class ReqToTokenPool:
         )
         self._in_use = [False] * max_reqs
         self._free_rows: list[int] = []
+        # Told (row, start) on every write: tensor-parallel rank 0 uses it to know which parts
+        # of its table the other ranks' copies lack.
+        self.on_write: Callable[[int, int], None] | None = None
         self.clear()
 
     def available_size(self) -> int:
@@ -78,6 +82,8 @@ class ReqToTokenPool:
         end = start + slots.numel()
         self._check_span(start, end)
         self.req_to_token[row, start:end] = slots.to(self.req_to_token.device, torch.int64)
+        if self.on_write is not None:
+            self.on_write(row, start)
 
     def read(self, req_pool_idx: int, start: int, end: int) -> torch.Tensor:
         """A copy of positions [start, end) of the row (safe to keep across later writes)."""

@@ -7,11 +7,14 @@ StepInputs (plain lists) and gets logits back.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from radixserve.distributed import parallel_state as ps
+from radixserve.distributed.launch import RankLostError
 from radixserve.kernels.describe import describe_kernels
 from radixserve.layers.attention.registry import FAST_KERNEL_BACKENDS, create_attention_backend
 from radixserve.layers.fast_path import use_fast_kernels
@@ -57,6 +60,10 @@ class MemoryPlan:
 
 
 class ModelRunner:
+    # Set on tensor-parallel rank 0 (managers/tp_sync.py): sends each step to the other ranks
+    # before it runs here.
+    step_broadcaster: Callable[[StepInputs, torch.Tensor], None] | None = None
+
     def __init__(self, server_args: ServerArgs) -> None:
         from radixserve.models.loader import load_model
 
@@ -75,6 +82,9 @@ class ModelRunner:
             json_model_override_args=server_args.json_model_override_args,
             download_dir=server_args.download_dir,
             seed=server_args.random_seed,
+            check_config=lambda cfg: server_args.validate_against_model(
+                cfg.num_attention_heads, cfg.num_key_value_heads
+            ),
         )
         self.model = loaded.model
         self.model_config: ModelConfig = loaded.config
@@ -84,12 +94,15 @@ class ModelRunner:
             self._quantize_int8()
         self.model_dir = loaded.model_dir
         self.dtype = self.model_config.dtype
-        self.plan = self._plan_memory()
+        # Every rank must size its pools as rank 0 does: the scheduler's slot numbers index them.
+        plan = ps.broadcast_object(self._plan_memory())
+        assert isinstance(plan, MemoryPlan)
+        self.plan = plan
         cfg = self.model_config
         self.kv_cache = KVCache(
             size=self.plan.max_total_tokens,
             num_layers=cfg.num_hidden_layers,
-            num_kv_heads=cfg.num_key_value_heads,
+            num_kv_heads=ps.kv_heads_per_rank(cfg.num_key_value_heads),
             head_dim=cfg.head_dim,
             dtype=self._kv_dtype(),
             device=self.device,
@@ -100,6 +113,12 @@ class ModelRunner:
         self.decode_backend = create_attention_backend(server_args.decode_attention_backend)
         fast = server_args.attention_backend in FAST_KERNEL_BACKENDS
         use_fast_kernels(self.model, fast)
+        if fast and ps.get_tp_size() > 1:
+            logger.info(
+                "--tp-size %d: decoder layers run module by module (the one-call C++ layer "
+                "holds whole, unsharded projections)",
+                ps.get_tp_size(),
+            )
         logger.info(
             "Kernels: %s (%s)",
             server_args.attention_backend,
@@ -154,13 +173,19 @@ class ModelRunner:
         cfg = self.model_config
         args = self.server_args
         per_token = KVCache.bytes_per_token(
-            cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self._kv_dtype()
+            cfg.num_hidden_layers,
+            ps.kv_heads_per_rank(cfg.num_key_value_heads),
+            cfg.head_dim,
+            self._kv_dtype(),
         )
+        memory = device_memory_bytes(self.device.type) or 0
+        if self.device.type == "cpu":
+            memory //= ps.get_tp_size()  # the ranks share the host's memory
         tensors = [*self.model.parameters(), *self.model.buffers()]
         weight_bytes = sum(t.numel() * t.element_size() for t in tensors)
         pool = plan_kv_pool(
             device=self.device.type,
-            memory_bytes=device_memory_bytes(self.device.type) or 0,
+            memory_bytes=memory,
             mem_fraction_static=args.mem_fraction_static,
             weight_bytes=weight_bytes,
             bytes_per_token=per_token,
@@ -176,10 +201,21 @@ class ModelRunner:
         )
         return MemoryPlan(total, min(running, total), per_token)
 
-    @torch.inference_mode()
     def forward(self, step: StepInputs, req_to_token: torch.Tensor) -> ForwardOutput:
         """Run the model; float32 logits for `step.logits_rows` (and final hidden states for
         `step.hidden_rows`, used for embeddings)."""
+        if self.step_broadcaster is None:
+            return self._forward(step, req_to_token)
+        self.step_broadcaster(step, req_to_token)
+        try:
+            return self._forward(step, req_to_token)
+        except Exception as exc:
+            # Under tensor parallelism a step that fails here may have left the other ranks
+            # inside a collective: the ranks are out of step for good.
+            raise RankLostError(f"forward step failed: {exc}") from exc
+
+    @torch.inference_mode()
+    def _forward(self, step: StepInputs, req_to_token: torch.Tensor) -> ForwardOutput:
         dev = self.device
         backend = self.decode_backend if step.is_decode else self.extend_backend
         seq_lens = [p + e for p, e in zip(step.prefix_lens, step.extend_lens, strict=True)]

@@ -6,7 +6,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -48,8 +48,10 @@ def load_model(
     json_model_override_args: str = "{}",
     download_dir: str | None = None,
     seed: int = 0,
+    check_config: Callable[[ModelConfig], None] | None = None,
 ) -> LoadedModel:
-    """Build the model named by config.json and fill its weights (`seed` is for dummy)."""
+    """Build the model named by config.json and fill its weights (`seed` is for dummy).
+    `check_config` may refuse the config before anything is built (e.g. --tp-size rules)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(
             f"--load-format {load_format!r} is not supported; supported: {', '.join(LOAD_FORMATS)}"
@@ -65,6 +67,8 @@ def load_model(
         json_model_override_args=json_model_override_args,
         device=device,
     )
+    if check_config is not None:
+        check_config(config)
     model_class = get_model_class(config.architectures)
     target = torch.device(device)
     with _default_dtype(config.dtype), target:

@@ -12,15 +12,27 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--nccl-port",
         INT,
         None,
-        "Port for the distributed (NCCL) environment setup.",
-        support=NOT_APPLICABLE,
+        "Port for the distributed environment setup. Here: the port of torch.distributed's "
+        "rendezvous on 127.0.0.1 with --tp-size > 1 when --dist-init-addr is not given "
+        "(default: a free port).",
+        support=IMPLEMENTED,
     ),
-    value("--dist-timeout", INT, None, "Timeout in seconds for torch.distributed initialisation."),
+    value(
+        "--dist-timeout",
+        INT,
+        None,
+        "Timeout in seconds for torch.distributed initialisation. Here also every collective "
+        "between tensor-parallel ranks: a rank that stops answering takes the server down "
+        "after at most this long (default 600).",
+        support=IMPLEMENTED,
+    ),
     value(
         "--dist-init-addr",
         STR,
         None,
-        "Host:port used to initialise the distributed backend across nodes.",
+        "Host:port used to initialise the distributed backend across nodes. Here: the "
+        "rendezvous of the tensor-parallel ranks (one node only).",
+        support=IMPLEMENTED,
         aliases=("--nccl-init-addr",),
     ),
     value("--gated-launch-port", INT, None, "Port of the gated-launch control server."),
@@ -30,7 +42,10 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--tp-size",
         INT,
         1,
-        "Tensor parallelism size (only 1 is supported yet).",
+        "Tensor parallelism size. Here: one scheduler/worker process per rank over "
+        "torch.distributed (gloo on CPU, NCCL on CUDA), the CPU cores split between ranks; "
+        "heads must split (a clear error names the valid sizes); not with --quantization "
+        "gguf or w8a8_int8.",
         support=IMPLEMENTED,
         aliases=("--tensor-parallel-size",),
     ),

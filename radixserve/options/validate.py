@@ -34,6 +34,7 @@ _POSITIVE = (
     "max_payload_size",
 )
 _PARALLEL = {"tp_size": "tensor", "dp_size": "data", "pp_size": "pipeline"}
+_NOT_YET_PARALLEL = ("dp_size", "pp_size")
 
 
 def _option(dest: str) -> str:
@@ -69,8 +70,24 @@ def _check_parallel(v: Mapping[str, Any]) -> None:
         size = v.get(dest, 1)
         if size < 1:
             raise _fail(dest, f"must be >= 1, got {size}")
-        if size > 1:
+        if size > 1 and dest in _NOT_YET_PARALLEL:
             raise _fail(dest, f"{kind} parallelism is not supported yet (got {size}); use 1")
+    tp = v.get("tp_size", 1)
+    if tp > 1 and v.get("quantization") in ("gguf", "w8a8_int8"):
+        # Their int8/GGUF blocks are not split over ranks (yet).
+        raise _fail(
+            "tp_size",
+            f"{tp} cannot be combined with --quantization {v['quantization']} (its blocks are "
+            "not sharded); use --tp-size 1, or leave out --quantization",
+        )
+    timeout = v.get("dist_timeout")
+    if timeout is not None and timeout <= 0:
+        raise _fail("dist_timeout", f"must be > 0 seconds, got {timeout}")
+    addr = v.get("dist_init_addr")
+    if addr:
+        host, sep, port = str(addr).rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise _fail("dist_init_addr", f"expected HOST:PORT, got {addr!r}")
 
 
 def _check_device(v: Mapping[str, Any]) -> None:
@@ -107,18 +124,26 @@ def validate(values: Mapping[str, Any]) -> None:
     _check_misc(values)
 
 
+def valid_tp_sizes(num_attention_heads: int, num_kv_heads: int) -> list[int]:
+    """The --tp-size values that split a model's heads: each rank gets whole query heads, and
+    KV heads are either split or each replicated on tp / kv ranks."""
+    return [
+        tp
+        for tp in range(1, num_attention_heads + 1)
+        if num_attention_heads % tp == 0 and (num_kv_heads % tp == 0 or tp % num_kv_heads == 0)
+    ]
+
+
 def validate_against_model(tp_size: int, num_attention_heads: int, num_kv_heads: int) -> None:
     """The rules that need the model config: tensor parallelism must split the heads evenly."""
+    if tp_size in valid_tp_sizes(num_attention_heads, num_kv_heads):
+        return
+    choices = ", ".join(map(str, valid_tp_sizes(num_attention_heads, num_kv_heads)))
     if num_attention_heads % tp_size:
-        raise ServerArgsError(
-            "--tp-size",
-            f"{tp_size} does not divide the model's {num_attention_heads} attention heads",
-        )
-    # KV heads are either split across ranks or replicated on each.
-    if num_kv_heads % tp_size and tp_size % num_kv_heads:
-        raise ServerArgsError(
-            "--tp-size", f"{tp_size} neither divides nor is a multiple of {num_kv_heads} KV heads"
-        )
+        why = f"does not divide the model's {num_attention_heads} attention heads"
+    else:
+        why = f"neither divides nor is a multiple of the model's {num_kv_heads} KV heads"
+    raise ServerArgsError("--tp-size", f"{tp_size} {why}; use one of {choices}")
 
 
 class SupportReport(NamedTuple):

@@ -8,8 +8,10 @@ cores outside the compute set, stay on those.
 
 SGLang's SGLANG_CPU_OMP_THREADS_BIND chooses the compute cores ("0-31|32-63": one core list
 per tensor-parallel rank); it also pins each compute thread to its own core. Without it, the
-compute set is every core this process may use, and threads are left to the OS to place (on a
-machine shared with other work, a pinned thread cannot move off a busy core).
+cores this process may use are split into one contiguous share per tensor-parallel rank (all
+of them with --tp-size 1), each rank's process is kept on its share, and its threads are left
+to the OS to place within it (on a machine shared with other work, a pinned thread cannot
+move off a busy core).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ class CpuPlan:
     pin_threads: bool  # one compute thread per core (SGLANG_CPU_OMP_THREADS_BIND given)
 
     def describe(self) -> str:
-        where = "spare cores " + _format(self.light) if self.light != self.compute else "shared"
+        spare = not set(self.light) & set(self.compute)
+        where = "spare cores " + _format(self.light) if spare else "shared"
         pinned = ", one thread pinned per core" if self.pin_threads else ""
         return (
             f"{len(self.compute)} compute threads on CPUs {_format(self.compute)}{pinned}; "
@@ -73,34 +76,56 @@ def _set_affinity(cpus: Sequence[int]) -> None:
         os.sched_setaffinity(0, cpus)
 
 
+def split_cores(usable: Sequence[int], tp_size: int) -> list[tuple[int, ...]]:
+    """Contiguous, near-equal shares of `usable`, one per tensor-parallel rank (threads per rank
+    = cores / tp). With fewer cores than ranks, ranks share cores round-robin, one each."""
+    if tp_size <= len(usable):
+        base, extra = divmod(len(usable), tp_size)
+        shares, start = [], 0
+        for rank in range(tp_size):
+            size = base + (1 if rank < extra else 0)
+            shares.append(tuple(usable[start : start + size]))
+            start += size
+        return shares
+    return [(usable[rank % len(usable)],) for rank in range(tp_size)]
+
+
+def _rank_sets(spec: str, tp_size: int, usable: Sequence[int]) -> list[tuple[int, ...]]:
+    ranks = spec.split("|")
+    if len(ranks) < tp_size:
+        raise ValueError(
+            f"{BIND_ENV}={spec!r} lists {len(ranks)} core sets, none for TP rank {len(ranks)}: "
+            "give one core list per rank, separated by '|'"
+        )
+    sets = [tuple(parse_cpu_list(text)) for text in ranks[:tp_size]]
+    outside = sorted({c for cpus in sets for c in cpus if c not in usable})
+    if outside:
+        raise ValueError(
+            f"{BIND_ENV} names CPUs {_format(outside)}, which this process may not use "
+            f"(allowed: {_format(usable)})"
+        )
+    return sets
+
+
 def plan_cpus(
     tp_rank: int = 0,
     env: Mapping[str, str] | None = None,
     allowed: Sequence[int] | None = None,
+    tp_size: int = 1,
 ) -> CpuPlan:
-    """The compute and light CPU sets for the scheduler of `tp_rank`."""
+    """The compute and light CPU sets for the scheduler (or TP worker) of `tp_rank`."""
     env = os.environ if env is None else env
     if allowed is None:
         allowed = _allowed_cpus()
     usable = sorted(allowed)
     spec = env.get(BIND_ENV, "").strip()
     if spec:
-        ranks = spec.split("|")
-        if tp_rank >= len(ranks):
-            raise ValueError(
-                f"{BIND_ENV}={spec!r} lists {len(ranks)} core sets, none for TP rank {tp_rank}: "
-                "give one core list per rank, separated by '|'"
-            )
-        compute = parse_cpu_list(ranks[tp_rank])
-        outside = [c for c in compute if c not in usable]
-        if outside:
-            raise ValueError(
-                f"{BIND_ENV} names CPUs {_format(outside)}, which this process may not use "
-                f"(allowed: {_format(usable)})"
-            )
+        sets = _rank_sets(spec, max(tp_size, tp_rank + 1), usable)
     else:
-        compute = usable
-    spare = tuple(c for c in usable if c not in compute)
+        sets = split_cores(usable, tp_size)
+    compute = sets[tp_rank]
+    taken = {c for cpus in sets for c in cpus}
+    spare = tuple(c for c in usable if c not in taken)
     return CpuPlan(tuple(compute), spare or tuple(usable), pin_threads=bool(spec))
 
 

@@ -67,3 +67,19 @@ def make_tiny_checkpoint(
     model = tiny_hf_model(tiny_hf_config(arch, **config_overrides), seed)
     model.save_pretrained(out_dir)
     return model
+
+
+def save_word_tokenizer(folder: Path, vocab_size: int = 256) -> None:
+    """A word-level tokenizer ("w<i>" is token i; bos w1, eos w2) saved into `folder`, so a
+    tiny checkpoint can serve text over HTTP."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="w0", bos_token="w1", eos_token="w2"
+    )
+    fast.save_pretrained(folder)

@@ -152,7 +152,7 @@ def test_kwargs_unknown_deprecated_and_coerced() -> None:
         ({"port": 70000}, "^--port: must be between 1 and 65535"),
         ({"max_running_requests": 0}, "^--max-running-requests: must be > 0"),
         ({"schedule_conservativeness": -1.0}, "^--schedule-conservativeness: must be >= 0"),
-        ({"tp_size": 2}, "^--tp-size: tensor parallelism is not supported yet"),
+        ({"dp_size": 2}, "^--dp-size: data parallelism is not supported yet"),
         ({"dp_size": 2}, "^--dp-size: data parallelism is not supported yet"),
         ({"pp_size": 2}, "^--pp-size: pipeline parallelism is not supported yet"),
         ({"log_level": "loud"}, "^--log-level: unknown level 'loud'"),

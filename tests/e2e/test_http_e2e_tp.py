@@ -1,0 +1,74 @@
+"""`radixserve serve --tp-size 2` over HTTP: a tiny checkpoint with a word tokenizer, served by
+two tensor-parallel ranks, answers like one rank; killing a rank ends the server non-zero."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from radixserve import Engine
+from tests.e2e.e2e_server import start_server
+from tests.helpers.tiny_models import make_tiny_checkpoint, save_word_tokenizer
+
+DIST_TIMEOUT_S = 20
+PROMPT = [5, 6, 7, 8, 9]
+GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-tp-http")
+    make_tiny_checkpoint(folder, "llama")
+    save_word_tokenizer(folder)
+    return folder
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found.extend(int(p) for p in (task / "children").read_text().split())
+    return found
+
+
+def _generate(base_url: str) -> list[int]:
+    body = {"input_ids": PROMPT, "sampling_params": GREEDY}
+    r = httpx.post(f"{base_url}/generate", json=body, timeout=120)
+    r.raise_for_status()
+    return list(r.json()["output_ids"])
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+def test_tp2_server_answers_like_tp1_and_dies_with_a_rank(tiny_dir: Path) -> None:
+    # One rank, in this process: the same checkpoint and the server's float32.
+    with Engine(runtime="thread", model_path=str(tiny_dir), dtype="float32") as single:
+        expected = single.generate(input_ids=PROMPT, sampling_params=GREEDY)["output_ids"]
+    server = start_server(
+        "--model-path", str(tiny_dir), "--tp-size", "2", "--dist-timeout", str(DIST_TIMEOUT_S)
+    )
+    try:
+        assert _generate(server.base_url) == expected
+        r = httpx.post(
+            f"{server.base_url}/v1/completions",
+            json={"prompt": "w5 w6", "max_tokens": 4, "temperature": 0},
+            timeout=120,
+        )
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        ranks = [
+            pid
+            for pid in _children(server.proc.pid)
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        ]
+        assert len(ranks) == 3  # scheduler (rank 0), detokenizer, rank 1
+        os.kill(ranks[-1], signal.SIGKILL)  # the last spawned: TP rank 1
+        deadline = time.monotonic() + DIST_TIMEOUT_S + 30
+        while server.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert server.proc.returncode not in (None, 0), server.logs()
+        assert "radixserve-tp-rank-1 exited unexpectedly" in server.logs()
+    finally:
+        server.stop(signal.SIGKILL)

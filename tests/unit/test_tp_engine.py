@@ -1,0 +1,105 @@
+"""--tp-size 2 end to end in processes (gloo on the CPU): the same greedy tokens as one rank,
+a clear error for heads that do not split, and a dead rank that takes the engine down."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from radixserve import Engine
+from radixserve.managers.multiprocess_runtime import EngineStartupError
+from tests.helpers.tiny_models import make_tiny_checkpoint
+
+GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+# Shared prefixes (radix cache hits rewrite request rows), a prompt longer than the prefill
+# chunk, and several requests per batch.
+PROMPTS = [
+    [5, 6, 7, 8],
+    [5, 6, 7, 8, 9, 10, 11],
+    [12] * 20,
+    list(range(30, 60)),
+    [9, 10, 11],
+]
+DIST_TIMEOUT_S = 20
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """Tiny Llamas with 4 query heads and 2 KV heads (split over 2 ranks) or 1 (replicated)."""
+    folders = {}
+    for kv in (2, 1):
+        folder = tmp_path_factory.mktemp(f"tiny-tp-kv{kv}")
+        make_tiny_checkpoint(folder, "llama", num_key_value_heads=kv)
+        folders[kv] = folder
+    return folders
+
+
+def engine_kwargs(folder: Path) -> dict[str, object]:
+    return {
+        "model_path": str(folder),
+        "dtype": "float32",
+        "skip_tokenizer_init": True,
+        "max_total_tokens": 2048,
+        "chunked_prefill_size": 16,
+        "random_seed": 0,
+    }
+
+
+def greedy(engine: Engine) -> list[list[int]]:
+    return [r["output_ids"] for r in engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)]
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1], ids=["kv-split", "kv-replicated"])
+def test_tp2_greedy_equals_tp1(checkpoints: dict[int, Path], kv_heads: int) -> None:
+    kwargs = engine_kwargs(checkpoints[kv_heads])
+    with Engine(runtime="thread", **kwargs) as single:
+        expected = greedy(single)
+    with Engine(tp_size=2, dist_timeout=DIST_TIMEOUT_S, **kwargs) as engine:
+        assert len(engine.runtime.processes) == 3  # scheduler (rank 0), detokenizer, rank 1
+        assert greedy(engine) == expected
+        # Again, now through the radix cache's prefixes.
+        assert greedy(engine) == expected
+
+
+def test_heads_that_do_not_split_fail_with_the_fix(checkpoints: dict[int, Path]) -> None:
+    with pytest.raises(EngineStartupError) as info:
+        Engine(tp_size=3, **engine_kwargs(checkpoints[2]))
+    message = str(info.value)
+    assert "--tp-size: 3 does not divide the model's 4 attention heads; use one of 1, 2, 4" in (
+        message
+    )
+    assert "\n" not in message
+
+
+def test_thread_runtime_refuses_tp(checkpoints: dict[int, Path]) -> None:
+    with pytest.raises(ValueError, match="runtime='process'"):
+        Engine(runtime="thread", tp_size=2, **engine_kwargs(checkpoints[2]))
+
+
+def test_killing_a_rank_ends_the_engine_within_the_timeout(checkpoints: dict[int, Path]) -> None:
+    engine = Engine(tp_size=2, dist_timeout=DIST_TIMEOUT_S, **engine_kwargs(checkpoints[2]))
+    try:
+        scheduler, rank1 = engine.runtime.processes[0], engine.runtime.processes[2]
+        assert rank1.name == "radixserve-tp-rank-1"
+        stream = engine.generate(
+            input_ids=[5, 6, 7],
+            sampling_params={"max_new_tokens": 500, "ignore_eos": True},  # the context is 512
+            stream=True,
+        )
+        next(stream)
+        os.kill(rank1.pid, signal.SIGKILL)
+        chunks = list(stream)
+        assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+        # Rank 0 notices on its own (a failed collective), well within --dist-timeout.
+        scheduler.join(timeout=DIST_TIMEOUT_S + 10)
+        assert scheduler.exitcode not in (None, 0)
+        deadline = time.monotonic() + 5
+        while engine.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not engine.is_alive()
+    finally:
+        engine.shutdown()
