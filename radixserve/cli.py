@@ -20,7 +20,7 @@ _USAGE = """usage: radixserve <command> [options]
 
 commands:
   serve     start the HTTP server; takes the `sglang serve` command line
-            (radixserve serve --help lists every option)
+            (--help: the options that work here; --help-all: every one)
   cache     list or clear the converted-GGUF cache (radixserve cache --help)
   version   print the radixserve version
 """

@@ -30,6 +30,10 @@ _DESCRIPTION = (
     "accepted; options marked [not applicable] are ignored with a warning and options marked "
     "[not supported yet] are refused unless left at their default."
 )
+_SHORT_DESCRIPTION = (
+    "Serve a model over HTTP with SGLang's command line. Every `sglang serve` option is "
+    "accepted; the options below have an effect here."
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -57,9 +61,15 @@ def help_text(spec: OptionSpec) -> str:
     return text + _support_note(spec)
 
 
-def _add(group: argparse._ArgumentGroup, spec: OptionSpec) -> None:
+def shown_in_short_help(spec: OptionSpec) -> bool:
+    """`--help` lists the options that have an effect here; `--help-all` lists every one."""
+    return not spec.hidden and spec.support is Support.IMPLEMENTED and not spec.is_deprecated
+
+
+def _add(group: argparse._ArgumentGroup, spec: OptionSpec, show_all: bool) -> None:
     # argparse %-formats help strings.
-    helptext = argparse.SUPPRESS if spec.hidden else help_text(spec).replace("%", "%%")
+    visible = not spec.hidden and (show_all or shown_in_short_help(spec))
+    helptext = help_text(spec).replace("%", "%%") if visible else argparse.SUPPRESS
     common: dict[str, Any] = {"dest": spec.dest, "default": argparse.SUPPRESS, "help": helptext}
     names = spec.option_strings
     if spec.kind is Kind.VALUE:
@@ -99,19 +109,44 @@ def _add(group: argparse._ArgumentGroup, spec: OptionSpec) -> None:
         )
 
 
+class _HelpAllAction(argparse.Action):
+    """--help-all: the full option list (every `sglang serve` option, with its support level)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        build_parser(parser.prog, show_all=True).print_help()  # to stdout, as --help
+        parser.exit()
+
+
 @functools.cache
-def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    """The parser, one argument group per area. Cached: argparse parsers are reusable."""
+def build_parser(prog: str = PROG, show_all: bool = False) -> argparse.ArgumentParser:
+    """The parser, one argument group per area. Cached: argparse parsers are reusable.
+    Both variants parse every option; `show_all` only changes what --help prints."""
     # allow_abbrev stays on: SGLang users rely on --tp, --dp, --mem-frac, --context-len ...
+    hidden = sum(1 for spec in all_options() if not spec.hidden and not shown_in_short_help(spec))
     parser = _Parser(
         prog=prog,
         usage=f"{prog} [MODEL_PATH] [--config FILE.yaml] [options]",
-        description=_DESCRIPTION,
+        description=_DESCRIPTION if show_all else _SHORT_DESCRIPTION,
+        epilog=None
+        if show_all
+        else (
+            f"Only the options that have an effect here are listed. {hidden} more (deprecated, "
+            f"not applicable on this hardware, or not supported yet) are accepted as SGLang "
+            f"spells them: `{prog} --help-all` lists every option with its support level."
+        ),
         allow_abbrev=True,
+    )
+    parser.add_argument(
+        "--help-all",
+        action=_HelpAllAction,
+        help="list every `sglang serve` option, with its support level here, and exit",
     )
     groups = {area: parser.add_argument_group(area) for area in areas()}
     for spec in all_options():
-        _add(groups[spec.area], spec)
+        _add(groups[spec.area], spec, show_all)
     return parser
 
 

@@ -98,7 +98,9 @@ def test_help_with_legacy_option(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--cuda-graph-max-bs", "8", "--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: radixserve serve")
-    assert "--cuda-graph-max-bs-decode" in out
+    assert "--max-total-tokens" in out and "--help-all" in out
+    assert main(["serve", "--cuda-graph-max-bs", "8", "--help-all"]) == 0
+    assert "--cuda-graph-max-bs-decode" in capsys.readouterr().out
 
 
 @pytest.fixture

@@ -158,9 +158,29 @@ def test_missing_value_and_stray_positional() -> None:
     assert _error(["--port", "1", "extra"]).startswith("unexpected argument 'extra'")
 
 
-def test_help_groups_by_area_and_marks_support(capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_lists_only_what_works_here_grouped_by_area(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     with pytest.raises(SystemExit) as info:
         parse_args(["--cuda-graph-max-bs", "8", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: radixserve serve [MODEL_PATH]")
+    for title in ("Model and tokenizer:", "Memory and scheduling:", "HTTP server and API:"):
+        assert f"\n{title}\n" in out
+    assert "--max-running-requests" in out and "--chunked-prefill-size" in out
+    # Options without an effect here are not listed; the footer says how to see them.
+    assert "[not applicable" not in out and "[not supported yet]" not in out
+    assert "--cuda-graph-max-bs-decode" not in out and "\nCUDA graphs:\n" not in out
+    assert "[supported here: torch_native, intel_amx]" in out
+    assert "radixserve serve --help-all" in out
+
+
+def test_help_all_lists_every_option_with_its_support_level(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--help-all"])
     assert info.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: radixserve serve [MODEL_PATH]")
@@ -168,7 +188,7 @@ def test_help_groups_by_area_and_marks_support(capsys: pytest.CaptureFixture[str
         assert f"\n{title}\n" in out
     assert "[not applicable: accepted and ignored]" in out
     assert "[not supported yet]" in out
-    assert "[supported here: torch_native, intel_amx]" in out
+    assert "--cuda-graph-max-bs-decode" in out
     # Hidden deprecated spellings stay out of the help.
     assert "--speculative-dflash-draft-window-size" not in out
 
