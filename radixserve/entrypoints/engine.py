@@ -40,7 +40,9 @@ class Engine:
     def __init__(
         self, server_args: ServerArgs | None = None, runtime: str = "process", **kwargs: Any
     ) -> None:
-        self.server_args = server_args or ServerArgs.from_kwargs(**kwargs)
+        # Offline use logs errors only unless asked (SGLang's Engine does the same): INFO lines
+        # from the child processes would interleave with what the program prints.
+        self.server_args = server_args or ServerArgs.from_kwargs(**{"log_level": "error", **kwargs})
         args = self.server_args
         apply_gc_threshold(args.gc_threshold)
         self.runtime: InProcessRuntime | MultiProcessRuntime
