@@ -66,6 +66,7 @@ def test_openapi_document_describes_every_json_body() -> None:
         ("/abort_request", "post"),
         ("/v1/completions", "post"),
         ("/v1/chat/completions", "post"),
+        ("/v1/responses", "post"),
         ("/v1/embeddings", "post"),
         ("/v1/tokenize", "post"),
         ("/v1/detokenize", "post"),

@@ -16,9 +16,16 @@ from radixserve.entrypoints.openai.protocol import (
     EmbeddingRequest,
     TokenizeRequest,
 )
+from radixserve.entrypoints.openai.responses_protocol import ResponsesRequest
 from radixserve.entrypoints.openai.serving_chat import create_chat_completion
 from radixserve.entrypoints.openai.serving_completions import create_completion
 from radixserve.entrypoints.openai.serving_embedding import create_embedding
+from radixserve.entrypoints.openai.serving_responses import (
+    cancel_response,
+    create_response,
+    delete_response,
+    retrieve_response,
+)
 from radixserve.entrypoints.openai.serving_tokenize import detokenize, tokenize
 from radixserve.entrypoints.openapi_bodies import body_doc
 from radixserve.entrypoints.serving_context import ServingContext, get_ctx
@@ -56,10 +63,14 @@ def build_router() -> APIRouter:
     posts = (
         ("/v1/completions", create_completion, CompletionRequest),
         ("/v1/chat/completions", create_chat_completion, ChatCompletionRequest),
+        ("/v1/responses", create_response, ResponsesRequest),
         ("/v1/embeddings", create_embedding, EmbeddingRequest),
         ("/v1/tokenize", tokenize, TokenizeRequest),
         ("/v1/detokenize", detokenize, DetokenizeRequest),
     )
     for path, endpoint, body in posts:
         router.add_api_route(path, endpoint, methods=["POST"], openapi_extra=body_doc(body))
+    router.add_api_route("/v1/responses/{response_id}", retrieve_response, methods=["GET"])
+    router.add_api_route("/v1/responses/{response_id}", delete_response, methods=["DELETE"])
+    router.add_api_route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"])
     return router

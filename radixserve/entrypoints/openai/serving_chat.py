@@ -36,7 +36,7 @@ ROUTE = "/v1/chat/completions"
 
 
 @dataclass
-class _Plan:
+class ChatPlan:
     req: ChatCompletionRequest
     rid: str
     items: list[GenItem]
@@ -49,7 +49,11 @@ def _finish_reason(reason: str | None, made_tool_calls: bool) -> str | None:
     return "tool_calls" if made_tool_calls and reason == "stop" else reason
 
 
-def plan_chat(ctx: ServingContext, req: ChatCompletionRequest) -> _Plan:
+def plan_chat(
+    ctx: ServingContext, req: ChatCompletionRequest, response_id: str | None = None
+) -> ChatPlan:
+    """Validate and tokenize a chat request; `response_id` names it (the Responses route
+    passes its own `resp_...` id)."""
     ctx.check_model(req.model)
     params = chat_sampling_params(req)
     try:
@@ -62,17 +66,17 @@ def plan_chat(ctx: ServingContext, req: ChatCompletionRequest) -> _Plan:
         ctx.chat_template,
         allow_request_template=ctx.config.allow_request_chat_template,
     )
-    rid = new_id("chatcmpl")
+    rid = response_id or new_id("chatcmpl")
     if isinstance(req.rid, str) and req.rid:
         rids = [req.rid] if req.n == 1 else [f"{req.rid}-{k}" for k in range(req.n)]
     else:
         rids = [f"{rid}-{k}" for k in range(req.n)]
     items = [GenItem(dict(params), None, list(prompt_ids), r) for r in rids]
     opts = LogprobOptions(return_logprob=req.logprobs, top_logprobs_num=req.top_logprobs or 0)
-    return _Plan(req, rid, items, opts, output)
+    return ChatPlan(req, rid, items, opts, output)
 
 
-def _response(ctx: ServingContext, plan: _Plan, results: Sequence[dict[str, Any]]) -> dict:
+def _response(ctx: ServingContext, plan: ChatPlan, results: Sequence[dict[str, Any]]) -> dict:
     fmt = LogprobFormatter(ctx.decode_token)
     metas = [r.get("meta_info") or {} for r in results]
     choices = []
@@ -108,7 +112,7 @@ def _response(ctx: ServingContext, plan: _Plan, results: Sequence[dict[str, Any]
     }
 
 
-def _chunk(plan: _Plan, ctx: ServingContext, created: int, choice: dict[str, Any]) -> dict:
+def _chunk(plan: ChatPlan, ctx: ServingContext, created: int, choice: dict[str, Any]) -> dict:
     return {
         "id": plan.rid,
         "object": "chat.completion.chunk",
@@ -131,7 +135,7 @@ def _delta(parser: ChoiceStream, text: str, final: bool) -> dict[str, Any]:
 
 
 async def _stream_chunks(
-    ctx: ServingContext, plan: _Plan, streams: list[AsyncIterator[dict[str, Any]]]
+    ctx: ServingContext, plan: ChatPlan, streams: list[AsyncIterator[dict[str, Any]]]
 ) -> AsyncIterator[dict[str, Any]]:
     fmt = LogprobFormatter(ctx.decode_token)
     created = now_s()

@@ -1,0 +1,222 @@
+"""POST /v1/responses, GET/DELETE /v1/responses/{id}: OpenAI's Responses API served by the
+chat completions machinery (responses_input.py maps the body onto a chat request)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import Request
+
+from radixserve.entrypoints.openai.common import finish_of
+from radixserve.entrypoints.openai.errors import ApiError
+from radixserve.entrypoints.openai.execute import start_generation
+from radixserve.entrypoints.openai.responses_input import (
+    input_messages,
+    output_messages,
+    to_chat_request,
+)
+from radixserve.entrypoints.openai.responses_output import (
+    new_response_id,
+    output_items,
+    response_object,
+    status_of,
+    usage_of,
+)
+from radixserve.entrypoints.openai.responses_protocol import ResponsesRequest
+from radixserve.entrypoints.openai.responses_store import ResponseStore, StoredResponse
+from radixserve.entrypoints.openai.responses_stream import (
+    Event,
+    ResponseEvents,
+    event_stream_response,
+)
+from radixserve.entrypoints.openai.serving_chat import ChatPlan, plan_chat
+from radixserve.entrypoints.request_body import read_model
+from radixserve.entrypoints.serving_context import ServingContext, get_ctx
+from radixserve.parsers.chat_output import ChoiceStream, parse_choice
+
+ROUTE = "/v1/responses"
+# Engine parameter names -> the Responses body's names, for error messages.
+PARAM_NAMES = {
+    "max_new_tokens": "max_output_tokens",
+    "min_new_tokens": "min_tokens",
+    "sampling_seed": "seed",
+    "text": "input",
+    "input_ids": "input",
+}
+# Chat request fields (named by errors the chat machinery raises) -> the Responses body's.
+_CHAT_FIELDS = {
+    "messages": "input",
+    "max_tokens": "max_output_tokens",
+    "response_format": "text.format",
+    "chat_template_kwargs": "reasoning.effort",
+}
+
+
+def get_store(request: Request) -> ResponseStore:
+    """The app's store, made on first use (one per app; handlers run on one event loop)."""
+    state = request.app.state
+    store = getattr(state, "responses_store", None)
+    if store is None:
+        store = ResponseStore()
+        state.responses_store = store
+    return store
+
+
+def _renamed(exc: ApiError) -> ApiError:
+    param = exc.param or ""
+    for chat_name, name in _CHAT_FIELDS.items():
+        if param == chat_name or param.startswith((chat_name + ".", chat_name + "[")):
+            message = exc.message.replace(chat_name, name)
+            return ApiError(exc.status_code, message, param=name, err_type=exc.err_type)
+    return exc
+
+
+def _plan(ctx: ServingContext, req: ResponsesRequest, history: Sequence[dict]) -> ChatPlan:
+    try:
+        return plan_chat(ctx, to_chat_request(req, history), new_response_id())
+    except ApiError as exc:
+        raise _renamed(exc) from exc
+
+
+def _history(store: ResponseStore, req: ResponsesRequest) -> tuple[dict[str, Any], ...]:
+    if req.previous_response_id is None:
+        return ()
+    stored = store.get(req.previous_response_id)
+    if stored is None:
+        raise ApiError(
+            404,
+            f"Previous response with id {req.previous_response_id!r} not found (responses "
+            "are kept in this server's memory only when created with store: true).",
+            param="previous_response_id",
+            err_type="not_found_error",
+        )
+    return stored.messages
+
+
+def _keep(
+    store: ResponseStore,
+    req: ResponsesRequest,
+    history: Sequence[dict[str, Any]],
+    body: dict[str, Any],
+) -> None:
+    if not req.store:
+        return
+    messages = (*history, *input_messages(req), *output_messages(body["output"]))
+    store.put(body["id"], StoredResponse(body, messages))
+
+
+async def _events(
+    ctx: ServingContext,
+    plan: ChatPlan,
+    req: ResponsesRequest,
+    streams: list[AsyncIterator[dict[str, Any]]],
+    on_done: Any,
+) -> AsyncIterator[Event]:
+    created = int(time.time())
+    emit = ResponseEvents()
+    start = response_object(req, plan.rid, ctx.model_name, created_at=created)
+    yield emit.event("response.created", response=start)
+    yield emit.event("response.in_progress", response=start)
+    parser = ChoiceStream(plan.output)
+    meta: dict[str, Any] = {}
+    reason: str | None = None
+    async for _, chunk in ctx.runner.merge(streams):
+        meta = chunk.get("meta_info") or {}
+        reason = finish_of(meta).reason
+        out = parser.feed(chunk.get("text", ""), reason is not None)
+        for event in emit.text("reasoning", out.reasoning or ""):
+            yield event
+        for event in emit.text("message", out.content or ""):
+            yield event
+        for call in out.tool_calls:
+            for event in emit.tool_call(call):
+                yield event
+    for event in emit.close():
+        yield event
+    status, details = status_of(reason)
+    body = response_object(
+        req,
+        plan.rid,
+        ctx.model_name,
+        created_at=created,
+        status=status,
+        output=emit.output,
+        incomplete_details=details,
+        usage=usage_of(meta),
+    )
+    on_done(body)
+    final = "response.completed" if status == "completed" else "response.incomplete"
+    yield emit.event(final, response=body)
+
+
+async def create_response(request: Request) -> Response:
+    ctx = get_ctx(request)
+    req = await read_model(request, ResponsesRequest)
+    store = get_store(request)
+    history = _history(store, req)
+    plan = _plan(ctx, req, history)
+    if ctx.request_log.enabled:
+        ctx.request_log.received(ROUTE, plan.rid, req.input, plan.items[0].sampling_params)
+    started = await start_generation(
+        ctx, request, plan.items, plan.opts, stream=req.stream, param_names=PARAM_NAMES
+    )
+
+    def done(body: dict[str, Any]) -> None:
+        _keep(store, req, history, body)
+        ctx.request_log.finished(ROUTE, plan.rid, body["output"], body["usage"])
+
+    if started.streams is not None:
+        events = _events(ctx, plan, req, started.streams, done)
+        return event_stream_response(events, on_close=started.ticket.release)
+    result = (started.results or [{}])[0]
+    meta = result.get("meta_info") or {}
+    parsed = parse_choice(plan.output, result.get("text", ""))
+    status, details = status_of(finish_of(meta).reason)
+    body = response_object(
+        req,
+        plan.rid,
+        ctx.model_name,
+        status=status,
+        output=output_items(parsed.content, parsed.reasoning, parsed.tool_calls),
+        incomplete_details=details,
+        usage=usage_of(meta),
+    )
+    done(body)
+    return JSONResponse(body)
+
+
+def _not_found(response_id: str) -> ApiError:
+    return ApiError(
+        404,
+        f"Response with id {response_id!r} not found (this server keeps responses in memory, "
+        "only those created with store: true, and the most recent ones).",
+        param="response_id",
+        err_type="not_found_error",
+    )
+
+
+async def retrieve_response(request: Request, response_id: str) -> Response:
+    stored = get_store(request).get(response_id)
+    if stored is None:
+        raise _not_found(response_id)
+    return JSONResponse(stored.body)
+
+
+async def delete_response(request: Request, response_id: str) -> Response:
+    if not get_store(request).delete(response_id):
+        raise _not_found(response_id)
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+async def cancel_response(request: Request, response_id: str) -> Response:
+    if get_store(request).get(response_id) is None:
+        raise _not_found(response_id)
+    raise ApiError(
+        400,
+        "Only background responses can be cancelled; this server runs none (every response "
+        "has finished by the time it is stored).",
+        param="response_id",
+    )
