@@ -1,4 +1,5 @@
-"""The ``radixserve`` program: ``radixserve serve [options]`` and ``radixserve version``.
+"""The ``radixserve`` program: ``radixserve serve [options]``, ``radixserve chat``,
+``radixserve cache`` and ``radixserve version``.
 
 ``serve`` takes SGLang's ``sglang serve`` command line unchanged. Exit codes: 0 success (and
 ``--help``), 1 the server could not start, 2 a bad command line or unusable option values.
@@ -15,12 +16,14 @@ from radixserve import __version__
 
 logger = logging.getLogger(__name__)
 
-_COMMANDS = ("serve", "cache", "version")
+_COMMANDS = ("serve", "chat", "cache", "version")
 _USAGE = """usage: radixserve <command> [options]
 
 commands:
   serve     start the HTTP server; takes the `sglang serve` command line
             (--help: the options that work here; --help-all: every one)
+  chat      chat in the terminal with a running server (--url) or a model loaded
+            in this process (--model-path); radixserve chat --help
   cache     list or clear the converted-GGUF cache (radixserve cache --help)
   version   print the radixserve version
 """
@@ -102,6 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt:  # Ctrl-C while loading: the children are already stopped
             print("radixserve serve: interrupted", file=sys.stderr)
             return 130
+    if command == "chat":
+        from radixserve.chat_cli import main as chat_main
+
+        return chat_main(rest)
     if command == "cache":
         from radixserve.cache_cli import run
 
