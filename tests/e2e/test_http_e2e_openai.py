@@ -308,3 +308,54 @@ def test_two_round_tool_loop_with_the_openai_client(client: openai.OpenAI, model
     )
     finishes = [c.choices[0].finish_reason for c in stream if c.choices]
     assert finishes[-1] in ("stop", "length", "tool_calls")
+
+
+def test_responses_api_with_the_openai_client(client: openai.OpenAI, model: str) -> None:
+    """client.responses.create: plain (greedy stream equals non-stream), then a tool round (a
+    forced call, its function_call_output sent back) and a stored response fetched by id."""
+    plain = client.responses.create(
+        model=model, input="Name three colors.", max_output_tokens=8, temperature=0
+    )
+    assert plain.status == "incomplete" and plain.output_text
+    assert plain.usage is not None and plain.usage.output_tokens == 8
+    events = list(
+        client.responses.create(
+            model=model,
+            input="Name three colors.",
+            max_output_tokens=8,
+            temperature=0,
+            stream=True,
+        )
+    )
+    assert events[0].type == "response.created" and events[-1].type == "response.incomplete"
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == plain.output_text
+    tool = {
+        "type": "function",
+        "name": "add",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    }
+    first = client.responses.create(
+        model=model,
+        input="What is 2 + 3? Use the add tool.",
+        tools=[tool],
+        tool_choice={"type": "function", "name": "add"},
+        max_output_tokens=48,
+        temperature=0,
+    )
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    assert call.name == "add" and set(json.loads(call.arguments)) == {"a", "b"}
+    second = client.responses.create(
+        model=model,
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "5"}],
+        tools=[tool],
+        max_output_tokens=8,
+        temperature=0,
+    )
+    assert second.status in ("completed", "incomplete")
+    assert client.responses.retrieve(second.id).id == second.id
