@@ -33,6 +33,7 @@ SOURCES = (
     "fused_layer.cpp",
     "threads.cpp",
     "gguf_gemm_tiled.cpp",
+    "float_gemm.cpp",
 )
 BUILD_VERSION = 1  # bump when the sources change in a way the file hashes would not show
 

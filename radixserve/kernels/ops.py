@@ -4,9 +4,11 @@ else the pure-PyTorch reference (radixserve/kernels/reference.py). Same signatur
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from radixserve.kernels import reference
 from radixserve.kernels.build import load_extension
@@ -155,6 +157,65 @@ def gguf_linear(
     if ext is not None and x.dim() == 2 and x.stride(1) == 1:
         return ext.gguf_linear(x, blocks, qtype, out_features)
     return reference.gguf_linear(x, blocks, qtype, out_features)
+
+
+def float_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x @ W^T (+ bias) for a float weight on the fast path: the extension's float_linear (the
+    packed kernel from the row count tune_float_gemm chose, else at::linear), as the fused layer
+    computes it; F.linear without the extension."""
+    ext = _ext(x)
+    if ext is None or x.dtype != weight.dtype:
+        return F.linear(x, weight, bias)
+    flat = x.reshape(-1, x.shape[-1])
+    empty = _EMPTY.get(x.dtype)
+    if empty is None:
+        empty = _EMPTY.setdefault(x.dtype, torch.empty(0, dtype=x.dtype))
+    out = ext.float_linear(flat, weight, empty if bias is None else bias)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+_EMPTY: dict[torch.dtype, torch.Tensor] = {}
+
+
+def tune_float_gemm(rows: int = 128, min_gain: float = 1.1) -> str:
+    """Decide once per process whether float32 matmuls of 16+ rows use radixserve's packed kernel
+    or torch's BLAS, by timing both on three decoder-like shapes (interleaved, best of 3 each,
+    summed): MKL is slow on AMD CPUs and fast on Intel ones, and no CPU flag says which.
+    Returns a sentence for the startup log."""
+    ext = load_extension()
+    if ext is None or not ext.float_packed_available():
+        return "float32 matmul: torch's BLAS (the packed kernel needs the C++ kernels and AVX2)"
+    if _TUNED:
+        return _TUNED[0]
+    gen = torch.Generator().manual_seed(0)
+    shapes = ((1536, 576), (576, 1536), (1024, 1024))  # (out, in) features
+    pairs = [
+        (torch.randn(rows, k, generator=gen), torch.randn(n, k, generator=gen)) for n, k in shapes
+    ]
+    best = {"torch": [float("inf")] * len(pairs), "packed": [float("inf")] * len(pairs)}
+    for _ in range(3):
+        for i, (x, w) in enumerate(pairs):
+            for name, fn in (("torch", F.linear), ("packed", ext.float_linear_packed)):
+                start = time.perf_counter()
+                fn(x, w)
+                best[name][i] = min(best[name][i], time.perf_counter() - start)
+    gain = sum(best["torch"]) / sum(best["packed"])
+    use_packed = gain >= min_gain
+    ext.set_float_packed_min_rows(FLOAT_PACKED_MIN_ROWS if use_packed else 0)
+    choice = "radixserve's packed AVX2 kernel" if use_packed else "torch's BLAS"
+    _TUNED.append(
+        f"float32 matmul for {FLOAT_PACKED_MIN_ROWS}+ rows: {choice} (packed kernel measured "
+        f"{gain:.2f}x torch's on this CPU)"
+    )
+    return _TUNED[0]
+
+
+# From this many rows the packed kernel's per-call panel packing is amortised; below, matmuls
+# are memory-bound GEMVs, where the BLAS reads the weight once as well.
+FLOAT_PACKED_MIN_ROWS = 16
+_TUNED: list[str] = []
 
 
 def llama_layer(*args: object) -> tuple[torch.Tensor, torch.Tensor]:

@@ -114,7 +114,22 @@ def check_gguf(ext: object) -> None:
                     )
 
 
-CHECKS: tuple[Check, ...] = (check_elementwise, check_rope_and_attention, check_gguf)
+def check_float_gemm(ext: object) -> None:
+    if not ext.float_packed_available():
+        return
+    torch.manual_seed(0)
+    # Columns off the 16-column panels, K over two K blocks, whole and partial 6-row tiles.
+    for rows, n, k in ((6, 25, 96), (13, 40, 320), (37, 16, 8)):
+        x, w = torch.randn(rows, k), torch.randn(n, k)
+        _close("float_linear_packed", ext.float_linear_packed(x, w), x @ w.T, 1e-5)
+
+
+CHECKS: tuple[Check, ...] = (
+    check_elementwise,
+    check_rope_and_attention,
+    check_gguf,
+    check_float_gemm,
+)
 
 
 def main() -> int:

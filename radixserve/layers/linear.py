@@ -72,6 +72,8 @@ def quantized_or_float_linear(
     """x @ W^T (+ bias), on GGUF blocks when the layer has them."""
     gguf: GGUFWeight | None = getattr(layer, "gguf", None)
     if gguf is None:
+        if getattr(layer, "use_fast_kernels", False):  # set by layers.fast_path
+            return ops.float_linear(x, layer.weight, bias)
         return F.linear(x, layer.weight, bias)
     out = ops.gguf_linear(x.reshape(-1, x.shape[-1]), gguf.blocks, gguf.qtype, gguf.out_features)
     out = out.reshape(*x.shape[:-1], gguf.out_features)

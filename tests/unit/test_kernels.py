@@ -206,11 +206,20 @@ def test_fused_layer_equals_module_by_module_fast_path(
     layers = [m for m in model.modules() if isinstance(m, LlamaDecoderLayer)]
     calls = []
     real = ops.llama_layer
-    with torch.inference_mode():
-        want = _run_steps(model, config, fast=True, fused=False)
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(ops, "llama_layer", lambda *a: calls.append(1) or real(*a))
-            got = _run_steps(model, config, fast=True, fused=True)
+    ops.tune_float_gemm()  # once per process; the test then forces its own choice
+    before = ext.float_packed_min_rows()
+    if weights == "float" and ext.float_packed_available():
+        # Float projections from 2 rows on through the packed kernel (float_gemm.cpp), which
+        # both paths must then use alike.
+        ext.set_float_packed_min_rows(2)
+    try:
+        with torch.inference_mode():
+            want = _run_steps(model, config, fast=True, fused=False)
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(ops, "llama_layer", lambda *a: calls.append(1) or real(*a))
+                got = _run_steps(model, config, fast=True, fused=True)
+    finally:
+        ext.set_float_packed_min_rows(before)
     assert len(calls) == 3 * len(layers)  # every layer of every step took the fused call
     for w, g in zip(want, got, strict=True):
         assert torch.equal(g, w)

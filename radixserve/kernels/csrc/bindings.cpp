@@ -16,4 +16,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("llama_layer", &radixserve::llama_layer);
   m.def("bind_threads", &radixserve::bind_threads);
   m.def("gguf_linear_tiled", &radixserve::gguf_linear_tiled);
+  m.def("float_linear_packed", &radixserve::float_linear_packed);
+  m.def("float_linear", &radixserve::float_linear);
+  m.def("set_float_packed_min_rows", &radixserve::set_float_packed_min_rows);
+  m.def("float_packed_min_rows", &radixserve::float_packed_min_rows);
+  m.def("float_packed_available", &radixserve::float_packed_available);
 }

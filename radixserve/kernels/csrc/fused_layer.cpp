@@ -16,7 +16,7 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& weight, int64_t qtype,
                    const at::Tensor& bias) {
   const bool has_bias = bias.numel() > 0;
   if (qtype == kFloatWeight) {
-    return has_bias ? at::linear(x, weight, bias) : at::linear(x, weight);
+    return float_linear(x, weight, bias);  // at::linear, or the packed kernel (float_gemm.cpp)
   }
   // The block count per row fixes N: blocks are [N, bytes].
   auto out = gguf_linear(x, weight, qtype, weight.size(0));

@@ -58,6 +58,25 @@ inline void tile(const float* x, int64_t ldx, const float* p, int64_t ldp, int64
 #undef RS_ROW_FMA
 #undef RS_ROW_STORE
 
+// In-register transpose of an 8x8 float block.
+inline void transpose8(__m256 r[8]) {
+  __m256 t[8], s[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    s[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    s[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    s[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    s[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x31);
+  }
+}
+
 // tile<R> for a run-time row count 1..6.
 inline void tile_rows(int64_t rows, const float* x, int64_t ldx, const float* p, int64_t ldp,
                       int64_t kc, float* c, int64_t ldc, int64_t cols, bool accumulate) {

@@ -49,25 +49,6 @@ inline void dequantize_block(const uint8_t* row, int64_t qtype, int64_t b, __m25
   }
 }
 
-// In-register transpose of an 8x8 float block.
-inline void transpose8(__m256 r[8]) {
-  __m256 t[8], s[8];
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 8; i += 4) {
-    s[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    s[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    s[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    s[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x20);
-    r[i + 4] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x31);
-  }
-}
-
 // panel[kk * 16 + c] = W[c0 + c, kk] for c < cols, 0 for the padding columns.
 void pack_panel(const uint8_t* wp, int64_t row_bytes, int64_t qtype, int64_t k, int64_t c0,
                 int64_t cols, float* panel) {
@@ -92,7 +73,7 @@ void pack_panel(const uint8_t* wp, int64_t row_bytes, int64_t qtype, int64_t k, 
       for (int i = 0; i < 4; ++i) {  // k group i of the block: 8 columns x 8 k
         __m256 r[8];
         for (int c = 0; c < 8; ++c) r[c] = v[c][i];
-        transpose8(r);
+        micro::transpose8(r);
         float* dst = panel + (b * kBlockW + i * 8) * kNR + half * 8;
         for (int j = 0; j < 8; ++j) _mm256_storeu_ps(dst + j * kNR, r[j]);
       }

@@ -29,5 +29,10 @@ std::vector<at::Tensor> llama_layer(
 at::Tensor gguf_linear_tiled(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
                              int64_t out_features);
 bool gguf_tiled_available();
+at::Tensor float_linear_packed(const at::Tensor& x, const at::Tensor& w);
+at::Tensor float_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias);
+void set_float_packed_min_rows(int64_t rows);
+int64_t float_packed_min_rows();
+bool float_packed_available();
 int64_t bind_threads(const std::vector<int64_t>& cpus);
 }  // namespace radixserve
