@@ -124,3 +124,32 @@ def test_chat_command_against_an_unreachable_url(
     assert out.startswith("\nerror: cannot reach http://127.0.0.1:9")
     assert main(["--help"]) == 0
     assert "  chat " in capsys.readouterr().out
+
+
+def test_engine_backend_streams_the_engine_reply(tmp_path: Any) -> None:
+    """The in-process path: a real Engine on a tiny checkpoint (thread runtime); the streamed
+    reply printed by the chat equals the engine's own greedy reply to the same prompt."""
+    from radixserve.chat_backends import EngineChatBackend
+    from radixserve.entrypoints.engine import Engine
+    from tests.helpers.tiny_models import make_tiny_checkpoint, save_word_tokenizer
+
+    make_tiny_checkpoint(tmp_path, vocab_size=256)
+    save_word_tokenizer(tmp_path)
+    (tmp_path / "chat_template.jinja").write_text(
+        "{% for m in messages %}w3 {{ m['content'] }} {% endfor %}w4"
+    )
+    engine = Engine(
+        model_path=str(tmp_path), runtime="thread", dtype="float32", max_total_tokens=1024
+    )
+    backend = EngineChatBackend(engine)
+    try:
+        out = io.StringIO()
+        params = ChatParams(max_tokens=6, temperature=0.0)
+        run_chat(backend, params, read_line=lines("w5 w6 w7"), out=out, prompt="")
+        ids = engine.tokenizer.encode("w3 w5 w6 w7 w4", add_special_tokens=False)
+        want = engine.generate(
+            input_ids=ids, sampling_params={"max_new_tokens": 6, "temperature": 0.0}
+        )["text"]
+        assert want and out.getvalue() == want + "\n"
+    finally:
+        backend.close()
