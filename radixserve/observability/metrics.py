@@ -77,36 +77,43 @@ class _EngineGauges(Collector):
         self.metrics = metrics
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        info = self.metrics.snapshot
-        total = float(info.get("max_total_num_tokens") or 0)
-        available = float(info.get("available_kv_tokens") or 0)
-        cached = float(info.get("cached_tokens") or 0)
-        # Tokens held by requests: what is neither free nor kept only by the prefix cache.
-        used = max(total - available - cached, 0.0) if total else 0.0
-        usage = info.get("token_usage")
-        hit_rate = info.get("cache_hit_rate")
-        values = {
-            "num_running_reqs": ("The number of running requests", info.get("num_running_reqs")),
-            "num_queue_reqs": (
-                "The number of requests in the waiting queue",
-                info.get("num_waiting_reqs"),
-            ),
-            "num_used_tokens": ("The number of used tokens", used),
-            "max_total_num_tokens": ("Maximum total number of tokens", total),
-            "token_usage": (
-                "The token usage",
-                usage if usage is not None else (used / total if total else 0),
-            ),
-            # The scheduler's own rate counts every prompt; ours only what went through HTTP.
-            "cache_hit_rate": (
-                "The cache hit rate",
-                hit_rate if hit_rate is not None else self.metrics.cache_hit_rate(),
-            ),
-        }
-        for name, (doc, value) in values.items():
-            family = GaugeMetricFamily(f"sglang:{name}", doc, labels=["model_name"])
-            family.add_metric([self.metrics.model_name], float(value or 0))
+        gauges = engine_gauges(self.metrics.snapshot, self.metrics.cache_hit_rate())
+        for name, value in gauges.items():
+            family = GaugeMetricFamily(f"sglang:{name}", GAUGE_DOCS[name], labels=["model_name"])
+            family.add_metric([self.metrics.model_name], value)
             yield family
+
+
+GAUGE_DOCS = {
+    "num_running_reqs": "The number of running requests",
+    "num_queue_reqs": "The number of requests in the waiting queue",
+    "num_used_tokens": "The number of used tokens",
+    "max_total_num_tokens": "Maximum total number of tokens",
+    "token_usage": "The token usage",
+    "cache_hit_rate": "The cache hit rate",
+}
+
+
+def engine_gauges(info: Mapping[str, Any], http_hit_rate: float) -> dict[str, float]:
+    """The gauge values from one engine snapshot; /metrics and the dashboard both read these,
+    so the two never disagree. `http_hit_rate` stands in when the engine reports no rate."""
+    total = float(info.get("max_total_num_tokens") or 0)
+    available = float(info.get("available_kv_tokens") or 0)
+    cached = float(info.get("cached_tokens") or 0)
+    # Tokens held by requests: what is neither free nor kept only by the prefix cache.
+    used = max(total - available - cached, 0.0) if total else 0.0
+    usage = info.get("token_usage")
+    hit_rate = info.get("cache_hit_rate")
+    values = {
+        "num_running_reqs": info.get("num_running_reqs"),
+        "num_queue_reqs": info.get("num_waiting_reqs"),
+        "num_used_tokens": used,
+        "max_total_num_tokens": total,
+        "token_usage": usage if usage is not None else (used / total if total else 0),
+        # The scheduler's own rate counts every prompt; ours only what went through HTTP.
+        "cache_hit_rate": hit_rate if hit_rate is not None else http_hit_rate,
+    }
+    return {name: float(value or 0) for name, value in values.items()}
 
 
 class ServingMetrics:
@@ -152,6 +159,23 @@ class ServingMetrics:
 
     def cache_hit_rate(self) -> float:
         return self._cached_sum / self._prompt_sum if self._prompt_sum else 0.0
+
+    def totals(self) -> dict[str, float]:
+        """Cumulative counters read back from the registry (the dashboard turns deltas between
+        polls into rates, so no second collector keeps its own history)."""
+        labels = {"model_name": self.model_name}
+        names = {
+            "prompt_tokens_total": "sglang:prompt_tokens_total",
+            "generation_tokens_total": "sglang:generation_tokens_total",
+            "cached_tokens_total": "sglang:cached_tokens_total",
+            "num_requests_total": "sglang:num_requests_total",
+            "ttft_seconds_sum": "sglang:time_to_first_token_seconds_sum",
+            "ttft_count": "sglang:time_to_first_token_seconds_count",
+        }
+        return {
+            key: float(self.registry.get_sample_value(sample, labels) or 0.0)
+            for key, sample in names.items()
+        }
 
     def observe_finished(self, meta: Mapping[str, Any], e2e_s: float) -> None:
         """Count one finished generation from its final `meta_info`."""
