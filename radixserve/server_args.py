@@ -102,6 +102,7 @@ class ServerArgs:
     api_key: str | None = None
     admin_api_key: str | None = None
     max_payload_size: int | None = None
+    disable_web_ui: bool = False
     served_model_name: str | None = None
     weight_version: str = "default"
     chat_template: str | None = None

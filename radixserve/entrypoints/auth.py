@@ -5,8 +5,10 @@
 | normal         | allow   | api_key      | allow              | api_key                   |
 | admin_optional | allow   | api_key      | admin key          | admin key (api_key fails) |
 
-`OPTIONS` and paths under /health and /metrics are always open. Keys are compared in constant
-time and never logged.
+`OPTIONS` and paths under /health and /metrics are always open; so are the web UI's pages
+(/playground, /dashboard, and / when a browser asks for HTML) while the UI is on: they hold no
+data, and the key typed into them goes on their API calls. Keys are compared in constant time
+and never logged.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Iterable
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixserve.entrypoints.openai.errors import ApiError
+from radixserve.entrypoints.web.pages import PAGE_PATHS, wants_html
 
 
 class AuthLevel(enum.Enum):
@@ -71,6 +74,23 @@ def decide(
     return True
 
 
+def _header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str | None:
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def is_open_page(path: str, method: str, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """A browser page of the web UI: loads without a key (a browser cannot add one to a
+    navigation), while /dashboard/state and the API behind the pages still need it."""
+    if method not in ("GET", "HEAD"):
+        return False
+    if path in PAGE_PATHS:
+        return True
+    return path == "/" and wants_html(_header(headers, b"accept"))
+
+
 def bearer_token(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
     for name, value in headers:
         if name == b"authorization":
@@ -86,9 +106,15 @@ class ApiKeyMiddleware:
     """Pure ASGI, so it wraps streaming responses without buffering them."""
 
     def __init__(
-        self, app: ASGIApp, api_key: str | None, admin_api_key: str | None, root_path: str = ""
+        self,
+        app: ASGIApp,
+        api_key: str | None,
+        admin_api_key: str | None,
+        root_path: str = "",
+        open_pages: bool = False,
     ) -> None:
         self.app = app
+        self.open_pages = open_pages
         self.api_key = api_key
         self.admin_api_key = admin_api_key
         self.root_path = root_path.rstrip("/")
@@ -100,8 +126,13 @@ class ApiKeyMiddleware:
         path = scope.get("path", "")
         if self.root_path and path.startswith(self.root_path):
             path = path[len(self.root_path) :] or "/"
-        token = bearer_token(scope.get("headers", ()))
-        if decide(path, scope.get("method", "GET"), token, self.api_key, self.admin_api_key):
+        headers = scope.get("headers", ())
+        method = scope.get("method", "GET")
+        if self.open_pages and is_open_page(path, method, headers):
+            await self.app(scope, receive, send)
+            return
+        token = bearer_token(headers)
+        if decide(path, method, token, self.api_key, self.admin_api_key):
             await self.app(scope, receive, send)
             return
         error = ApiError(

@@ -70,6 +70,7 @@ class HttpConfig:
     chat_template: str | None = None
     enable_cache_report: bool = False
     enable_metrics: bool = False
+    enable_web_ui: bool = True
     log_requests: bool = False
     log_requests_level: int = 2
     log_level: str = "info"
@@ -115,6 +116,7 @@ class HttpConfig:
             chat_template=get("chat_template"),
             enable_cache_report=bool(get("enable_cache_report", False)),
             enable_metrics=bool(get("enable_metrics", False)),
+            enable_web_ui=not bool(get("disable_web_ui", False)),
             log_requests=bool(get("log_requests", False)),
             log_requests_level=int(get("log_requests_level", 2)),
             log_level=str(get("log_level", "info")),

@@ -36,6 +36,7 @@ from radixserve.entrypoints.openai.errors import install_error_handlers
 from radixserve.entrypoints.request_body import BodyLimitMiddleware
 from radixserve.entrypoints.request_log import RequestLogger
 from radixserve.entrypoints.serving_context import ServingContext, get_ctx
+from radixserve.entrypoints.web import routes as web_routes
 from radixserve.observability.metrics import CONTENT_TYPE, ServingMetrics
 
 logger = logging.getLogger(__name__)
@@ -149,6 +150,8 @@ def create_app(engine: Any, server_args: Any) -> FastAPI:
     app.include_router(openai_routes.build_router())
     if config.enable_metrics:
         app.add_api_route("/metrics", _metrics_route, methods=["GET"])
+    if config.enable_web_ui:
+        app.include_router(web_routes.build_router())
     # add_middleware puts the newest outermost: auth runs first, before a body is read.
     app.add_middleware(BodyLimitMiddleware, limit=config.max_body_bytes)
     if config.api_key or config.admin_api_key:
@@ -157,6 +160,7 @@ def create_app(engine: Any, server_args: Any) -> FastAPI:
             api_key=config.api_key,
             admin_api_key=config.admin_api_key,
             root_path=config.root_path,
+            open_pages=config.enable_web_ui,
         )
     # As SGLang: browsers may call the API from any origin (preflights pass auth untouched).
     app.add_middleware(

@@ -25,6 +25,7 @@ from radixserve.entrypoints.openai.serving_tokenize import detokenize, tokenize
 from radixserve.entrypoints.openapi_bodies import body_doc, generate_body_doc
 from radixserve.entrypoints.request_body import parse_model, read_json
 from radixserve.entrypoints.serving_context import ServingContext, get_ctx
+from radixserve.entrypoints.web.pages import PLAYGROUND, page_response, wants_html
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +172,9 @@ async def version(_: Request) -> Response:
 
 
 async def root(request: Request) -> Response:
-    """A pointer for whoever opens the server's address in a browser or curl."""
+    """The playground for a browser, else a JSON pointer (curl and scripts keep their JSON)."""
+    if get_ctx(request).config.enable_web_ui and wants_html(request.headers.get("accept")):
+        return page_response(PLAYGROUND)
     prefix = request.scope.get("root_path", "")
     return JSONResponse(
         {

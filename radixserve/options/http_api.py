@@ -76,6 +76,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "else 32 MiB.",
         support=IMPLEMENTED,
     ),
+    flag(
+        "--disable-web-ui",
+        "radixserve's own option (SGLang has none): turn off the browser pages, the chat "
+        "playground at / and /playground and the live dashboard at /dashboard (they answer 404).",
+        support=IMPLEMENTED,
+    ),
     value(
         "--served-model-name",
         STR,

@@ -1,0 +1,39 @@
+"""/dashboard/state: one JSON poll for the dashboard, built from the engine snapshot and the
+counters that /metrics reads (metrics.engine_gauges and ServingMetrics.totals)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from fastapi.responses import JSONResponse
+from starlette.requests import Request
+
+from radixserve.entrypoints.generation import call_engine
+from radixserve.entrypoints.serving_context import get_ctx
+from radixserve.observability.metrics import engine_gauges
+
+logger = logging.getLogger(__name__)
+
+
+async def dashboard_state(request: Request) -> JSONResponse:
+    ctx = get_ctx(request)
+    try:
+        info = dict(await call_engine(ctx.engine.get_server_info))
+    except Exception:  # the dashboard should show "engine unreachable", not a 500 page
+        logger.warning("Could not read engine state for the dashboard", exc_info=True)
+        info = {}
+    hit_rate = ctx.metrics.cache_hit_rate() if ctx.metrics else 0.0
+    body: dict[str, Any] = {
+        "time": time.time(),
+        "model": ctx.config.served_model_name,
+        "engine_reachable": bool(info),
+        "max_running_requests": info.get("max_running_requests"),
+        "inflight_http_requests": ctx.state.inflight,
+        "gauges": engine_gauges(info, hit_rate),
+        "totals": ctx.metrics.totals() if ctx.metrics else {},
+        # The scheduler does not export its radix tree over the control channel yet.
+        "radix_tree": None,
+    }
+    return JSONResponse(body)
