@@ -1,0 +1,162 @@
+"""The web UI in a real browser (Debian's chromium driven by Playwright from PyPI, no browser
+download at test time) against a real uvicorn serving the fake engine on 127.0.0.1: the page
+loads, a reply streams in, a JSON reply is reported valid, a wrong API key gets a clear
+message, and the dashboard's numbers move after a request. Screenshots go to
+$RADIXSERVE_SCREENSHOT_DIR (default: the test's tmp folder)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import uvicorn
+
+from radixserve.entrypoints.http_server import create_app
+from tests.unit.test_http_fakes import REPLY, FakeEngine, server_args
+
+pytestmark = pytest.mark.slow
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+
+KEY = "browser-test-key"
+
+
+def _chromium() -> str:
+    path = os.environ.get("RADIXSERVE_CHROMIUM") or shutil.which("chromium")
+    if not path:
+        pytest.skip("no chromium executable (Debian: apt-get install chromium)")
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _server(engine: FakeEngine) -> Iterator[str]:
+    port = _free_port()
+    app = create_app(engine, server_args(api_key=KEY))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    folder = Path(os.environ.get("RADIXSERVE_SCREENSHOT_DIR") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture
+def page() -> Iterator[Any]:
+    executable = _chromium()
+    with sync_api.sync_playwright() as pw:
+        try:
+            browser = pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        except Exception as exc:  # a chromium that cannot start here is a missing browser
+            pytest.skip(f"chromium did not start: {exc}")
+        try:
+            yield browser.new_page()
+        finally:
+            browser.close()
+
+
+def _set(page: Any, selector: str, value: str) -> None:
+    page.fill(selector, value)
+    page.dispatch_event(selector, "change")
+
+
+def _set_key(page: Any, key: str) -> None:
+    _set(page, "#apikey", key)
+
+
+def test_chat_streams_and_a_wrong_key_is_named(page: Any, shots: Path) -> None:
+    with _server(FakeEngine(token_delay=0.02)) as base:
+        page.goto(base + "/", wait_until="load")
+        assert page.title() == "radixserve playground"
+        _set(page, "#max_tokens", "40")  # the fake model's context is 128 tokens
+        page.wait_for_selector("#banner:has-text('401')")  # no key typed yet
+        _set_key(page, "wrong")
+        page.fill("#input", "Hi")
+        page.click("#send")
+        page.wait_for_selector(".msg.error:has-text('API key')")
+        page.screenshot(path=str(shots / "playground-wrong-key.png"))
+
+        _set_key(page, KEY)
+        page.wait_for_selector("#model:has-text('model:')")
+        page.fill("#input", "Hello again")
+        page.click("#send")
+        # Part of the reply shows before the whole of it: the page renders as tokens arrive.
+        page.wait_for_function(
+            "() => { const m = [...document.querySelectorAll('.msg.assistant')].pop();"
+            " return m && m.textContent.length > 0; }"
+        )
+        partial = page.locator(".msg.assistant").last.inner_text()
+        page.wait_for_selector(".msg.assistant .stats:has-text('tokens/s')")
+        final = page.locator(".msg.assistant").last.inner_text()
+        assert REPLY in final and len(partial) < len(final)
+        page.screenshot(path=str(shots / "playground-chat.png"))
+        # The conversation survives a reload (localStorage); the key is not in the URL.
+        page.reload(wait_until="load")
+        assert REPLY in page.locator("#log").inner_text()
+        assert KEY not in page.url
+
+
+def test_json_reply_is_reported_valid(page: Any, shots: Path) -> None:
+    engine = FakeEngine(reply='{"answer": "42"}')
+    # The fake model writes its scripted JSON; a no-op grammar lets the request through.
+    engine.tokenizer_manager._grammar_backend = SimpleNamespace(compile=lambda spec: None)
+    with _server(engine) as base:
+        page.goto(base + "/playground", wait_until="load")
+        _set_key(page, KEY)
+        _set(page, "#max_tokens", "40")
+        page.select_option("#mode", "json_schema")
+        page.dispatch_event("#mode", "change")
+        page.fill("#constraint", '{"type": "object", "properties": {"answer": {"type": "string"}}}')
+        page.fill("#input", "Answer in JSON")
+        page.click("#send")
+        page.wait_for_selector(".msg.assistant .stats:has-text('valid JSON')")
+        assert "not valid" not in page.locator(".msg.assistant .stats").last.inner_text()
+        page.screenshot(path=str(shots / "playground-json.png"))
+
+
+def test_dashboard_numbers_move_under_load(page: Any, shots: Path) -> None:
+    import httpx
+
+    with _server(FakeEngine(token_delay=0.01)) as base:
+        page.goto(base + "/dashboard", wait_until="load")
+        page.wait_for_selector("#banner:has-text('401')")
+        _set_key(page, KEY)
+        page.wait_for_function("() => document.getElementById('kv').textContent.endsWith('%')")
+        chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20, "stream": True}
+        headers = {"Authorization": f"Bearer {KEY}"}
+        with httpx.stream("POST", base + "/v1/chat/completions", json=chat, headers=headers) as r:
+            r.read()
+        # The next polls see the counters move: a positive tokens/s and a TTFT.
+        page.wait_for_function(
+            "() => parseFloat(document.getElementById('tps').textContent) > 0", timeout=15000
+        )
+        page.wait_for_function(
+            "() => document.getElementById('ttft').textContent !== '-'", timeout=15000
+        )
+        page.screenshot(path=str(shots / "dashboard.png"))
