@@ -176,10 +176,14 @@ class MultiProcessRuntime:
     def _watch(self) -> None:
         while not self._stopping:
             time.sleep(WATCH_INTERVAL_S)
-            for proc in self.processes:
-                if not proc.is_alive() and not self._stopping:
-                    self._died(f"{proc.name} exited unexpectedly (code {proc.exitcode})")
-                    return
+            dead = [proc for proc in self.processes if not proc.is_alive()]
+            if dead and not self._stopping:
+                # Name every dead child: when one TP rank dies, the others leave right after
+                # it (their collectives fail), and the first in the list is not the cause.
+                self._died(
+                    ", ".join(f"{p.name} exited unexpectedly (code {p.exitcode})" for p in dead)
+                )
+                return
 
     def _died(self, reason: str) -> None:
         logger.error("%s", reason)
