@@ -42,6 +42,9 @@ def _generate(base_url: str) -> list[int]:
     return list(r.json()["output_ids"])
 
 
+# Slow: 1-3 minutes on 2 cores (an Engine plus a 2-rank server). The default run keeps the same
+# checks at the engine level (tests/unit/test_tp_engine.py: tp 2 == tp 1, a killed rank).
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 def test_tp2_server_answers_like_tp1_and_dies_with_a_rank(tiny_dir: Path) -> None:
     # One rank, in this process: the same checkpoint and the server's float32.
