@@ -145,7 +145,10 @@ class MultiProcessRuntime:
         while time.monotonic() < deadline:
             self._startup_message(0.5)
             if not scheduler.is_alive():
-                self._startup_message(0.5)  # what it sent just before exiting
+                # What it sent just before exiting still has to pass the detokenizer, which can
+                # take seconds on a loaded machine (a CI run lost the reason with 0.5 s).
+                for _ in range(10):
+                    self._startup_message(0.5)
                 return
 
     def _wait_ready(self) -> SchedulerReady:
