@@ -204,6 +204,20 @@ bool attend_direct_fast(int64_t, const float*, int64_t, const int64_t*, int64_t,
 }
 #endif
 
+// Keys [k0, k0 + kb) of one KV head as float: K transposed (kt[d][j], kKeyBlock wide), V as rows.
+template <typename C>
+void gather_key_block(int64_t k0, int64_t kb, const int64_t* token_row, const C* k_cache,
+                      const C* v_cache, int64_t kv_row, int64_t kv_head, int64_t dim, float* kt,
+                      float* vb) {
+  for (int64_t j = 0; j < kb; ++j) {
+    const int64_t slot = token_row[k0 + j];
+    const C* kp = k_cache + slot * kv_row + kv_head * dim;
+    const C* vp = v_cache + slot * kv_row + kv_head * dim;
+    for (int64_t d = 0; d < dim; ++d) kt[d * kKeyBlock + j] = to_float(kp[d]);
+    for (int64_t d = 0; d < dim; ++d) vb[j * dim + d] = to_float(vp[d]);
+  }
+}
+
 // Many query vectors (prefill): the key block is gathered once into a transposed float tile,
 // so the scores of each query vector are a vectorised outer-product accumulation.
 template <typename C>
@@ -214,13 +228,8 @@ void attend_gathered(int64_t kv_head, const float* qv, int64_t m_count, const in
   std::vector<float> kt(dim * kKeyBlock), vb(kKeyBlock * dim), s(kKeyBlock);
   for (int64_t k0 = 0; k0 < key_end; k0 += kKeyBlock) {
     const int64_t kb = std::min(kKeyBlock, key_end - k0);
-    for (int64_t j = 0; j < kb; ++j) {
-      const int64_t slot = token_row[k0 + j];
-      const C* kp = k_cache + slot * kv_row + kv_head * dim;
-      const C* vp = v_cache + slot * kv_row + kv_head * dim;
-      for (int64_t d = 0; d < dim; ++d) kt[d * kKeyBlock + j] = to_float(kp[d]);
-      for (int64_t d = 0; d < dim; ++d) vb[j * dim + d] = to_float(vp[d]);
-    }
+    gather_key_block(k0, kb, token_row, k_cache, v_cache, kv_row, kv_head, dim, kt.data(),
+                     vb.data());
     for (int64_t i = 0; i < m_count; ++i) {
       const int64_t valid = std::min(kb, limit[i] - k0);
       if (valid <= 0) continue;
@@ -264,13 +273,8 @@ void attend_gathered_tiled(int64_t kv_head, const float* qv, int64_t m_count,
   std::vector<float> s(m_count * kKeyBlock);
   for (int64_t k0 = 0; k0 < key_end; k0 += kKeyBlock) {
     const int64_t kb = std::min(kKeyBlock, key_end - k0);
-    for (int64_t j = 0; j < kb; ++j) {
-      const int64_t slot = token_row[k0 + j];
-      const C* kp = k_cache + slot * kv_row + kv_head * dim;
-      const C* vp = v_cache + slot * kv_row + kv_head * dim;
-      for (int64_t d = 0; d < dim; ++d) kt[d * kKeyBlock + j] = to_float(kp[d]);
-      for (int64_t d = 0; d < dim; ++d) vb[j * dim + d] = to_float(vp[d]);
-    }
+    gather_key_block(k0, kb, token_row, k_cache, v_cache, kv_row, kv_head, dim, kt.data(),
+                     vb.data());
     if (kb < kKeyBlock) {
       for (int64_t d = 0; d < dim; ++d) {
         std::fill(kt.begin() + d * kKeyBlock + kb, kt.begin() + (d + 1) * kKeyBlock, 0.0f);

@@ -16,9 +16,7 @@ namespace {
 std::atomic<int64_t> g_packed_min_rows{0};  // 0: never use the packed kernel
 
 #if defined(__AVX2__)
-using micro::kMR;
 using micro::kNR;
-constexpr int64_t kKC = 256;  // as in gguf_gemm_tiled.cpp: the panel slice stays in L1
 
 // panel[kk * 16 + c] = W[c0 + c, kk] (zero for the padding columns); k a multiple of 8.
 void pack_float_panel(const float* w, int64_t ldw, int64_t k, int64_t cols, float* panel) {
@@ -72,20 +70,8 @@ at::Tensor float_linear_packed(const at::Tensor& x, const at::Tensor& w) {
   const int64_t ldx = x.stride(0);
   const float* wp = w.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  const int64_t panels = (n + kNR - 1) / kNR;
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> panel(k * kNR);
-    for (int64_t pi = begin; pi < end; ++pi) {
-      const int64_t c0 = pi * kNR, cols = std::min(kNR, n - c0);
-      pack_float_panel(wp + c0 * k, k, k, cols, panel.data());
-      for (int64_t k0 = 0; k0 < k; k0 += kKC) {
-        const int64_t kc = std::min(kKC, k - k0);
-        for (int64_t r0 = 0; r0 < m; r0 += kMR) {
-          micro::tile_rows(std::min(kMR, m - r0), xp + r0 * ldx + k0, ldx,
-                           panel.data() + k0 * kNR, kNR, kc, op + r0 * n + c0, n, cols, k0 > 0);
-        }
-      }
-    }
+  micro::packed_gemm(xp, ldx, m, n, k, op, [&](int64_t c0, int64_t cols, float* panel) {
+    pack_float_panel(wp + c0 * k, k, k, cols, panel);
   });
 #endif
   return out;

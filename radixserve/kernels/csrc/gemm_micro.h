@@ -5,6 +5,8 @@
 // the three live operands fill 15 of AVX2's 16 vector registers).
 #pragma once
 
+#include <vector>
+
 #include "common.h"
 
 #if defined(__AVX2__)
@@ -88,6 +90,31 @@ inline void tile_rows(int64_t rows, const float* x, int64_t ldx, const float* p,
     case 5: tile<5>(x, ldx, p, ldp, kc, c, ldc, cols, accumulate); break;
     default: tile<6>(x, ldx, p, ldp, kc, c, ldc, cols, accumulate); break;
   }
+}
+
+
+constexpr int64_t kKC = 256;  // k per block: the panel slice (kKC x 16 floats, 16 KiB) sits in L1
+
+// out[M, N] = x[M, K] . W^T with W supplied 16 rows at a time by pack(c0, cols, panel), which
+// writes the k-major panel panel[kk * 16 + c] (zero-padded columns). Threads split the panels.
+template <typename Pack>
+void packed_gemm(const float* x, int64_t ldx, int64_t m, int64_t n, int64_t k, float* out,
+                 const Pack& pack) {
+  const int64_t panels = (n + kNR - 1) / kNR;
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> panel(k * kNR);
+    for (int64_t pi = begin; pi < end; ++pi) {
+      const int64_t c0 = pi * kNR, cols = std::min(kNR, n - c0);
+      pack(c0, cols, panel.data());
+      for (int64_t k0 = 0; k0 < k; k0 += kKC) {
+        const int64_t kc = std::min(kKC, k - k0);
+        for (int64_t r0 = 0; r0 < m; r0 += kMR) {
+          tile_rows(std::min(kMR, m - r0), x + r0 * ldx + k0, ldx, panel.data() + k0 * kNR, kNR,
+                    kc, out + r0 * n + c0, n, cols, k0 > 0);
+        }
+      }
+    }
+  });
 }
 
 }  // namespace micro

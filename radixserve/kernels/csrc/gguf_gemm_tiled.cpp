@@ -23,9 +23,7 @@ using gguf::kQ8_0Bytes;
 constexpr int64_t kBlockW = gguf::kBlock;
 
 #if defined(__AVX2__)
-using micro::kMR;
 using micro::kNR;
-constexpr int64_t kKC = 256;  // k per block: the panel slice (kKC x 16 floats, 16 KiB) sits in L1
 
 // The 32 values of one GGUF block of weight row `row` starting at block b, as 4 vectors of 8.
 inline void dequantize_block(const uint8_t* row, int64_t qtype, int64_t b, __m256 v[4]) {
@@ -112,20 +110,8 @@ at::Tensor gguf_linear_tiled(const at::Tensor& x, const at::Tensor& blocks, int6
   float* op = out.data_ptr<float>();
   const uint8_t* wp = blocks.data_ptr<uint8_t>();
   const int64_t row_bytes = blocks.size(1);
-  const int64_t panels = (n + kNR - 1) / kNR;
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> panel(k * kNR);
-    for (int64_t pi = begin; pi < end; ++pi) {
-      const int64_t c0 = pi * kNR, cols = std::min(kNR, n - c0);
-      pack_panel(wp, row_bytes, qtype, k, c0, cols, panel.data());
-      for (int64_t k0 = 0; k0 < k; k0 += kKC) {
-        const int64_t kc = std::min(kKC, k - k0);
-        for (int64_t r0 = 0; r0 < m; r0 += kMR) {
-          micro::tile_rows(std::min(kMR, m - r0), xp + r0 * ldx + k0, ldx,
-                           panel.data() + k0 * kNR, kNR, kc, op + r0 * n + c0, n, cols, k0 > 0);
-        }
-      }
-    }
+  micro::packed_gemm(xp, ldx, m, n, k, op, [&](int64_t c0, int64_t cols, float* panel) {
+    pack_panel(wp, row_bytes, qtype, k, c0, cols, panel);
   });
 #endif
   return out;
