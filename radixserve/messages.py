@@ -72,6 +72,9 @@ class SchedulerReady:
     max_total_tokens: int
     max_running_requests: int
     architectures: tuple[str, ...]
+    # The Rust tokenizer serialized, when decoding with it alone equals the full tokenizer's
+    # decode (managers/light_detokenizer.py): the detokenizer then runs without transformers.
+    light_decoder: str | None = None
 
 
 @dataclass
