@@ -39,6 +39,13 @@ class GetInfoReq:
 
 
 @dataclass
+class RadixTreeReq:
+    """Ask the scheduler for a bounded picture of its radix tree (the dashboard's)."""
+
+    max_nodes: int = 120
+
+
+@dataclass
 class ControlCall:
     """A control message that wants an answer, matched by call_id."""
 

@@ -18,7 +18,13 @@ from radixserve.managers.multiprocess_runtime import MultiProcessRuntime
 from radixserve.managers.process_utils import apply_gc_threshold
 from radixserve.managers.scheduler_factory import load_tokenizer
 from radixserve.managers.tokenizer_manager import RequestError, RequestState, TokenizerManager
-from radixserve.messages import FlushCacheReq, GetInfoReq, ReqOutput, TokenizedGenerateReq
+from radixserve.messages import (
+    FlushCacheReq,
+    GetInfoReq,
+    RadixTreeReq,
+    ReqOutput,
+    TokenizedGenerateReq,
+)
 from radixserve.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -202,6 +208,11 @@ class Engine:
 
     def get_server_info(self) -> dict[str, Any]:
         return dict(self.runtime.call(GetInfoReq()))
+
+    def get_radix_tree(self, max_nodes: int = 120) -> dict[str, Any] | None:
+        """A bounded picture of the scheduler's radix tree (mem_cache/tree_snapshot.py), or None
+        when the radix cache is disabled."""
+        return self.runtime.call(RadixTreeReq(max_nodes))
 
     def is_alive(self) -> bool:
         return self.runtime.is_alive()

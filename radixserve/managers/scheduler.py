@@ -43,6 +43,7 @@ class Scheduler:
     def __init__(self, server_args: ServerArgs, runner: ModelRunner, tokenizer: Any) -> None:
         self.args = server_args
         self.runner = runner
+        self.tokenizer = tokenizer  # None with --skip-tokenizer-init
         cfg = runner.model_config
         self.context_len = cfg.context_len
         self.max_running_requests = runner.plan.max_running_requests
@@ -153,6 +154,16 @@ class Scheduler:
         if self._live_reqs():
             return False
         return self.kv.flush_cache()
+
+    def radix_tree(self, max_nodes: int) -> dict[str, Any] | None:
+        """The dashboard's picture of the prefix tree; None without a radix cache."""
+        from radixserve.mem_cache.tree_snapshot import tree_snapshot
+
+        root = getattr(self.kv.prefix_cache, "root", None)
+        if root is None:
+            return None
+        decode = self.tokenizer.decode if self.tokenizer is not None else None
+        return tree_snapshot(root, decode, max_nodes)
 
     def fail_all(self, message: str) -> None:
         """End every live request with an error after a failed step.

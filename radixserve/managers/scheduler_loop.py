@@ -22,6 +22,7 @@ from radixserve.messages import (
     FinishReason,
     FlushCacheReq,
     GetInfoReq,
+    RadixTreeReq,
     ReqOutput,
     TokenizedGenerateReq,
 )
@@ -86,6 +87,8 @@ class SchedulerLoop:
             return self.scheduler.flush_cache()
         if isinstance(request, GetInfoReq):
             return self.scheduler.info()
+        if isinstance(request, RadixTreeReq):
+            return self.scheduler.radix_tree(request.max_nodes)
         raise TypeError(f"unknown control request {type(request).__name__}")
 
     def _step(self) -> None:

@@ -90,6 +90,7 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.abort_flags: set[str] = set()
         self.seen_prompts: set[tuple[int, ...]] = set()
+        self.radix_tree: dict[str, Any] | None = None
         self.calls: list[dict[str, Any]] = []
         self.alive = True
         # The scripted reply (tool-call and reasoning tests script the model's output).
@@ -166,6 +167,9 @@ class FakeEngine:
             "available_kv_tokens": 1000 - used,
             "cached_tokens": 0,
         }
+
+    def get_radix_tree(self, max_nodes: int = 120) -> dict[str, Any] | None:
+        return self.radix_tree
 
     def is_alive(self) -> bool:
         return self.alive
