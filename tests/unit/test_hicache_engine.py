@@ -172,3 +172,29 @@ def test_restarted_engine_answers_from_the_disk_tier(
 def test_bad_hicache_options_are_refused(engine_factory: Any, kwargs: Any, option: str) -> None:
     with pytest.raises(ServerArgsError, match=option):
         engine_factory(**kwargs)
+
+
+def test_http_server_info_and_metrics_report_hits_per_tier(engine_factory: Any) -> None:
+    from fastapi.testclient import TestClient
+
+    from radixserve.entrypoints.http_server import create_app
+
+    engine = engine_factory(enable_hierarchical_cache=True, enable_metrics=True)
+    docs = documents()
+    with TestClient(create_app(engine, engine.server_args)) as client:
+        metas = []
+        for rnd in range(2):
+            for doc in docs:
+                body = {"input_ids": [*doc, 10 + rnd], "sampling_params": GREEDY}
+                r = client.post("/generate", json=body)
+                assert r.status_code == 200, r.text
+                metas.append(r.json()["meta_info"])
+        assert metas[-1]["cached_tokens_details"] == {"device": 0, "host": 288, "storage": 0}
+        info = client.get("/get_server_info").json()
+        assert info["cached_tokens_host_total"] == 3 * 288
+        assert info["cached_tokens_device_total"] == 0
+        assert info["hicache_write_policy"] == "write_through"
+        text = client.get("/metrics").text
+        assert "sglang:hicache_cached_tokens_total{model_name=" in text
+        line = next(x for x in text.splitlines() if 'tier="host"' in x)
+        assert float(line.rsplit(" ", 1)[1]) == 3 * 288
