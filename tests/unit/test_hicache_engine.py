@@ -198,3 +198,23 @@ def test_http_server_info_and_metrics_report_hits_per_tier(engine_factory: Any) 
         assert "sglang:hicache_cached_tokens_total{model_name=" in text
         line = next(x for x in text.splitlines() if 'tier="host"' in x)
         assert float(line.rsplit(" ", 1)[1]) == 3 * 288
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"page_size": 4, "chunked_prefill_size": 64}, {"max_total_tokens": 400}],
+)
+def test_batched_loads_keep_outputs_and_conserve_kv(engine_factory: Any, kwargs: Any) -> None:
+    """Several requests admitted in one step, each loading its document back from the host
+    (page size 4 with chunked prefill; a pool that fits two documents at a time)."""
+    docs = documents(count=4, length=150)
+    asks = [[*doc, 10 + q, 30] for q in range(2) for doc in docs]
+    plain = engine_factory(**kwargs)
+    want = [r["output_ids"] for r in plain.generate(input_ids=asks, sampling_params=GREEDY)]
+    tiered = engine_factory(enable_hierarchical_cache=True, **kwargs)
+    for doc in docs:  # warm the host tier; the device keeps only the last documents
+        tiered.generate(input_ids=[*doc, 99], sampling_params=GREEDY)
+    got = tiered.generate(input_ids=asks, sampling_params=GREEDY)
+    assert [r["output_ids"] for r in got] == want
+    assert tiered.get_server_info()["cached_tokens_host_total"] > 0
+    assert_no_leak(tiered)
