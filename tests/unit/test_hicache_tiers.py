@@ -165,3 +165,16 @@ def test_backup_into_a_full_host_pool_keeps_the_newest_blocks() -> None:
     plan = hc.find(other, 0, 8)
     assert plan.tokens == 8
     hc.release(plan)
+
+
+def test_a_host_tier_larger_than_free_memory_is_refused() -> None:
+    from radixserve.mem_cache.hicache.host_memory import check_host_tier_fits, mem_available_bytes
+
+    available = mem_available_bytes()
+    if available is None:
+        pytest.skip("no /proc/meminfo")
+    check_host_tier_fits(1 << 20, 1 << 20, device_is_cpu=True)
+    with pytest.raises(ValueError, match="--hicache-ratio"):
+        check_host_tier_fits(2 * available, 0, device_is_cpu=False)
+    with pytest.raises(ValueError, match="after the device KV pool"):
+        check_host_tier_fits(available, available, device_is_cpu=True)

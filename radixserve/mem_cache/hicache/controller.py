@@ -17,6 +17,7 @@ import torch
 from radixserve.mem_cache.hicache.block_hash import block_hashes, identity_seed
 from radixserve.mem_cache.hicache.config import HiCacheConfig
 from radixserve.mem_cache.hicache.file_storage import FileStorage
+from radixserve.mem_cache.hicache.host_memory import check_host_tier_fits
 from radixserve.mem_cache.hicache.host_pool import HostKVPool
 from radixserve.mem_cache.kv_cache import KVCache
 
@@ -55,8 +56,14 @@ class HiCacheController:
         per_token = KVCache.bytes_per_token(
             kv_cache.num_layers, kv_cache.num_kv_heads, kv_cache.head_dim, kv_cache.dtype
         )
+        num_blocks = config.host_blocks(kv_cache.size, per_token)
+        check_host_tier_fits(
+            num_blocks * self.block * per_token,
+            kv_cache.size * per_token,
+            kv_cache.device.type == "cpu",
+        )
         self.host = HostKVPool(
-            config.host_blocks(kv_cache.size, per_token),
+            num_blocks,
             self.block,
             kv_cache.num_layers,
             kv_cache.num_kv_heads,
