@@ -120,6 +120,8 @@ class ReqOutput:
     completion_tokens: int
     cached_tokens: int
     num_retractions: int = 0
+    # --enable-hierarchical-cache: cached_tokens per tier {"device", "host", "storage"}.
+    cached_tokens_details: dict[str, int] | None = None
     # Each entry (logprob, token_id); top entries are lists of the same per position.
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)

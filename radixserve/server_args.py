@@ -80,6 +80,12 @@ class ServerArgs:
     page_size: int | None = None
     radix_eviction_policy: str = "lru"
     disable_radix_cache: bool = False
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float = 2.0
+    hicache_size: int = 0
+    hicache_write_policy: str = "write_through"
+    hicache_mem_layout: str = "page_first"
+    hicache_storage_backend: str | None = None
     disable_overlap_schedule: bool = False
     enable_mixed_chunk: bool = False
     # Parallelism and device

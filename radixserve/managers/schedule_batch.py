@@ -41,6 +41,8 @@ class Req:
     cached_len: int = 0
     last_node: Any = None
     cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    # With --enable-hierarchical-cache: cached_tokens split by tier (device, host, storage).
+    cached_tokens_details: dict[str, int] | None = None
     admitted_once: bool = False
     num_retractions: int = 0
     # Index into output_ids of the first token not yet sent to the client.
@@ -104,6 +106,8 @@ class SchedulerStats:
 
     prompt_tokens: int = 0  # prompt tokens of admitted requests
     cached_prompt_tokens: int = 0  # of those, served from the prefix cache
+    cached_host_tokens: int = 0  # of those, loaded back from the host tier
+    cached_storage_tokens: int = 0  # of those, loaded back from the disk tier
     prefill_tokens: int = 0  # tokens actually run through prefill (recomputation included)
     generated_tokens: int = 0
     retractions: int = 0

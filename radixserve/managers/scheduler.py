@@ -21,6 +21,7 @@ from radixserve.managers.schedule_policy import PolicyConfig, PrefillAdder, Sche
 from radixserve.managers.step_runner import StepRunner
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.mem_cache.chunk_cache import ChunkCache
+from radixserve.mem_cache.hicache.setup import make_hicache
 from radixserve.mem_cache.radix_cache import RadixCache
 from radixserve.mem_cache.req_to_token_pool import ReqToTokenPool
 from radixserve.messages import (
@@ -58,7 +59,8 @@ class Scheduler:
             if self.radix_enabled
             else ChunkCache(server_args.page_size)
         )
-        self.kv = KVManager(allocator, req_pool, cache)
+        hicache = make_hicache(server_args, runner.kv_cache) if self.radix_enabled else None
+        self.kv = KVManager(allocator, req_pool, cache, hicache)
         self.policy = SchedulePolicy(
             PolicyConfig(
                 policy=server_args.schedule_policy,
@@ -203,6 +205,20 @@ class Scheduler:
             "generation_tokens_total": stats.generated_tokens,
             "num_retractions_total": stats.retractions,
             "cache_hit_rate": stats.cache_hit_rate,
+            **self._tier_info(),
+        }
+
+    def _tier_info(self) -> dict[str, Any]:
+        """Prompt tokens served per cache tier (device / host / storage)."""
+        if self.kv.hicache is None:
+            return {}
+        stats = self.stats
+        lower = stats.cached_host_tokens + stats.cached_storage_tokens
+        return {
+            "cached_tokens_device_total": stats.cached_prompt_tokens - lower,
+            "cached_tokens_host_total": stats.cached_host_tokens,
+            "cached_tokens_storage_total": stats.cached_storage_tokens,
+            **self.kv.hicache.info(),
         }
 
     def step_outputs_only(self) -> list[ReqOutput]:
@@ -342,10 +358,22 @@ class Scheduler:
             req.admitted_once = True
             self.stats.cached_prompt_tokens += len(prefix)
             self.stats.prompt_tokens += len(req.origin_input_ids)
+            if self.kv.hicache is not None:
+                self._count_tiers(req, len(prefix))
         if self._add_admitted(adder, req):
             return True
         self.kv.release(req)
         return False
+
+    def _count_tiers(self, req: Req, used: int) -> None:
+        # The match may have been cut short (input logprobs); the device part comes first.
+        hits = self.kv.last_hits
+        device = min(hits.device, used)
+        host = min(hits.host, used - device)
+        storage = used - device - host
+        req.cached_tokens_details = {"device": device, "host": host, "storage": storage}
+        self.stats.cached_host_tokens += host
+        self.stats.cached_storage_tokens += storage
 
     def _add_admitted(self, adder: PrefillAdder, req: Req) -> bool:
         """Budget and allocate KV for an admitted request's next extend (whole or chunk)."""
@@ -472,6 +500,7 @@ class Scheduler:
             prompt_tokens=len(req.origin_input_ids),
             completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens,
+            cached_tokens_details=req.cached_tokens_details,
             num_retractions=req.num_retractions,
             embedding=req.embedding,
             output_token_logprobs=req.output_token_logprobs[start:],

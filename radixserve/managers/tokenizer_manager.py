@@ -224,6 +224,8 @@ class TokenizerManager:
             "num_retractions": out.num_retractions,
             "e2e_latency": time.monotonic() - state.start_time,
         }
+        if out.cached_tokens_details is not None:
+            meta["cached_tokens_details"] = out.cached_tokens_details
         if state.return_logprob:
             meta["output_token_logprobs"] = state.output_token_logprobs
             meta["output_top_logprobs"] = state.output_top_logprobs

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 logger = logging.getLogger(__name__)
@@ -76,12 +76,31 @@ class _EngineGauges(Collector):
     def __init__(self, metrics: ServingMetrics) -> None:
         self.metrics = metrics
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         gauges = engine_gauges(self.metrics.snapshot, self.metrics.cache_hit_rate())
         for name, value in gauges.items():
             family = GaugeMetricFamily(f"sglang:{name}", GAUGE_DOCS[name], labels=["model_name"])
             family.add_metric([self.metrics.model_name], value)
             yield family
+        tiers = tier_hits(self.metrics.snapshot)
+        if tiers:
+            family = CounterMetricFamily(
+                "sglang:hicache_cached_tokens",
+                "Prompt tokens served from the prefix cache, by hierarchical-cache tier.",
+                labels=["model_name", "tier"],
+            )
+            for tier, value in tiers.items():
+                family.add_metric([self.metrics.model_name, tier], value)
+            yield family
+
+
+def tier_hits(info: Mapping[str, Any]) -> dict[str, float]:
+    """Cached prompt tokens per tier (device / host / storage) with --enable-hierarchical-cache,
+    else empty."""
+    tiers = ("device", "host", "storage")
+    if f"cached_tokens_{tiers[0]}_total" not in info:
+        return {}
+    return {tier: float(info.get(f"cached_tokens_{tier}_total") or 0) for tier in tiers}
 
 
 GAUGE_DOCS = {

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 from radixserve.options import hardware
 from radixserve.options.errors import ServerArgsError
+from radixserve.options.hicache_rules import check_hicache
 from radixserve.options.registry import dest_table
 from radixserve.options.spec import Support
 
@@ -122,6 +123,7 @@ def validate(values: Mapping[str, Any]) -> None:
     _check_parallel(values)
     _check_device(values)
     _check_misc(values)
+    check_hicache(values)
 
 
 def valid_tp_sizes(num_attention_heads: int, num_kv_heads: int) -> list[int]:
