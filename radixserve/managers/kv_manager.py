@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixserve.mem_cache.namespace import namespaced_key
+
 if TYPE_CHECKING:
     from radixserve.managers.schedule_batch import Req
     from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
@@ -58,7 +60,8 @@ class KVManager:
         last token's logits are always computed. Ordering the queue passes update_stats=False,
         so looking does not count as a hit for lfu/slru eviction."""
         fill = req.fill_ids
-        return self.prefix_cache.match_prefix(fill[: len(fill) - 1], update_stats=update_stats)
+        key = namespaced_key(fill[: len(fill) - 1], req.lora_id)
+        return self.prefix_cache.match_prefix(key, update_stats=update_stats)
 
     def admit(self, req: Req, prefix_indices: torch.Tensor, last_node: object) -> bool:
         """Give `req` a table row and adopt its cached prefix (locked). False if no row free."""
@@ -112,7 +115,7 @@ class KVManager:
         if aligned <= req.cached_len:
             return
         slots = self.req_to_token_pool.read(req.req_pool_idx, 0, aligned)
-        key = req.fill_ids[:aligned]
+        key = namespaced_key(req.fill_ids[:aligned], req.lora_id)
         already = self.prefix_cache.insert(key, slots, priority=req.priority)
         match = self.prefix_cache.match_prefix(key, update_stats=False)
         if already > req.cached_len:
@@ -133,7 +136,7 @@ class KVManager:
             return
         slots = self.req_to_token_pool.read(req.req_pool_idx, 0, req.kv_len)
         if self.prefix_cache.stores_kv and req.kv_len > 0:
-            key = req.fill_ids[: req.kv_len]
+            key = namespaced_key(req.fill_ids[: req.kv_len], req.lora_id)
             prefix_len = self.prefix_cache.insert(key, slots.clone(), priority=req.priority)
             aligned = req.kv_len // self.page_size * self.page_size
             # Slots the cache already had for tokens we computed again are duplicates; the

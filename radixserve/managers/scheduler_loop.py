@@ -22,8 +22,10 @@ from radixserve.messages import (
     FinishReason,
     FlushCacheReq,
     GetInfoReq,
+    LoadLoRAReq,
     ReqOutput,
     TokenizedGenerateReq,
+    UnloadLoRAReq,
 )
 
 if TYPE_CHECKING:
@@ -86,6 +88,12 @@ class SchedulerLoop:
             return self.scheduler.flush_cache()
         if isinstance(request, GetInfoReq):
             return self.scheduler.info()
+        if isinstance(request, LoadLoRAReq):
+            return self.scheduler.lora.load(
+                request.lora_id, request.name, request.path, request.pinned
+            )
+        if isinstance(request, UnloadLoRAReq):
+            return self.scheduler.lora.unload(request.lora_id)
         raise TypeError(f"unknown control request {type(request).__name__}")
 
     def _step(self) -> None:

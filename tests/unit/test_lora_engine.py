@@ -1,0 +1,274 @@
+"""Multi-LoRA on a tiny random Llama (fast): each PEFT adapter's greedy output equals HF
+transformers + PEFT token for token (float32), alone and with two adapters and the base model in
+one batch; adapters never share cached prefixes; bad adapters are refused with clear errors;
+runtime load/unload; unloading an adapter in use waits for its requests."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("peft")
+
+from radixserve import Engine
+from radixserve.lora.config import LoRAError
+from tests.helpers.hf_reference import hf_greedy
+from tests.helpers.lora_adapters import AdapterRef, make_peft_adapter
+from tests.helpers.tiny_models import make_tiny_checkpoint
+
+MAX_NEW = 8
+PROMPTS = [[1, 17, 42, 99, 5, 63], [1, 200, 201, 7], [1, 17, 42, 99, 5, 63, 8, 9, 11]]
+GREEDY = {"temperature": 0, "max_new_tokens": MAX_NEW, "ignore_eos": True}
+
+
+class Setup:
+    def __init__(self, root: Path) -> None:
+        self.model_dir = root / "model"
+        self.hf = make_tiny_checkpoint(self.model_dir)
+        self.adapter_dir = root / "adapters"
+        self.base = [hf_greedy(self.hf, p, MAX_NEW) for p in PROMPTS]
+        self.a: AdapterRef = make_peft_adapter(
+            self.hf, self.adapter_dir / "a", PROMPTS, MAX_NEW, rank=4, seed=1, scale=0.3
+        )
+        self.b: AdapterRef = make_peft_adapter(
+            self.hf,
+            self.adapter_dir / "b",
+            PROMPTS,
+            MAX_NEW,
+            rank=8,
+            alpha=8,
+            seed=2,
+            scale=0.3,
+            targets=("q_proj", "v_proj", "down_proj"),
+        )
+        self.c: AdapterRef = make_peft_adapter(
+            self.hf,
+            self.adapter_dir / "c",
+            PROMPTS,
+            MAX_NEW,
+            rank=2,
+            seed=3,
+            scale=0.3,
+            use_rslora=True,
+            targets=("k_proj", "o_proj", "up_proj", "gate_proj"),
+        )
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
+    s = Setup(tmp_path_factory.mktemp("lora"))
+    # The adapters really change the output (else the checks below prove little).
+    assert s.a.greedy != s.base and s.b.greedy != s.base and s.c.greedy != s.base
+    return s
+
+
+def _engine(setup: Setup, **kwargs: Any) -> Engine:
+    options: dict[str, Any] = {
+        "model_path": str(setup.model_dir),
+        "runtime": "thread",
+        "dtype": "float32",
+        "skip_tokenizer_init": True,
+        "max_total_tokens": 2048,
+        "attention_backend": "torch_native",
+        "lora_paths": [f"a={setup.a.path}", f"b={setup.b.path}"],
+        "max_loras_per_batch": 2,
+    }
+    options.update(kwargs)
+    engine = Engine(**options)
+    engine.scheduler.check_kv_each_step = True
+    return engine
+
+
+@pytest.fixture(scope="module")
+def engine(setup: Setup) -> Iterator[Engine]:
+    eng = _engine(setup)
+    yield eng
+    eng.shutdown()
+
+
+def _ids(out: Any) -> list[list[int]]:
+    return [o["output_ids"] for o in out]
+
+
+def test_each_adapter_alone_equals_peft(engine: Engine, setup: Setup) -> None:
+    for name, ref in (("a", setup.a.greedy), ("b", setup.b.greedy), (None, setup.base)):
+        got = [
+            engine.generate(input_ids=p, sampling_params=GREEDY, lora_path=name)["output_ids"]
+            for p in PROMPTS
+        ]
+        assert got == ref, name
+
+
+def test_mixed_batch_two_adapters_and_base(engine: Engine, setup: Setup) -> None:
+    """One call, one batch: every prompt under a, b and the base model."""
+    prompts = PROMPTS * 3
+    names = ["a"] * 3 + ["b"] * 3 + [None] * 3
+    got = _ids(engine.generate(input_ids=prompts, sampling_params=GREEDY, lora_path=names))
+    assert got == setup.a.greedy + setup.b.greedy + setup.base
+
+
+def test_adapters_never_share_cached_prefixes(engine: Engine, setup: Setup) -> None:
+    """The same prompt, cached under the base model, then asked under adapters a and b: each
+    answer stays the adapter's own, and no adapter request is served from the base's KV."""
+    engine.flush_cache()
+    prompt = PROMPTS[2]
+    base = engine.generate(input_ids=prompt, sampling_params=GREEDY)
+    assert base["output_ids"] == setup.base[2]
+    for name, ref in (("a", setup.a.greedy[2]), ("b", setup.b.greedy[2])):
+        out = engine.generate(input_ids=prompt, sampling_params=GREEDY, lora_path=name)
+        assert out["output_ids"] == ref
+        assert out["meta_info"]["cached_tokens"] == 0
+    again = engine.generate(input_ids=prompt, sampling_params=GREEDY, lora_path="a")
+    assert again["output_ids"] == setup.a.greedy[2]
+    assert again["meta_info"]["cached_tokens"] > 0  # its own namespace is cached
+
+
+def test_runtime_load_unload_and_slot_eviction(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A third adapter loaded at run time with 2 slots: batches rotate adapters through the
+    slots (fifo), outputs stay exact; unload frees the name; a reload gets a fresh namespace."""
+    monkeypatch.setenv("RADIXSERVE_LORA_DIRS", str(setup.adapter_dir))
+    eng = _engine(setup, lora_eviction_policy="fifo")
+    try:
+        info = eng.load_lora_adapter("c", str(setup.c.path))
+        assert info["success"] and set(info["loaded_adapters"]) == {"a", "b", "c"}
+        prompts = PROMPTS * 3
+        names = ["c"] * 3 + ["a"] * 3 + ["b"] * 3
+        # Three adapters, two per batch: the scheduler splits them over batches.
+        got = _ids(eng.generate(input_ids=prompts, sampling_params=GREEDY, lora_path=names))
+        assert got == setup.c.greedy + setup.a.greedy + setup.b.greedy
+        assert len(eng.scheduler.runner.lora.slots.resident()) == 2
+        eng.unload_lora_adapter("c")
+        with pytest.raises(LoRAError, match="not loaded"):
+            eng.generate(input_ids=PROMPTS[0], sampling_params=GREEDY, lora_path="c")
+        eng.load_lora_adapter("c", str(setup.c.path))
+        out = eng.generate(input_ids=PROMPTS[0], sampling_params=GREEDY, lora_path="c")
+        assert out["output_ids"] == setup.c.greedy[0]
+    finally:
+        eng.shutdown()
+
+
+def test_unload_waits_for_requests_using_the_adapter(
+    engine: Engine, setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RADIXSERVE_LORA_DIRS", str(setup.adapter_dir))
+    engine.lora.allowed_dirs = (setup.adapter_dir.resolve(),)
+    engine.load_lora_adapter("slow", str(setup.a.path))
+    long = {"temperature": 0, "max_new_tokens": 150, "ignore_eos": True}
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        result["out"] = engine.generate(
+            input_ids=PROMPTS[0], sampling_params=long, lora_path="slow"
+        )
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not any(r.lora_id for r in engine.scheduler.running) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(LoRAError, match="still in use"):
+        engine.unload_lora_adapter("slow", wait_s=0.05)
+    engine.unload_lora_adapter("slow")  # waits for the request to finish
+    worker.join(timeout=60)
+    out = result["out"]
+    assert out["meta_info"]["finish_reason"]["type"] == "length"
+    assert out["output_ids"][:MAX_NEW] == setup.a.greedy[0]
+
+
+def _write_adapter(folder: Path, config: dict[str, Any], tensors: dict[str, Any]) -> Path:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("case", "match"),
+    [
+        ("missing", "no adapter folder"),
+        ("rank", "above the server's --max-lora-rank"),
+        ("target", "outside the server's --lora-target-modules"),
+        ("shape", "does not fit this model"),
+        ("unknown", "not a LoRA A/B matrix"),
+        ("dora", "DoRA"),
+    ],
+)
+def test_bad_adapters_are_refused(setup: Setup, tmp_path: Path, case: str, match: str) -> None:
+    import torch
+
+    prefix = "base_model.model.model.layers.0"
+    cfg = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}
+    a, b = torch.randn(4, 64), torch.randn(64, 4)
+    tensors = {
+        f"{prefix}.self_attn.q_proj.lora_A.weight": a,
+        f"{prefix}.self_attn.q_proj.lora_B.weight": b,
+    }
+    if case == "rank":
+        cfg["r"] = 16
+        tensors = {
+            k: torch.randn(16, 64) if "lora_A" in k else torch.randn(64, 16) for k in tensors
+        }
+    elif case == "target":
+        tensors = {
+            k.replace("self_attn.q_proj", "mlp.down_proj"): torch.randn(4, 128)
+            if "lora_A" in k
+            else torch.randn(64, 4)
+            for k in tensors
+        }
+    elif case == "shape":
+        tensors[f"{prefix}.self_attn.q_proj.lora_A.weight"] = torch.randn(4, 96)
+    elif case == "unknown":
+        tensors[f"{prefix}.self_attn.q_proj.magnitude.weight"] = torch.randn(64)
+    elif case == "dora":
+        cfg["use_dora"] = True
+    folder = tmp_path / "bad"
+    if case != "missing":
+        _write_adapter(folder, cfg, tensors)
+    eng = _engine(
+        setup,
+        lora_paths=None,
+        enable_lora=True,
+        max_lora_rank=8,
+        lora_target_modules=["qkv_proj", "o_proj"],
+    )
+    try:
+        eng.lora.allowed_dirs = (tmp_path.resolve(),)
+        with pytest.raises(LoRAError, match=match):
+            eng.load_lora_adapter("bad", str(folder))
+        assert eng.lora.refs() == []
+        # The server still serves the base model.
+        out = eng.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)
+        assert out["output_ids"] == setup.base[0]
+    finally:
+        eng.shutdown()
+
+
+def test_paths_outside_the_allowed_folders_are_refused(
+    engine: Engine, setup: Setup, tmp_path: Path
+) -> None:
+    engine.lora.allowed_dirs = (setup.adapter_dir.resolve(),)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    link = setup.adapter_dir / "escape"
+    link.symlink_to(outside)
+    for path in (str(outside), str(setup.adapter_dir / ".." / "model"), str(link), "/etc"):
+        with pytest.raises(LoRAError, match="outside the folders") as err:
+            engine.load_lora_adapter("x", path)
+        assert path not in str(err.value)
+    link.unlink()
+
+
+def test_unknown_adapter_name_is_a_client_error(engine: Engine) -> None:
+    with pytest.raises(LoRAError, match="not loaded") as err:
+        engine.generate(input_ids=PROMPTS[0], sampling_params=GREEDY, lora_path="nope")
+    assert err.value.param == "lora_path"
