@@ -20,7 +20,8 @@ from radixserve import Engine
 from radixserve.lora.config import LoRAError
 from tests.helpers.hf_reference import hf_greedy
 from tests.helpers.lora_adapters import AdapterRef, make_peft_adapter
-from tests.helpers.tiny_models import make_tiny_checkpoint
+from tests.helpers.tiny_models import make_tiny_checkpoint, save_word_tokenizer
+from tests.unit.test_http_errors import assert_error
 
 MAX_NEW = 8
 PROMPTS = [[1, 17, 42, 99, 5, 63], [1, 200, 201, 7], [1, 17, 42, 99, 5, 63, 8, 9, 11]]
@@ -31,6 +32,7 @@ class Setup:
     def __init__(self, root: Path) -> None:
         self.model_dir = root / "model"
         self.hf = make_tiny_checkpoint(self.model_dir)
+        save_word_tokenizer(self.model_dir)
         self.adapter_dir = root / "adapters"
         self.base = [hf_greedy(self.hf, p, MAX_NEW) for p in PROMPTS]
         self.a: AdapterRef = make_peft_adapter(
@@ -73,7 +75,6 @@ def _engine(setup: Setup, **kwargs: Any) -> Engine:
         "model_path": str(setup.model_dir),
         "runtime": "thread",
         "dtype": "float32",
-        "skip_tokenizer_init": True,
         "max_total_tokens": 2048,
         "attention_backend": "torch_native",
         "lora_paths": [f"a={setup.a.path}", f"b={setup.b.path}"],
@@ -272,3 +273,105 @@ def test_unknown_adapter_name_is_a_client_error(engine: Engine) -> None:
     with pytest.raises(LoRAError, match="not loaded") as err:
         engine.generate(input_ids=PROMPTS[0], sampling_params=GREEDY, lora_path="nope")
     assert err.value.param == "lora_path"
+
+
+# -- HTTP ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def client(engine: Engine, setup: Setup) -> Iterator[Any]:
+    from fastapi.testclient import TestClient
+
+    from radixserve.entrypoints.http_server import create_app
+
+    app = create_app(engine, engine.server_args)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c
+
+
+def test_http_native_lora_path_single_and_per_prompt(client: Any, setup: Setup) -> None:
+    body = {"input_ids": PROMPTS[0], "sampling_params": GREEDY, "lora_path": "a"}
+    r = client.post("/generate", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["output_ids"] == setup.a.greedy[0]
+    body = {
+        "input_ids": PROMPTS[:2] * 2,
+        "sampling_params": GREEDY,
+        "lora_path": ["a", "b", None, "b"],
+    }
+    got = [o["output_ids"] for o in client.post("/generate", json=body).json()]
+    assert got == [setup.a.greedy[0], setup.b.greedy[1], setup.base[0], setup.b.greedy[1]]
+
+
+def test_http_openai_model_names_the_adapter(client: Any, engine: Engine, setup: Setup) -> None:
+    served = engine.server_args.served_model_name
+    for model, want in (
+        (f"{served}:b", setup.b.greedy[1]),
+        ("b", setup.b.greedy[1]),
+        (served, setup.base[1]),
+    ):
+        body = {
+            "model": model,
+            "prompt": PROMPTS[1],
+            "max_tokens": MAX_NEW,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        r = client.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == served
+        assert r.json()["choices"][0]["text"] == engine.tokenizer.decode(want)
+    # An explicit lora_path wins over the model field, as in SGLang.
+    body = {
+        "model": "b",
+        "prompt": [PROMPTS[0], PROMPTS[1]],
+        "max_tokens": 2,
+        "temperature": 0,
+        "lora_path": ["a", None],
+    }
+    assert client.post("/v1/completions", json=body).status_code == 200
+    assert_error(
+        client.post("/v1/completions", json={**body, "lora_path": ["a"]}), 400, "lora_path"
+    )
+    body = {"model": f"{served}:zzz", "prompt": PROMPTS[0], "max_tokens": 2}
+    assert_error(client.post("/v1/completions", json=body), 400, "model")
+    body = {"prompt": PROMPTS[0], "max_tokens": 2, "lora_path": "zzz"}
+    assert_error(client.post("/v1/completions", json=body), 400, "lora_path")
+    assert_error(
+        client.post("/generate", json={"input_ids": PROMPTS[0], "lora_path": "zzz"}),
+        400,
+        "lora_path",
+    )
+    body = {"model": "other-model:a", "prompt": PROMPTS[0], "max_tokens": 2}
+    assert_error(client.post("/v1/completions", json=body), 404, "model")
+
+
+def test_http_models_list_adapters(client: Any, engine: Engine) -> None:
+    served = engine.server_args.served_model_name
+    cards = client.get("/v1/models").json()["data"]
+    assert [c["id"] for c in cards][:3] == [served, "a", "b"]
+    assert all(c["parent"] == served and c["root"] == c["id"] for c in cards[1:])
+    assert client.get("/v1/models/a").json()["id"] == "a"
+
+
+def test_http_load_and_unload_routes(
+    client: Any, engine: Engine, setup: Setup, tmp_path: Path
+) -> None:
+    engine.lora.allowed_dirs = (setup.adapter_dir.resolve(),)
+    r = client.post("/load_lora_adapter", json={"lora_name": "c", "lora_path": str(setup.c.path)})
+    assert r.status_code == 200, r.text
+    assert r.json()["success"] is True and "c" in r.json()["loaded_adapters"]
+    assert "c" in [m["id"] for m in client.get("/v1/models").json()["data"]]
+    body = {"input_ids": PROMPTS[2], "sampling_params": GREEDY, "lora_path": "c"}
+    assert client.post("/generate", json=body).json()["output_ids"] == setup.c.greedy[2]
+    # Refusals: a name taken, a missing folder, a path outside the allowed folders, bad JSON.
+    again = {"lora_name": "c", "lora_path": str(setup.c.path)}
+    assert_error(client.post("/load_lora_adapter", json=again), 400, "lora_name")
+    missing = {"lora_name": "m", "lora_path": str(setup.adapter_dir / "nope")}
+    assert_error(client.post("/load_lora_adapter", json=missing), 400, "lora_path")
+    outside = {"lora_name": "o", "lora_path": "../../../../etc"}
+    err = assert_error(client.post("/load_lora_adapter", json=outside), 400, "lora_path")
+    assert "etc" not in err["message"]
+    assert_error(client.post("/load_lora_adapter", json={"lora_name": "x"}), 400)
+    r = client.post("/unload_lora_adapter", json={"lora_name": "c"})
+    assert r.status_code == 200 and "c" not in r.json()["loaded_adapters"]
+    assert_error(client.post("/unload_lora_adapter", json={"lora_name": "c"}), 400, "lora_name")
+    assert_error(client.post("/generate", json=body), 400, "lora_path")
