@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from radixserve.errors import InvalidRequestError
 from radixserve.messages import (
     AbortReq,
     BatchOutput,
@@ -76,7 +77,11 @@ class SchedulerLoop:
             else:
                 logger.error("Scheduler got an unknown message %s", type(msg).__name__)
         except Exception as exc:
-            logger.exception("Failed to handle %s", type(msg).__name__)
+            if isinstance(exc, InvalidRequestError) and isinstance(msg, ControlCall):
+                # A refused control call (a bad LoRA adapter, say): the caller gets the reason.
+                logger.info("Refused %s: %s", type(msg.request).__name__, exc)
+            else:
+                logger.exception("Failed to handle %s", type(msg).__name__)
             if isinstance(msg, TokenizedGenerateReq):
                 reason = FinishReason("abort", message=f"Invalid request: {exc}", status_code=400)
                 self.scheduler.pending_outputs.append(ReqOutput(msg.rid, [], reason, 0, 0, 0))
