@@ -375,3 +375,30 @@ def test_http_load_and_unload_routes(
     assert r.status_code == 200 and "c" not in r.json()["loaded_adapters"]
     assert_error(client.post("/unload_lora_adapter", json={"lora_name": "c"}), 400, "lora_name")
     assert_error(client.post("/generate", json=body), 400, "lora_path")
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_other_llama_family_models(tmp_path: Path, arch: str) -> None:
+    """Qwen2 (q/k/v biases) and Qwen3 (per-head q/k norms, head_dim apart from hidden/heads):
+    an adapter on every projection, mixed with the base model in one batch, equals PEFT."""
+    model_dir = tmp_path / "model"
+    hf = make_tiny_checkpoint(model_dir, arch=arch)
+    prompts = PROMPTS[:2]
+    base = [hf_greedy(hf, p, MAX_NEW) for p in prompts]
+    ref = make_peft_adapter(hf, tmp_path / "a", prompts, MAX_NEW, rank=4, seed=5, scale=0.3)
+    assert ref.greedy != base
+    eng = Engine(
+        model_path=str(model_dir),
+        runtime="thread",
+        dtype="float32",
+        skip_tokenizer_init=True,
+        max_total_tokens=1024,
+        lora_paths=[f"a={ref.path}"],
+    )
+    try:
+        out = eng.generate(
+            input_ids=prompts * 2, sampling_params=GREEDY, lora_path=["a", "a", None, None]
+        )
+        assert [o["output_ids"] for o in out] == ref.greedy + base
+    finally:
+        eng.shutdown()
