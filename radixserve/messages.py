@@ -19,6 +19,7 @@ class TokenizedGenerateReq:
     priority: int | None = None
     # An embedding request: prefill only, the answer is the pooled hidden state.
     embedding: bool = False
+    lora_id: int = 0  # the LoRA adapter to run with (0: the base model)
 
 
 @dataclass
@@ -46,11 +47,28 @@ class RadixTreeReq:
 
 
 @dataclass
+class LoadLoRAReq:
+    """Load the PEFT adapter at `path` under id `lora_id` (the API side checked the path)."""
+
+    lora_id: int
+    name: str
+    path: str
+    pinned: bool = False
+
+
+@dataclass
+class UnloadLoRAReq:
+    """Drop adapter `lora_id`; refused (LoRAInUse) while a live request uses it."""
+
+    lora_id: int
+
+
+@dataclass
 class ControlCall:
     """A control message that wants an answer, matched by call_id."""
 
     call_id: int
-    request: FlushCacheReq | GetInfoReq
+    request: FlushCacheReq | GetInfoReq | LoadLoRAReq | UnloadLoRAReq
 
 
 @dataclass

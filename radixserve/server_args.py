@@ -132,6 +132,14 @@ class ServerArgs:
     prefill_attention_backend: str | None = None
     sampling_backend: str | None = None
     config: str | None = None
+    # LoRA adapters (radixserve/lora/config.py turns these into a LoRAConfig)
+    enable_lora: bool | None = None
+    max_lora_rank: int | None = None
+    lora_target_modules: tuple[str, ...] | None = None
+    lora_paths: tuple[str, ...] | None = None
+    max_loaded_loras: int | None = None
+    max_loras_per_batch: int = 8
+    lora_eviction_policy: str = "lru"
     # Every other `sglang serve` option, by dest.
     other: Mapping[str, Any] = field(default_factory=ReadOnlyMapping)
     # Derived during construction; not arguments.

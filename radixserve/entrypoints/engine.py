@@ -9,11 +9,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
+from radixserve.lora.config import LoRAError, lora_config_from_args
+from radixserve.lora.registry import LoRARef, LoRARegistry
 from radixserve.managers.grammar_manager import make_grammar_backend
 from radixserve.managers.inprocess_runtime import InProcessRuntime
+from radixserve.managers.lora_scheduling import LoRAInUse
 from radixserve.managers.multiprocess_runtime import MultiProcessRuntime
 from radixserve.managers.process_utils import apply_gc_threshold
 from radixserve.managers.scheduler_factory import load_tokenizer
@@ -21,13 +25,19 @@ from radixserve.managers.tokenizer_manager import RequestError, RequestState, To
 from radixserve.messages import (
     FlushCacheReq,
     GetInfoReq,
+    LoadLoRAReq,
     RadixTreeReq,
     ReqOutput,
     TokenizedGenerateReq,
+    UnloadLoRAReq,
 )
 from radixserve.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
+
+# /unload_lora_adapter waits this long for requests using the adapter to finish.
+UNLOAD_WAIT_S = 60.0
+UNLOAD_POLL_S = 0.05
 
 Prompt = str | Sequence[str] | None
 InputIds = Sequence[int] | Sequence[Sequence[int]] | None
@@ -50,6 +60,8 @@ class Engine:
         # from the child processes would interleave with what the program prints.
         self.server_args = server_args or ServerArgs.from_kwargs(**{"log_level": "error", **kwargs})
         args = self.server_args
+        # Checked before any process starts: a bad --lora-paths fails fast.
+        self.lora = LoRARegistry(lora_config_from_args(args))
         apply_gc_threshold(args.gc_threshold)
         self.runtime: InProcessRuntime | MultiProcessRuntime
         if runtime == "thread":
@@ -99,6 +111,7 @@ class Engine:
         stream: bool = False,
         rid: str | Sequence[str] | None = None,
         priority: int | None = None,
+        lora_path: str | Sequence[str | None] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """One prompt gives one dict; a list gives a list (n > 1 gives n dicts per prompt,
         prompt-major). With stream=True, an iterator of chunks whose "text" is the new text."""
@@ -112,6 +125,7 @@ class Engine:
             top_logprobs_num,
             stream,
             priority,
+            lora_path=lora_path,
         )
         if stream:
             return self._stream(*items[0])
@@ -132,6 +146,7 @@ class Engine:
         stream: bool = False,
         rid: str | Sequence[str] | None = None,
         priority: int | None = None,
+        lora_path: str | Sequence[str | None] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         items, single = self._expand(
             prompt,
@@ -144,6 +159,7 @@ class Engine:
             stream,
             priority,
             check_grammar=False,
+            lora_path=lora_path,
         )
         # Compiling a grammar can take seconds: await it here instead of blocking the loop.
         # (Copies of one request share a compile through the backend's cache.)
@@ -217,6 +233,56 @@ class Engine:
     def is_alive(self) -> bool:
         return self.runtime.is_alive()
 
+    # -- LoRA adapters ----------------------------------------------------------------------
+    def load_lora_adapter(
+        self, lora_name: str, lora_path: str, pinned: bool = False
+    ) -> dict[str, Any]:
+        """Load a PEFT adapter folder at run time (SGLang's /load_lora_adapter). The folder must
+        lie inside the allowed folders (radixserve.lora.registry); errors are LoRAError (400)."""
+        if not self.lora.enabled:
+            raise LoRAError("LoRA is not enabled on this server (start it with --enable-lora).")
+        if not isinstance(pinned, bool):
+            raise LoRAError("pinned must be true or false.", "pinned")
+        path = self.lora.check_path(lora_path)
+        lora_id = self.lora.begin_load(lora_name, pinned)
+        ref = None
+        try:
+            info = self.runtime.call(LoadLoRAReq(lora_id, lora_name, path, pinned))
+            ref = LoRARef(lora_id, lora_name, path, pinned)
+        finally:
+            self.lora.end_load(ref, lora_name)
+        return {"success": True, "message": "", "loaded_adapters": self._adapter_paths(), **info}
+
+    def unload_lora_adapter(self, lora_name: str, wait_s: float = UNLOAD_WAIT_S) -> dict[str, Any]:
+        """Unload an adapter: new requests naming it are refused at once; the unload itself
+        waits (up to wait_s) for the requests already using it to finish, and is refused if
+        they do not, so no running request ever loses its adapter."""
+        if not self.lora.enabled:
+            raise LoRAError("LoRA is not enabled on this server (start it with --enable-lora).")
+        ref = self.lora.begin_unload(lora_name)
+        unloaded = False
+        deadline = time.monotonic() + wait_s
+        try:
+            while True:
+                try:
+                    self.runtime.call(UnloadLoRAReq(ref.lora_id))
+                    unloaded = True
+                    break
+                except LoRAInUse as exc:
+                    if time.monotonic() >= deadline:
+                        raise LoRAError(
+                            f"LoRA adapter {lora_name!r} is still in use after {wait_s:g} s "
+                            f"({exc}); it stays loaded.",
+                            "lora_name",
+                        ) from None
+                    time.sleep(UNLOAD_POLL_S)
+        finally:
+            self.lora.end_unload(ref, unloaded)
+        return {"success": True, "message": "", "loaded_adapters": self._adapter_paths()}
+
+    def _adapter_paths(self) -> dict[str, str]:
+        return {ref.name: ref.path for ref in self.lora.refs()}
+
     # -- internals --------------------------------------------------------------------------
     def _expand(
         self,
@@ -230,6 +296,7 @@ class Engine:
         stream: bool,
         priority: int | None,
         check_grammar: bool = True,
+        lora_path: str | Sequence[str | None] | None = None,
     ) -> tuple[list[tuple[TokenizedGenerateReq, RequestState]], bool]:
         if self.server_args.is_embedding:
             raise RequestError(
@@ -239,6 +306,8 @@ class Engine:
         count = len(prompts) if prompts is not None else len(ids_list or [])
         params_list = _per_item(sampling_params, count, "sampling_params")
         rids = _per_item(rid, count, "rid")
+        # lora_path: one adapter name for every prompt, or a list, one per prompt (None: base).
+        lora_ids = [self.lora.resolve(name) for name in _per_item(lora_path, count, "lora_path")]
         items = []
         for i in range(count):
             params = dict(params_list[i] or {})
@@ -261,6 +330,7 @@ class Engine:
                         check_grammar=check_grammar,
                     )
                 )
+                items[-1][0].lora_id = lora_ids[i]
             single = single and n == 1
         if stream and len(items) != 1:
             raise RequestError("stream=True takes a single prompt with n=1.", "stream")

@@ -42,6 +42,7 @@ class GenItem:
     prompt: str | None = None
     input_ids: list[int] | None = None
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    lora_path: str | None = None  # a loaded LoRA adapter's name (None: the base model)
 
 
 class LogprobOptions(NamedTuple):
@@ -95,6 +96,8 @@ class GenerationRunner:
             kwargs["prompt"] = [it.prompt for it in items]
         else:
             raise ValueError("items mix text prompts and token ids")
+        if any(it.lora_path is not None for it in items):
+            kwargs["lora_path"] = [it.lora_path for it in items]
         return kwargs
 
     async def run(
@@ -128,6 +131,8 @@ class GenerationRunner:
                 kwargs = self._engine_kwargs([it], opts)
                 kwargs["sampling_params"] = kwargs["sampling_params"][0]
                 kwargs["rid"] = it.rid
+                if "lora_path" in kwargs:
+                    kwargs["lora_path"] = kwargs["lora_path"][0]
                 key = "input_ids" if "input_ids" in kwargs else "prompt"
                 kwargs[key] = kwargs[key][0]
                 streams.append(await self.engine.async_generate(**kwargs, stream=True))

@@ -32,6 +32,7 @@ class Req:
     is_embedding: bool = False
     embedding: list[float] | None = None
     grammar: Any = None  # a GrammarMatcher for constrained requests
+    lora_id: int = 0  # the LoRA adapter it runs with (0: the base model); its KV namespace
 
     output_ids: list[int] = field(default_factory=list)
     finished_reason: FinishReason | None = None

@@ -15,6 +15,7 @@ from radixserve.managers.decode_logger import DecodeLogger
 from radixserve.managers.finish_checker import FinishChecker
 from radixserve.managers.grammar_manager import GrammarManager, make_grammar_backend
 from radixserve.managers.kv_manager import KVManager
+from radixserve.managers.lora_scheduling import LoRAScheduling
 from radixserve.managers.retraction import NewTokenRatio, retraction_order
 from radixserve.managers.schedule_batch import Req, ScheduledBatch, SchedulerStats
 from radixserve.managers.schedule_policy import PolicyConfig, PrefillAdder, SchedulePolicy
@@ -61,6 +62,7 @@ class Scheduler:
         )
         hicache = make_hicache(server_args, runner.kv_cache) if self.radix_enabled else None
         self.kv = KVManager(allocator, req_pool, cache, hicache)
+        self.lora = LoRAScheduling(runner.lora, self._live_reqs)
         self.policy = SchedulePolicy(
             PolicyConfig(
                 policy=server_args.schedule_policy,
@@ -105,6 +107,7 @@ class Scheduler:
             top_logprobs_num=msg.top_logprobs_num,
             priority=msg.priority if msg.priority is not None else self.default_priority,
             is_embedding=msg.embedding,
+            lora_id=msg.lora_id,
         )
         error = self._admission_error(req)
         if error is not None:
@@ -126,6 +129,8 @@ class Scheduler:
         n = len(req.origin_input_ids)
         if n == 0:
             return "The prompt is empty."
+        if req.lora_id and not self.lora.has_adapter(req.lora_id):
+            return "The request's LoRA adapter is not loaded (it was unloaded meanwhile)."
         if n >= self.context_len:
             return (
                 f"The prompt has {n} tokens, which does not fit the model's context length "
@@ -333,6 +338,8 @@ class Scheduler:
                 break
             if self.radix_enabled and _shares_uncached_prefix(req, adder.reqs):
                 continue  # next round it finds that prefix in the cache
+            if req.lora_id and not self.lora.fits_batch(req, [*self.running, *adder.reqs]):
+                continue  # --max-loras-per-batch adapters already run; it waits for a slot
             if not self._admit_waiting(adder, req):
                 break
         admitted = {id(r) for r in adder.reqs}
@@ -519,6 +526,8 @@ IN_BATCH_PREFIX_TOKENS = 32
 def _shares_uncached_prefix(req: Req, admitted: Sequence[Req]) -> bool:
     fill = req.fill_ids
     for other in admitted:
+        if other.lora_id != req.lora_id:  # another adapter's KV is never shared
+            continue
         other_fill = other.fill_ids
         if not fill or not other_fill or fill[0] != other_fill[0]:
             continue

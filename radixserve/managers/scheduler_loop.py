@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from radixserve.errors import InvalidRequestError
 from radixserve.messages import (
     AbortReq,
     BatchOutput,
@@ -22,9 +23,11 @@ from radixserve.messages import (
     FinishReason,
     FlushCacheReq,
     GetInfoReq,
+    LoadLoRAReq,
     RadixTreeReq,
     ReqOutput,
     TokenizedGenerateReq,
+    UnloadLoRAReq,
 )
 
 if TYPE_CHECKING:
@@ -75,7 +78,11 @@ class SchedulerLoop:
             else:
                 logger.error("Scheduler got an unknown message %s", type(msg).__name__)
         except Exception as exc:
-            logger.exception("Failed to handle %s", type(msg).__name__)
+            if isinstance(exc, InvalidRequestError) and isinstance(msg, ControlCall):
+                # A refused control call (a bad LoRA adapter, say): the caller gets the reason.
+                logger.info("Refused %s: %s", type(msg.request).__name__, exc)
+            else:
+                logger.exception("Failed to handle %s", type(msg).__name__)
             if isinstance(msg, TokenizedGenerateReq):
                 reason = FinishReason("abort", message=f"Invalid request: {exc}", status_code=400)
                 self.scheduler.pending_outputs.append(ReqOutput(msg.rid, [], reason, 0, 0, 0))
@@ -89,6 +96,12 @@ class SchedulerLoop:
             return self.scheduler.info()
         if isinstance(request, RadixTreeReq):
             return self.scheduler.radix_tree(request.max_nodes)
+        if isinstance(request, LoadLoRAReq):
+            return self.scheduler.lora.load(
+                request.lora_id, request.name, request.path, request.pinned
+            )
+        if isinstance(request, UnloadLoRAReq):
+            return self.scheduler.lora.unload(request.lora_id)
         raise TypeError(f"unknown control request {type(request).__name__}")
 
     def _step(self) -> None:

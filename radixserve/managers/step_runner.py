@@ -160,6 +160,7 @@ class StepRunner:
             out_cache_loc=torch.cat(slots),
             logits_rows=logits_rows,
             hidden_rows=tuple(hidden_rows),
+            lora_ids=tuple(r.lora_id for r in batch.reqs) if self.runner.lora else (),
         )
         return step, sample_pos, input_rows
 

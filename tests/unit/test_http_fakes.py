@@ -108,7 +108,13 @@ class FakeEngine:
         stream: bool = False,
         rid: Any = None,
         priority: int | None = None,
+        lora_path: Any = None,
     ) -> Any:
+        if lora_path is not None and any(
+            p is not None for p in (lora_path if isinstance(lora_path, list) else [lora_path])
+        ):
+            # As the real Engine started without --enable-lora.
+            raise RequestError("This server serves no LoRA adapters.", "lora_path")
         self.calls.append(
             {
                 "prompt": prompt,
