@@ -19,6 +19,9 @@ class TokenizedGenerateReq:
     priority: int | None = None
     # An embedding request: prefill only, the answer is the pooled hidden state.
     embedding: bool = False
+    # SGLang's session_params ({id, rid, offset, replace, drop_previous_output}); the
+    # scheduler's SessionController builds the full input from the session's saved tokens.
+    session_params: dict[str, Any] | None = None
 
 
 @dataclass
@@ -39,11 +42,35 @@ class GetInfoReq:
 
 
 @dataclass
+class PauseGenerationReq:
+    """SGLang's /pause_generation: "abort" ends every request, "retract" gives every running
+    request's KV back (they resume from the queue), "in_place" keeps everything as it is."""
+
+    mode: str = "abort"
+
+
+@dataclass
+class ContinueGenerationReq:
+    pass
+
+
+@dataclass
+class OpenSessionReq:
+    session_id: str | None = None
+    capacity_of_str_len: int | None = None
+
+
+@dataclass
+class CloseSessionReq:
+    session_id: str
+
+
+@dataclass
 class ControlCall:
     """A control message that wants an answer, matched by call_id."""
 
     call_id: int
-    request: FlushCacheReq | GetInfoReq
+    request: Any
 
 
 @dataclass

@@ -16,9 +16,19 @@ from radixserve.managers.grammar_manager import make_grammar_backend
 from radixserve.managers.inprocess_runtime import InProcessRuntime
 from radixserve.managers.multiprocess_runtime import MultiProcessRuntime
 from radixserve.managers.process_utils import apply_gc_threshold
+from radixserve.managers.runtime_control import check_pause_mode
 from radixserve.managers.scheduler_factory import load_tokenizer
 from radixserve.managers.tokenizer_manager import RequestError, RequestState, TokenizerManager
-from radixserve.messages import FlushCacheReq, GetInfoReq, ReqOutput, TokenizedGenerateReq
+from radixserve.messages import (
+    CloseSessionReq,
+    ContinueGenerationReq,
+    FlushCacheReq,
+    GetInfoReq,
+    OpenSessionReq,
+    PauseGenerationReq,
+    ReqOutput,
+    TokenizedGenerateReq,
+)
 from radixserve.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -92,7 +102,8 @@ class Engine:
         top_logprobs_num: int | None = None,
         stream: bool = False,
         rid: str | Sequence[str] | None = None,
-        priority: int | None = None,
+        priority: int | Sequence[int | None] | None = None,
+        session_params: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """One prompt gives one dict; a list gives a list (n > 1 gives n dicts per prompt,
         prompt-major). With stream=True, an iterator of chunks whose "text" is the new text."""
@@ -106,6 +117,7 @@ class Engine:
             top_logprobs_num,
             stream,
             priority,
+            session_params=session_params,
         )
         if stream:
             return self._stream(*items[0])
@@ -125,7 +137,8 @@ class Engine:
         top_logprobs_num: int | None = None,
         stream: bool = False,
         rid: str | Sequence[str] | None = None,
-        priority: int | None = None,
+        priority: int | Sequence[int | None] | None = None,
+        session_params: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         items, single = self._expand(
             prompt,
@@ -138,6 +151,7 @@ class Engine:
             stream,
             priority,
             check_grammar=False,
+            session_params=session_params,
         )
         # Compiling a grammar can take seconds: await it here instead of blocking the loop.
         # (Copies of one request share a compile through the backend's cache.)
@@ -200,6 +214,23 @@ class Engine:
     def flush_cache(self) -> bool:
         return bool(self.runtime.call(FlushCacheReq()))
 
+    def pause_generation(self, mode: str = "abort") -> None:
+        """SGLang's modes: "abort" (end every request), "retract" (running requests give their
+        KV back and wait), "in_place" (keep them as they are). New requests wait meanwhile."""
+        check_pause_mode(mode)
+        self.runtime.call(PauseGenerationReq(mode))
+
+    def continue_generation(self) -> None:
+        self.runtime.call(ContinueGenerationReq())
+
+    def open_session(
+        self, capacity_of_str_len: int | None = None, session_id: str | None = None
+    ) -> str:
+        return str(self.runtime.call(OpenSessionReq(session_id, capacity_of_str_len)))
+
+    def close_session(self, session_id: str) -> None:
+        self.runtime.call(CloseSessionReq(session_id))
+
     def get_server_info(self) -> dict[str, Any]:
         return dict(self.runtime.call(GetInfoReq()))
 
@@ -217,8 +248,9 @@ class Engine:
         logprob_start_len: int | None,
         top_logprobs_num: int | None,
         stream: bool,
-        priority: int | None,
+        priority: Any,
         check_grammar: bool = True,
+        session_params: Any = None,
     ) -> tuple[list[tuple[TokenizedGenerateReq, RequestState]], bool]:
         if self.server_args.is_embedding:
             raise RequestError(
@@ -228,6 +260,16 @@ class Engine:
         count = len(prompts) if prompts is not None else len(ids_list or [])
         params_list = _per_item(sampling_params, count, "sampling_params")
         rids = _per_item(rid, count, "rid")
+        priorities = _per_item(priority, count, "priority")
+        sessions = (
+            list(session_params)
+            if isinstance(session_params, list | tuple)
+            else [session_params] * count
+        )
+        if len(sessions) != count:
+            raise RequestError(
+                f"session_params has {len(sessions)} entries for {count} prompts.", "session_params"
+            )
         items = []
         for i in range(count):
             params = dict(params_list[i] or {})
@@ -246,8 +288,9 @@ class Engine:
                         logprob_start_len=logprob_start_len,
                         top_logprobs_num=top_logprobs_num,
                         stream=stream,
-                        priority=priority,
+                        priority=priorities[i],
                         check_grammar=check_grammar,
+                        session_params=sessions[i],
                     )
                 )
             single = single and n == 1

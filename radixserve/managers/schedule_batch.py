@@ -32,6 +32,9 @@ class Req:
     is_embedding: bool = False
     embedding: list[float] | None = None
     grammar: Any = None  # a GrammarMatcher for constrained requests
+    # When it first entered a batch (None: never ran): the waiting/running time limits.
+    first_scheduled_time: float | None = None
+    session_id: str | None = None
 
     output_ids: list[int] = field(default_factory=list)
     finished_reason: FinishReason | None = None

@@ -8,6 +8,7 @@ resume from the prefix cache later, with the same output).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -16,8 +17,15 @@ from radixserve.managers.finish_checker import FinishChecker
 from radixserve.managers.grammar_manager import GrammarManager, make_grammar_backend
 from radixserve.managers.kv_manager import KVManager
 from radixserve.managers.retraction import NewTokenRatio, retraction_order
+from radixserve.managers.runtime_control import (
+    PRIORITY_DISABLED_MESSAGE,
+    Preemption,
+    TimeLimits,
+    check_pause_mode,
+)
 from radixserve.managers.schedule_batch import Req, ScheduledBatch, SchedulerStats
 from radixserve.managers.schedule_policy import PolicyConfig, PrefillAdder, SchedulePolicy
+from radixserve.managers.sessions import SessionController, SessionError
 from radixserve.managers.step_runner import StepRunner
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.mem_cache.chunk_cache import ChunkCache
@@ -85,27 +93,40 @@ class Scheduler:
         self.default_priority = server_args.default_priority_value or 0
         self.decode_log = DecodeLogger(server_args.decode_log_interval)
         self.stats = SchedulerStats()
+        # Runtime controls (runtime_control.py, sessions.py).
+        self.paused = False
+        self.time_limits = TimeLimits.from_env()
+        self.preemption = Preemption.from_args(server_args)
+        bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
+        self.sessions = SessionController(self.kv, bos)
 
     # -- intake -----------------------------------------------------------------------------
     def add_request(self, msg: TokenizedGenerateReq) -> None:
         params = SamplingParams.from_dict(msg.sampling_params)
         if msg.embedding:
             params.max_new_tokens = 0
-        elif params.max_new_tokens is None:  # no limit: up to the context length
-            params.max_new_tokens = max(self.context_len - len(msg.input_ids), 0)
+        input_ids, problem = self._session_input(msg)
+        if not msg.embedding and params.max_new_tokens is None:  # up to the context length
+            params.max_new_tokens = max(self.context_len - len(input_ids), 0)
         req = Req(
             rid=msg.rid,
-            origin_input_ids=list(msg.input_ids),
+            origin_input_ids=input_ids,
             sampling_params=params,
             return_logprob=msg.return_logprob,
             logprob_start_len=msg.logprob_start_len,
             top_logprobs_num=msg.top_logprobs_num,
             priority=msg.priority if msg.priority is not None else self.default_priority,
             is_embedding=msg.embedding,
+            session_id=(msg.session_params or {}).get("id") if problem is None else None,
         )
-        error = self._admission_error(req)
+        error = problem or self._admission_error(req)
+        args = self.args
+        if error is None and msg.priority is not None and not args.enable_priority_scheduling:
+            # SGLang ignores the value unless told to refuse it.
+            error = PRIORITY_DISABLED_MESSAGE if args.abort_on_priority_when_disabled else None
         if error is not None:
             req.finished_reason = FinishReason("abort", message=error, status_code=400)
+            self.sessions.on_finish(req, 0)
             self.pending_outputs.append(self._output(req))
             return
         if msg.stream:
@@ -118,6 +139,19 @@ class Scheduler:
                 self.pending_outputs.append(self._output(req))
             return
         self.waiting.append(req)
+
+    def _session_input(self, msg: TokenizedGenerateReq) -> tuple[list[int], str | None]:
+        """The request's input ids (a session continuation prepends its saved tokens), or the
+        reason its session_params cannot be honoured."""
+        if msg.session_params is None:
+            return list(msg.input_ids), None
+        try:
+            ids, cut_off = self.sessions.build_input(msg.rid, msg.session_params, msg.input_ids)
+        except SessionError as exc:
+            return list(msg.input_ids), str(exc)
+        for rid in cut_off:
+            self.abort(AbortReq(rid=rid, message="Replaced in its session."))
+        return ids, None
 
     def _admission_error(self, req: Req) -> str | None:
         n = len(req.origin_input_ids)
@@ -150,7 +184,7 @@ class Scheduler:
             self.chunked_req = None
 
     def flush_cache(self) -> bool:
-        if self._live_reqs():
+        if self._live_reqs() or self.sessions.holds_locks():
             return False
         return self.kv.flush_cache()
 
@@ -174,6 +208,65 @@ class Scheduler:
             self.stream_reqs.discard(req.rid)
             self.pending_outputs.append(self._output(req))
         self.kv.hard_reset()
+        self.sessions.forget_locks()
+
+    # -- runtime controls (SGLang's /pause_generation, sessions, time limits) ----------------
+    def pause(self, mode: str) -> None:
+        check_pause_mode(mode)
+        if mode == "abort":
+            self.abort(AbortReq(abort_all=True, message="Aborted by /pause_generation."))
+        elif mode == "retract":
+            if self.chunked_req is not None:
+                req, self.chunked_req = self.chunked_req, None
+                self.kv.release(req)
+                self.waiting.insert(0, req)
+            while self.running:
+                self._retract_one(self.running[-1])
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+    def open_session(self, session_id: str | None, capacity: int | None) -> str:
+        return self.sessions.open(session_id, capacity)
+
+    def close_session(self, session_id: str) -> None:
+        for rid in self.sessions.close(session_id):
+            self.abort(AbortReq(rid=rid, message="Its session was closed."))
+
+    def _expire_timed_out(self) -> None:
+        if not self.time_limits.active:
+            return
+        running = [*self.running, *([self.chunked_req] if self.chunked_req else [])]
+        expired = self.time_limits.expired(self.waiting, running)
+        for req, message in expired:
+            self._finish(req, FinishReason("abort", message=message, status_code=503))
+        if expired:
+            self.waiting = [r for r in self.waiting if not r.finished]
+            self.running = [r for r in self.running if not r.finished]
+            if self.chunked_req is not None and self.chunked_req.finished:
+                self.chunked_req = None
+
+    def _preempt_for_priority(self) -> None:
+        """Retract running requests of much lower priority when the most urgent waiting
+        request cannot start otherwise (no request slot, or not enough KV)."""
+        head = self.policy.order(self.waiting, self.kv)[0]
+        prefix, _ = self.kv.match_prefix(head, update_stats=False)
+        need = head.seq_len - len(prefix) + min(head.remaining_new_tokens(), 4096)
+
+        def fits(gone: Sequence[Req]) -> bool:
+            gone_ids = {id(r) for r in gone}
+            stay = [r for r in self.running if id(r) not in gone_ids]
+            reserved = sum(min(r.remaining_new_tokens(), 4096) for r in stay)
+            freed = sum(r.kv_len - r.cached_len for r in gone)
+            room = self.kv.available_tokens() + freed - int(reserved * self.ratio.value)
+            return len(stay) < self.max_running_requests and room >= need
+
+        if fits([]):
+            return
+        for victim in self.preemption.victims(head, self.running, fits):
+            logger.info("Preempting request %s for higher-priority %s", victim.rid, head.rid)
+            self._retract_one(victim)
 
     def info(self) -> dict[str, Any]:
         """Live state for /server_info and metrics."""
@@ -192,6 +285,8 @@ class Scheduler:
             "generation_tokens_total": stats.generated_tokens,
             "num_retractions_total": stats.retractions,
             "cache_hit_rate": stats.cache_hit_rate,
+            "paused": self.paused,
+            "num_sessions": len(self.sessions.sessions),
         }
 
     def step_outputs_only(self) -> list[ReqOutput]:
@@ -200,6 +295,8 @@ class Scheduler:
 
     # -- the loop ---------------------------------------------------------------------------
     def has_work(self) -> bool:
+        if self.paused:  # nothing runs until /continue_generation
+            return bool(self.pending_outputs)
         return bool(
             self.waiting
             or self.running
@@ -216,8 +313,14 @@ class Scheduler:
     def step_and_stash(self) -> None:
         """Run one step (if there is a batch); outputs wait in pending_outputs."""
         self._admit_compiled_grammars()
+        if self.paused:
+            return
+        self._expire_timed_out()
         batch = self._schedule()
         if batch is not None:
+            for req in batch.reqs:
+                if req.first_scheduled_time is None:
+                    req.first_scheduled_time = time.monotonic()
             self.in_flight = batch.reqs
             results = self.step_runner.run(batch)
             self._process(batch, results)
@@ -286,6 +389,8 @@ class Scheduler:
     def _schedule_prefill(self) -> ScheduledBatch | None:
         if not self.waiting and self.chunked_req is None:
             return None
+        if self.preemption.enabled and self.running and self.waiting:
+            self._preempt_for_priority()
         reserved = sum(min(r.remaining_new_tokens(), 4096) for r in self.running)
         adder = PrefillAdder(
             rem_total_tokens=self.kv.available_tokens() - int(reserved * self.ratio.value),
@@ -372,8 +477,9 @@ class Scheduler:
             self._retract_one()
         return False
 
-    def _retract_one(self) -> None:
-        victim = retraction_order(self.running, self.args.retraction_policy)[0]
+    def _retract_one(self, victim: Req | None = None) -> None:
+        if victim is None:
+            victim = retraction_order(self.running, self.args.retraction_policy)[0]
         self.running.remove(victim)
         self.kv.release(victim)
         victim.num_retractions += 1
@@ -437,7 +543,10 @@ class Scheduler:
 
     def _finish(self, req: Req, reason: FinishReason) -> None:
         req.finished_reason = reason
+        computed = req.kv_len
         self.kv.release(req)
+        if req.session_id is not None:
+            self.sessions.on_finish(req, computed)
         self.stream_reqs.discard(req.rid)
         self.pending_outputs.append(self._output(req))
 

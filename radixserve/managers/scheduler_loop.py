@@ -17,11 +17,15 @@ from typing import TYPE_CHECKING, Any
 from radixserve.messages import (
     AbortReq,
     BatchOutput,
+    CloseSessionReq,
+    ContinueGenerationReq,
     ControlCall,
     ControlReply,
     FinishReason,
     FlushCacheReq,
     GetInfoReq,
+    OpenSessionReq,
+    PauseGenerationReq,
     ReqOutput,
     TokenizedGenerateReq,
 )
@@ -86,6 +90,14 @@ class SchedulerLoop:
             return self.scheduler.flush_cache()
         if isinstance(request, GetInfoReq):
             return self.scheduler.info()
+        if isinstance(request, PauseGenerationReq):
+            return self.scheduler.pause(request.mode)
+        if isinstance(request, ContinueGenerationReq):
+            return self.scheduler.resume()
+        if isinstance(request, OpenSessionReq):
+            return self.scheduler.open_session(request.session_id, request.capacity_of_str_len)
+        if isinstance(request, CloseSessionReq):
+            return self.scheduler.close_session(request.session_id)
         raise TypeError(f"unknown control request {type(request).__name__}")
 
     def _step(self) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.errors import InvalidRequestError
+from radixserve.managers.session_params import SessionError, SessionParams
 from radixserve.messages import ReqOutput, TokenizedGenerateReq
 from radixserve.sampling.constrained import GrammarError, GrammarSpec, spec_from_sampling_params
 from radixserve.sampling.sampling_params import SamplingParams
@@ -121,6 +122,7 @@ class TokenizerManager:
         priority: int | None = None,
         embedding: bool = False,
         check_grammar: bool = True,
+        session_params: Mapping[str, Any] | None = None,
     ) -> tuple[TokenizedGenerateReq, RequestState]:
         """Validate one request; raise RequestError (an InvalidRequestError) naming the bad field.
         check_grammar=False leaves the grammar to `check_grammar_async` (async callers)."""
@@ -141,6 +143,13 @@ class TokenizerManager:
         if check_grammar:
             self._check_grammar(params)
         self._check_length(len(ids), params)
+        if session_params is not None:
+            try:
+                SessionParams.parse(session_params)
+            except SessionError as exc:
+                raise RequestError(str(exc), "session_params") from exc
+        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+            raise RequestError("priority must be an integer.", "priority")
         start = -1 if logprob_start_len is None else int(logprob_start_len)
         msg = TokenizedGenerateReq(
             rid=rid or uuid.uuid4().hex,
@@ -152,6 +161,7 @@ class TokenizerManager:
             stream=stream,
             priority=priority,
             embedding=embedding,
+            session_params=dict(session_params) if session_params is not None else None,
         )
         state = RequestState(msg.rid, len(ids), msg.return_logprob)
         return msg, state

@@ -35,6 +35,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "radixserve.managers.tokenizer_manager": (
         "radixserve.errors",
         "radixserve.managers.detokenizer",
+        "radixserve.managers.session_params",  # session_params checked before queueing
         "radixserve.messages",
         "radixserve.sampling.sampling_params",
         "radixserve.sampling.constrained",  # grammar validation before queueing

@@ -247,6 +247,7 @@ class GenerateReqInput(BaseModel):
     stream: bool = False
     rid: str | list[str] | None = None
     priority: int | None = None
+    session_params: dict[str, Any] | list[dict[str, Any]] | None = None
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateReqInput:

@@ -87,7 +87,7 @@ def plan_completion(ctx: ServingContext, req: CompletionRequest) -> _Plan:
         elif req.echo:
             echo_texts.append(ctx.require_tokenizer("echo of token ids").decode(ids or []))
         for _ in range(req.n):
-            items.append(GenItem(dict(params), text, ids, rids[len(items)]))
+            items.append(GenItem(dict(params), text, ids, rids[len(items)], req.priority))
     want_logprobs = req.logprobs is not None
     opts = LogprobOptions(
         return_logprob=want_logprobs,
