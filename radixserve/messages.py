@@ -66,6 +66,32 @@ class CloseSessionReq:
 
 
 @dataclass
+class UpdateWeightsFromDiskReq:
+    """SGLang's /update_weights_from_disk: answered once the running requests finished (or were
+    aborted, with abort_all_requests) and the new weights are in."""
+
+    model_path: str
+    load_format: str | None = None
+    abort_all_requests: bool = False
+
+
+@dataclass
+class GetWeightsByNameReq:
+    name: str
+    truncate_size: int = 100
+
+
+@dataclass
+class ReleaseMemoryReq:
+    tags: list[str] | None = None  # "kv_cache", "weights"; None: both
+
+
+@dataclass
+class ResumeMemoryReq:
+    tags: list[str] | None = None
+
+
+@dataclass
 class ControlCall:
     """A control message that wants an answer, matched by call_id."""
 

@@ -1,9 +1,11 @@
-"""SGLang's runtime control routes: /pause_generation, /continue_generation, /open_session and
-/close_session (/abort_request and /flush_cache live in native_api.py). The admin ones are
-listed in auth.ADMIN_ROUTES."""
+"""SGLang's runtime control routes: /pause_generation, /continue_generation, /open_session,
+/close_session, /update_weights_from_disk, /get_weights_by_name, /release_memory_occupation and
+/resume_memory_occupation (/abort_request and /flush_cache live in native_api.py). The admin
+ones are listed in auth.ADMIN_ROUTES."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from fastapi import APIRouter
@@ -33,6 +35,28 @@ class OpenSessionInput(BaseModel):
 class CloseSessionInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
     session_id: str
+
+
+class UpdateWeightsFromDiskInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model_path: str
+    load_format: str | None = None
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    # SGLang can keep the prefix cache; this server always drops it (it was computed with the
+    # old weights), so only the default is accepted.
+    flush_cache: bool = True
+
+
+class GetWeightsByNameInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    truncate_size: int = Field(default=100, ge=1)
+
+
+class MemoryOccupationInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tags: list[str] | None = None
 
 
 def _engine_method(request: Request, name: str) -> Any:
@@ -72,6 +96,44 @@ async def close_session(request: Request) -> Response:
     return Response(status_code=200)
 
 
+async def update_weights_from_disk(request: Request) -> Response:
+    body = parse_model(UpdateWeightsFromDiskInput, await read_json(request))
+    if not body.flush_cache:
+        raise ApiError(
+            400,
+            "flush_cache=false is not supported: the prefix cache is always dropped.",
+            param="flush_cache",
+        )
+    result = await _call(
+        request,
+        "update_weights_from_disk",
+        body.model_path,
+        body.load_format,
+        body.abort_all_requests,
+    )
+    ctx = get_ctx(request)
+    if result.get("success") and body.weight_version is not None:
+        ctx.config = dataclasses.replace(ctx.config, weight_version=body.weight_version)
+    return JSONResponse(result, status_code=200 if result.get("success") else 400)
+
+
+async def get_weights_by_name(request: Request) -> Response:
+    body = parse_model(GetWeightsByNameInput, await read_json(request))
+    return JSONResponse(await _call(request, "get_weights_by_name", body.name, body.truncate_size))
+
+
+async def release_memory_occupation(request: Request) -> Response:
+    body = parse_model(MemoryOccupationInput, await read_json(request, allow_empty=True) or {})
+    await _call(request, "release_memory_occupation", body.tags)
+    return JSONResponse({"success": True, "message": "Memory released; requests wait."})
+
+
+async def resume_memory_occupation(request: Request) -> Response:
+    body = parse_model(MemoryOccupationInput, await read_json(request, allow_empty=True) or {})
+    await _call(request, "resume_memory_occupation", body.tags)
+    return JSONResponse({"success": True, "message": "Memory resumed."})
+
+
 def build_router() -> APIRouter:
     router = APIRouter()
     router.add_api_route(
@@ -81,7 +143,26 @@ def build_router() -> APIRouter:
         openapi_extra=body_doc(PauseGenerationInput),
     )
     router.add_api_route("/continue_generation", continue_generation, methods=["POST"])
+    router.add_api_route(
+        "/update_weights_from_disk",
+        update_weights_from_disk,
+        methods=["POST"],
+        openapi_extra=body_doc(UpdateWeightsFromDiskInput),
+    )
     for method in ("GET", "POST"):
+        router.add_api_route(
+            "/get_weights_by_name",
+            get_weights_by_name,
+            methods=[method],
+            openapi_extra=body_doc(GetWeightsByNameInput),
+        )
+        for path, handler in (
+            ("/release_memory_occupation", release_memory_occupation),
+            ("/resume_memory_occupation", resume_memory_occupation),
+        ):
+            router.add_api_route(
+                path, handler, methods=[method], openapi_extra=body_doc(MemoryOccupationInput)
+            )
         router.add_api_route(
             "/open_session",
             open_session,

@@ -24,14 +24,21 @@ from radixserve.messages import (
     ContinueGenerationReq,
     FlushCacheReq,
     GetInfoReq,
+    GetWeightsByNameReq,
     OpenSessionReq,
     PauseGenerationReq,
+    ReleaseMemoryReq,
     ReqOutput,
+    ResumeMemoryReq,
     TokenizedGenerateReq,
+    UpdateWeightsFromDiskReq,
 )
 from radixserve.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
+
+# A weight update first waits for the running requests to finish.
+WEIGHT_UPDATE_TIMEOUT_S = 1800.0
 
 Prompt = str | Sequence[str] | None
 InputIds = Sequence[int] | Sequence[Sequence[int]] | None
@@ -230,6 +237,27 @@ class Engine:
 
     def close_session(self, session_id: str) -> None:
         self.runtime.call(CloseSessionReq(session_id))
+
+    def update_weights_from_disk(
+        self,
+        model_path: str,
+        load_format: str | None = None,
+        abort_all_requests: bool = False,
+        timeout: float = WEIGHT_UPDATE_TIMEOUT_S,
+    ) -> dict[str, Any]:
+        """New weights of the same architecture, without a restart. Started requests finish
+        first (or are aborted with abort_all_requests); {"success", "message", ...}."""
+        req = UpdateWeightsFromDiskReq(model_path, load_format, abort_all_requests)
+        return dict(self.runtime.call(req, timeout=timeout))
+
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list[Any]:
+        return list(self.runtime.call(GetWeightsByNameReq(name, truncate_size)))
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self.runtime.call(ReleaseMemoryReq(tags))
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self.runtime.call(ResumeMemoryReq(tags), timeout=WEIGHT_UPDATE_TIMEOUT_S)
 
     def get_server_info(self) -> dict[str, Any]:
         return dict(self.runtime.call(GetInfoReq()))

@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from radixserve.errors import InvalidRequestError
 from radixserve.managers.decode_logger import DecodeLogger
 from radixserve.managers.finish_checker import FinishChecker
 from radixserve.managers.grammar_manager import GrammarManager, make_grammar_backend
@@ -27,6 +28,7 @@ from radixserve.managers.schedule_batch import Req, ScheduledBatch, SchedulerSta
 from radixserve.managers.schedule_policy import PolicyConfig, PrefillAdder, SchedulePolicy
 from radixserve.managers.sessions import SessionController, SessionError
 from radixserve.managers.step_runner import StepRunner
+from radixserve.managers.weight_control import WeightControl
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.mem_cache.radix_cache import RadixCache
@@ -99,6 +101,8 @@ class Scheduler:
         self.preemption = Preemption.from_args(server_args)
         bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
         self.sessions = SessionController(self.kv, bos)
+        self.weights = WeightControl(self)
+        self.admit_new = True  # False while a weight update waits for started requests
 
     # -- intake -----------------------------------------------------------------------------
     def add_request(self, msg: TokenizedGenerateReq) -> None:
@@ -225,7 +229,20 @@ class Scheduler:
         self.paused = True
 
     def resume(self) -> None:
+        if self.weights.released:
+            raise InvalidRequestError(
+                "Memory is released; /resume_memory_occupation resumes generation."
+            )
         self.paused = False
+
+    def live_reqs(self) -> list[Req]:
+        return self._live_reqs()
+
+    def drop_prefix_cache(self) -> None:
+        """Forget every cached prefix (sessions keep their tokens, not their KV)."""
+        self.sessions.unlock_all()
+        if not self.kv.flush_cache():
+            logger.warning("The prefix cache could not be dropped: requests still hold KV")
 
     def open_session(self, session_id: str | None, capacity: int | None) -> str:
         return self.sessions.open(session_id, capacity)
@@ -407,6 +424,8 @@ class Scheduler:
         for req in self.policy.order(self.waiting, self.kv):
             if adder.chunked_req is not None:
                 break
+            if not self.admit_new and req.first_scheduled_time is None:
+                continue  # a weight update waits for the started requests only
             if len(self.running) + len(adder.reqs) >= self.max_running_requests:
                 break
             if self.radix_enabled and _shares_uncached_prefix(req, adder.reqs):

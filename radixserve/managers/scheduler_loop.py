@@ -24,10 +24,14 @@ from radixserve.messages import (
     FinishReason,
     FlushCacheReq,
     GetInfoReq,
+    GetWeightsByNameReq,
     OpenSessionReq,
     PauseGenerationReq,
+    ReleaseMemoryReq,
     ReqOutput,
+    ResumeMemoryReq,
     TokenizedGenerateReq,
+    UpdateWeightsFromDiskReq,
 )
 
 if TYPE_CHECKING:
@@ -66,6 +70,8 @@ class SchedulerLoop:
             if self.scheduler.has_work():
                 self._step()
             self._flush_outputs()
+            if self.scheduler.weights.update_ready():
+                self._finish_weight_update()
 
     def handle(self, msg: Any) -> None:
         try:
@@ -73,6 +79,9 @@ class SchedulerLoop:
                 self.scheduler.add_request(msg)
             elif isinstance(msg, AbortReq):
                 self.scheduler.abort(msg)
+            elif isinstance(msg, ControlCall) and isinstance(msg.request, UpdateWeightsFromDiskReq):
+                # Answered later, once the started requests finished (_finish_weight_update).
+                self.scheduler.weights.begin_update(msg.call_id, msg.request)
             elif isinstance(msg, ControlCall):
                 self.emit(ControlReply(msg.call_id, self._control(msg.request)))
             else:
@@ -98,7 +107,17 @@ class SchedulerLoop:
             return self.scheduler.open_session(request.session_id, request.capacity_of_str_len)
         if isinstance(request, CloseSessionReq):
             return self.scheduler.close_session(request.session_id)
+        if isinstance(request, GetWeightsByNameReq):
+            return self.scheduler.weights.get_weights_by_name(request.name, request.truncate_size)
+        if isinstance(request, ReleaseMemoryReq):
+            return self.scheduler.weights.release(request.tags)
+        if isinstance(request, ResumeMemoryReq):
+            return self.scheduler.weights.resume(request.tags)
         raise TypeError(f"unknown control request {type(request).__name__}")
+
+    def _finish_weight_update(self) -> None:
+        call_id, result = self.scheduler.weights.finish_update()
+        self.emit(ControlReply(call_id, result))
 
     def _step(self) -> None:
         try:

@@ -76,6 +76,13 @@ class SessionController:
             for node in session.nodes.values():
                 node.lock = None
 
+    def unlock_all(self) -> None:
+        """Give up every saved point's cache lock (the cache is about to be dropped); the
+        sessions keep their tokens, so continuations still work, recomputing the prefix."""
+        for session in self.sessions.values():
+            for node in session.nodes.values():
+                self._unlock(node)
+
     def holds_locks(self) -> bool:
         return any(n.lock is not None for s in self.sessions.values() for n in s.nodes.values())
 
