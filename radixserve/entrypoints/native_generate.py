@@ -117,7 +117,14 @@ def _shape(ctx: ServingContext, plan: _Plan, result: dict[str, Any]) -> dict[str
     meta = dict(meta, weight_version=ctx.config.weight_version)
     if plan.req.return_text_in_logprobs:
         meta = _with_token_text(ctx, meta)
-    return {**result, "meta_info": meta}
+    out = {**result, "meta_info": meta}
+    if _token_ids_only(ctx):
+        out.pop("text", None)  # SGLang's --skip-tokenizer-init answers have no text field
+    return out
+
+
+def _token_ids_only(ctx: ServingContext) -> bool:
+    return bool(getattr(ctx.server_args, "skip_tokenizer_init", False))
 
 
 async def _stream(
@@ -132,7 +139,9 @@ async def _stream(
         ids[idx].extend(chunk.get("output_ids") or [])
         out = _shape(ctx, plan, chunk)
         if not incremental:
-            out["text"], out["output_ids"] = texts[idx], list(ids[idx])
+            out["output_ids"] = list(ids[idx])
+            if not _token_ids_only(ctx):
+                out["text"] = texts[idx]
         if not plan.single:
             out["index"] = idx
         yield out

@@ -13,10 +13,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from radixserve.errors import InvalidRequestError
+from radixserve.managers.crash_dump import CrashDumper
 from radixserve.managers.decode_logger import DecodeLogger
 from radixserve.managers.finish_checker import FinishChecker
 from radixserve.managers.grammar_manager import GrammarManager, make_grammar_backend
 from radixserve.managers.kv_manager import KVManager
+from radixserve.managers.request_stats import log_time_stats
 from radixserve.managers.retraction import NewTokenRatio, retraction_order
 from radixserve.managers.runtime_control import (
     PRIORITY_DISABLED_MESSAGE,
@@ -103,9 +105,14 @@ class Scheduler:
         self.sessions = SessionController(self.kv, bos)
         self.weights = WeightControl(self)
         self.admit_new = True  # False while a weight update waits for started requests
+        folder = server_args.crash_dump_folder
+        self.crash_dumper = CrashDumper(folder) if folder else None
+        self.log_time_stats = bool(server_args.enable_request_time_stats_logging)
 
     # -- intake -----------------------------------------------------------------------------
     def add_request(self, msg: TokenizedGenerateReq) -> None:
+        if self.crash_dumper is not None:
+            self.crash_dumper.record(msg)
         params = SamplingParams.from_dict(msg.sampling_params)
         if msg.embedding:
             params.max_new_tokens = 0
@@ -199,6 +206,8 @@ class Scheduler:
         not yet running), so instead of releasing request by request, every request in flight
         ends once and the KV bookkeeping starts afresh (the prefix cache is dropped).
         """
+        if self.crash_dumper is not None:
+            self.crash_dumper.dump(message)
         doomed = {id(r): r for r in self._live_reqs()}
         for req in self.in_flight:
             doomed.setdefault(id(req), req)
@@ -566,6 +575,8 @@ class Scheduler:
         self.kv.release(req)
         if req.session_id is not None:
             self.sessions.on_finish(req, computed)
+        if self.log_time_stats:
+            log_time_stats(req)
         self.stream_reqs.discard(req.rid)
         self.pending_outputs.append(self._output(req))
 
