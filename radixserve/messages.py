@@ -22,6 +22,7 @@ class TokenizedGenerateReq:
     # SGLang's session_params ({id, rid, offset, replace, drop_previous_output}); the
     # scheduler's SessionController builds the full input from the session's saved tokens.
     session_params: dict[str, Any] | None = None
+    custom_logit_processor: str | None = None  # SGLang's serialized form; see sampling/
 
 
 @dataclass

@@ -114,7 +114,10 @@ async def update_weights_from_disk(request: Request) -> Response:
     ctx = get_ctx(request)
     if result.get("success") and body.weight_version is not None:
         ctx.config = dataclasses.replace(ctx.config, weight_version=body.weight_version)
-    return JSONResponse(result, status_code=200 if result.get("success") else 400)
+    if not result.get("success"):
+        # The project's error envelope (SGLang answers {"success": false, "message"}).
+        raise ApiError(400, str(result.get("message")), param="model_path")
+    return JSONResponse(result)
 
 
 async def get_weights_by_name(request: Request) -> Response:

@@ -80,6 +80,9 @@ class Engine:
             self.model_info.context_len,
             lambda: make_grammar_backend(args, tokenizer, self.model_info.vocab_size, eos),
         )
+        self.tokenizer_manager.enable_custom_logit_processor = bool(
+            args.enable_custom_logit_processor
+        )
 
     @property
     def scheduler(self) -> Any:
@@ -111,6 +114,7 @@ class Engine:
         rid: str | Sequence[str] | None = None,
         priority: int | Sequence[int | None] | None = None,
         session_params: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+        custom_logit_processor: str | Sequence[str | None] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """One prompt gives one dict; a list gives a list (n > 1 gives n dicts per prompt,
         prompt-major). With stream=True, an iterator of chunks whose "text" is the new text."""
@@ -125,6 +129,7 @@ class Engine:
             stream,
             priority,
             session_params=session_params,
+            custom_logit_processor=custom_logit_processor,
         )
         if stream:
             return self._stream(*items[0])
@@ -146,6 +151,7 @@ class Engine:
         rid: str | Sequence[str] | None = None,
         priority: int | Sequence[int | None] | None = None,
         session_params: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+        custom_logit_processor: str | Sequence[str | None] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         items, single = self._expand(
             prompt,
@@ -159,6 +165,7 @@ class Engine:
             priority,
             check_grammar=False,
             session_params=session_params,
+            custom_logit_processor=custom_logit_processor,
         )
         # Compiling a grammar can take seconds: await it here instead of blocking the loop.
         # (Copies of one request share a compile through the backend's cache.)
@@ -279,6 +286,7 @@ class Engine:
         priority: Any,
         check_grammar: bool = True,
         session_params: Any = None,
+        custom_logit_processor: Any = None,
     ) -> tuple[list[tuple[TokenizedGenerateReq, RequestState]], bool]:
         if self.server_args.is_embedding:
             raise RequestError(
@@ -289,6 +297,7 @@ class Engine:
         params_list = _per_item(sampling_params, count, "sampling_params")
         rids = _per_item(rid, count, "rid")
         priorities = _per_item(priority, count, "priority")
+        processors = _per_item(custom_logit_processor, count, "custom_logit_processor")
         sessions = (
             list(session_params)
             if isinstance(session_params, list | tuple)
@@ -319,6 +328,7 @@ class Engine:
                         priority=priorities[i],
                         check_grammar=check_grammar,
                         session_params=sessions[i],
+                        custom_logit_processor=processors[i],
                     )
                 )
             single = single and n == 1

@@ -44,6 +44,7 @@ class GenItem:
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     priority: int | None = None
     session_params: dict[str, Any] | None = None
+    custom_logit_processor: str | None = None
 
 
 class LogprobOptions(NamedTuple):
@@ -96,6 +97,8 @@ class GenerationRunner:
             kwargs["priority"] = [it.priority for it in items]
         if any(it.session_params is not None for it in items):
             kwargs["session_params"] = [it.session_params for it in items]
+        if any(it.custom_logit_processor is not None for it in items):
+            kwargs["custom_logit_processor"] = [it.custom_logit_processor for it in items]
         if all(it.input_ids is not None for it in items):
             kwargs["input_ids"] = [list(it.input_ids or []) for it in items]
         elif all(it.prompt is not None for it in items):
@@ -135,7 +138,7 @@ class GenerationRunner:
                 kwargs = self._engine_kwargs([it], opts)
                 kwargs["sampling_params"] = kwargs["sampling_params"][0]
                 kwargs["rid"] = it.rid
-                for name in ("priority", "session_params"):
+                for name in ("priority", "session_params", "custom_logit_processor"):
                     if name in kwargs:
                         kwargs[name] = kwargs[name][0]
                 key = "input_ids" if "input_ids" in kwargs else "prompt"

@@ -68,6 +68,7 @@ def plan_generate(req: GenerateReqInput) -> _Plan:
     params_list = _per_prompt(req.sampling_params, len(prompts), "sampling_params")
     rids = _per_prompt(req.rid, len(prompts), "rid")
     sessions = _per_prompt(req.session_params, len(prompts), "session_params")
+    processors = _per_prompt(req.custom_logit_processor, len(prompts), "custom_logit_processor")
     items: list[GenItem] = []
     total_n = 0
     for i, prompt in enumerate(prompts):
@@ -78,7 +79,9 @@ def plan_generate(req: GenerateReqInput) -> _Plan:
         for copy in range(n):
             rid = base if n == 1 else f"{base}-{copy}"
             text, ids = (prompt, None) if req.text is not None else (None, prompt)
-            items.append(GenItem(dict(params), text, ids, rid, req.priority, sessions[i]))
+            items.append(
+                GenItem(dict(params), text, ids, rid, req.priority, sessions[i], processors[i])
+            )
     seen: set[str] = set()
     for it in items:
         if it.rid in seen:

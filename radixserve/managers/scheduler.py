@@ -42,6 +42,8 @@ from radixserve.messages import (
     ReqOutput,
     TokenizedGenerateReq,
 )
+from radixserve.sampling.custom_logit_processor import DISABLED_MESSAGE as CUSTOM_LOGIT_DISABLED
+from radixserve.sampling.custom_logit_processor import load_processor
 from radixserve.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -128,9 +130,10 @@ class Scheduler:
             top_logprobs_num=msg.top_logprobs_num,
             priority=msg.priority if msg.priority is not None else self.default_priority,
             is_embedding=msg.embedding,
+            custom_logit_processor=msg.custom_logit_processor,
             session_id=(msg.session_params or {}).get("id") if problem is None else None,
         )
-        error = problem or self._admission_error(req)
+        error = problem or self._admission_error(req) or self._processor_error(req)
         args = self.args
         if error is None and msg.priority is not None and not args.enable_priority_scheduling:
             # SGLang ignores the value unless told to refuse it.
@@ -163,6 +166,17 @@ class Scheduler:
         for rid in cut_off:
             self.abort(AbortReq(rid=rid, message="Replaced in its session."))
         return ids, None
+
+    def _processor_error(self, req: Req) -> str | None:
+        if req.custom_logit_processor is None:
+            return None
+        if not self.args.enable_custom_logit_processor:
+            return CUSTOM_LOGIT_DISABLED
+        try:
+            load_processor(req.custom_logit_processor)
+        except InvalidRequestError as exc:
+            return str(exc)
+        return None
 
     def _admission_error(self, req: Req) -> str | None:
         n = len(req.origin_input_ids)
@@ -544,6 +558,11 @@ class Scheduler:
                 continue
             if req.max_new_tokens == 0:  # prefill only (e.g. warming the prefix cache)
                 self._finish(req, FinishReason("length"))
+                continue
+            if req.custom_logit_error is not None:
+                self._finish(
+                    req, FinishReason("abort", message=req.custom_logit_error, status_code=500)
+                )
                 continue
             result.apply(req)
             self.stats.generated_tokens += 1

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from radixserve.errors import InvalidRequestError
 from radixserve.messages import (
     AbortReq,
     BatchOutput,
@@ -87,6 +88,11 @@ class SchedulerLoop:
             else:
                 logger.error("Scheduler got an unknown message %s", type(msg).__name__)
         except Exception as exc:
+            if isinstance(msg, ControlCall) and isinstance(exc, InvalidRequestError):
+                # A refused control call (unknown session, bad mode): the caller's mistake.
+                logger.info("Refused %s: %s", type(msg.request).__name__, exc)
+                self.emit(ControlReply(msg.call_id, exc))
+                return
             logger.exception("Failed to handle %s", type(msg).__name__)
             if isinstance(msg, TokenizedGenerateReq):
                 reason = FinishReason("abort", message=f"Invalid request: {exc}", status_code=400)

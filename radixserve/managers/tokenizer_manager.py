@@ -18,6 +18,8 @@ from radixserve.errors import InvalidRequestError
 from radixserve.managers.session_params import SessionError, SessionParams
 from radixserve.messages import ReqOutput, TokenizedGenerateReq
 from radixserve.sampling.constrained import GrammarError, GrammarSpec, spec_from_sampling_params
+from radixserve.sampling.custom_logit_processor import DISABLED_MESSAGE as CUSTOM_LOGIT_DISABLED
+from radixserve.sampling.custom_logit_processor import check_serialized
 from radixserve.sampling.sampling_params import SamplingParams
 
 # Sampling parameters that make a request constrained (see spec_from_sampling_params).
@@ -54,6 +56,8 @@ class TokenizerManager:
         self.vocab_size = vocab_size
         self.context_len = context_len
         self._make_grammar_backend = make_grammar_backend
+        # --enable-custom-logit-processor (set by the Engine): else such requests answer 400.
+        self.enable_custom_logit_processor = False
         self._grammar_backend: Any = None
         self._grammar_backend_lock = threading.Lock()
 
@@ -123,6 +127,7 @@ class TokenizerManager:
         embedding: bool = False,
         check_grammar: bool = True,
         session_params: Mapping[str, Any] | None = None,
+        custom_logit_processor: str | None = None,
     ) -> tuple[TokenizedGenerateReq, RequestState]:
         """Validate one request; raise RequestError (an InvalidRequestError) naming the bad field.
         check_grammar=False leaves the grammar to `check_grammar_async` (async callers)."""
@@ -139,7 +144,11 @@ class TokenizerManager:
                 "The prompt is empty.", "text" if prompt is not None else "input_ids"
             )
         params = SamplingParams.from_dict(sampling_params)
-        params.verify(self.vocab_size)
+        if custom_logit_processor is not None:
+            if not self.enable_custom_logit_processor:
+                raise RequestError(CUSTOM_LOGIT_DISABLED, "custom_logit_processor")
+            check_serialized(custom_logit_processor)
+        params.verify(self.vocab_size, with_custom_processor=custom_logit_processor is not None)
         if check_grammar:
             self._check_grammar(params)
         self._check_length(len(ids), params)
@@ -162,6 +171,7 @@ class TokenizerManager:
             priority=priority,
             embedding=embedding,
             session_params=dict(session_params) if session_params is not None else None,
+            custom_logit_processor=custom_logit_processor,
         )
         state = RequestState(msg.rid, len(ids), msg.return_logprob)
         return msg, state

@@ -39,6 +39,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "radixserve.messages",
         "radixserve.sampling.sampling_params",
         "radixserve.sampling.constrained",  # grammar validation before queueing
+        "radixserve.sampling.custom_logit_processor",  # its string's shape, checked (not loaded)
     ),
 }
 # package prefix -> radixserve modules it must never import

@@ -248,6 +248,7 @@ class GenerateReqInput(BaseModel):
     rid: str | list[str] | None = None
     priority: int | None = None
     session_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    custom_logit_processor: str | list[str] | None = None
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateReqInput:
