@@ -150,6 +150,7 @@ class Scheduler:
             if problem is not None:
                 self.stream_reqs.discard(req.rid)
                 req.finished_reason = FinishReason("abort", message=problem, status_code=400)
+                self.sessions.on_finish(req, 0)
                 self.pending_outputs.append(self._output(req))
             return
         self.waiting.append(req)
@@ -226,9 +227,11 @@ class Scheduler:
         for req in self.in_flight:
             doomed.setdefault(id(req), req)
         self.waiting, self.running, self.chunked_req, self.in_flight = [], [], None, []
+        ended: list[Req] = []
         for req in doomed.values():
             if req.finished:
                 continue
+            ended.append(req)
             req.finished_reason = FinishReason("abort", message=message, status_code=500)
             req.req_pool_idx = None
             req.last_node = None
@@ -236,6 +239,9 @@ class Scheduler:
             self.pending_outputs.append(self._output(req))
         self.kv.hard_reset()
         self.sessions.forget_locks()
+        for req in ended:
+            if req.session_id is not None:
+                self.sessions.on_finish(req, 0)  # aborted: nothing to continue from
 
     # -- runtime controls (SGLang's /pause_generation, sessions, time limits) ----------------
     def pause(self, mode: str) -> None:
@@ -378,6 +384,7 @@ class Scheduler:
         for req, message in failed:
             self.stream_reqs.discard(req.rid)
             req.finished_reason = FinishReason("abort", message=message, status_code=400)
+            self.sessions.on_finish(req, 0)
             self.pending_outputs.append(self._output(req))
 
     def _live_reqs(self) -> list[Req]:

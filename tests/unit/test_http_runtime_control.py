@@ -157,9 +157,13 @@ def _priority_race(
     params = {**LONG, "max_new_tokens": 100}
     low_f = pool.submit(tracked, "low", {"input_ids": PROMPT, "sampling_params": params})
     wait_until(lambda: running(engine) == 1)
+    # Freeze the running request so the race does not depend on the machine's speed.
+    client.post("/pause_generation", json={"mode": "in_place"})
     high_f = pool.submit(
         tracked, "high", {"input_ids": OTHER, "sampling_params": SHORT, "priority": high}
     )
+    wait_until(lambda: len(engine.scheduler.waiting) == 1)
+    client.post("/continue_generation")
     return low_f.result(timeout=60), high_f.result(timeout=60), done
 
 

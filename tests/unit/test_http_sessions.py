@@ -125,3 +125,35 @@ def test_session_routes_errors(model_dir: Path) -> None:
         assert client.post("/close_session", json={"session_id": "zzz"}).status_code == 400
         assert client.post("/close_session", json={}).status_code == 400
         assert client.post("/open_session", json={"capacity_of_str_len": 0}).status_code == 400
+
+
+def test_session_survives_a_failed_step(model_dir: Path) -> None:
+    """A crashed step resets the KV bookkeeping: the session forgets its (gone) locks, the
+    request that died cannot be continued, and earlier saved points still can."""
+    with tiny_client(model_dir) as (ref, _):
+        expected = fresh(ref, TURN1 + fresh(ref, TURN1) + TURN3)
+    with tiny_client(model_dir) as (client, engine):
+        sid = client.post("/open_session", json={}).json()
+        gen(client, TURN1, rid="ok", session_params={"id": sid})
+        runner = engine.scheduler.step_runner
+        real_run = runner.run
+
+        def boom(*args: Any, **kwargs: Any) -> Any:
+            runner.run = real_run
+            raise RuntimeError("injected")
+
+        runner.run = boom
+        r = client.post(
+            "/generate",
+            json={"input_ids": TURN2, "rid": "dies", "session_params": {"id": sid, "rid": "ok"}},
+        )
+        assert r.status_code == 500
+        r = client.post(
+            "/generate",
+            json={"input_ids": TURN2, "session_params": {"id": sid, "rid": "dies"}},
+        )
+        assert r.status_code == 400
+        again = gen(client, TURN3, rid="again", session_params={"id": sid, "rid": "ok"})
+        assert again["output_ids"] == expected
+        assert client.post("/close_session", json={"session_id": sid}).status_code == 200
+        assert_kv_idle(engine)

@@ -17,7 +17,7 @@ from tests.unit.tiny_server import assert_kv_idle, tiny_client
 
 PROMPT = [5, 17, 42, 99, 7, 311, 64, 8]
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
-LONG = {"temperature": 0, "max_new_tokens": 150, "ignore_eos": True}
+LONG = {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True}
 EMBED = "model.embed_tokens.weight"
 
 
