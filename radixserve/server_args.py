@@ -74,6 +74,9 @@ class ServerArgs:
     schedule_policy: str = "fcfs"
     enable_priority_scheduling: bool = False
     default_priority_value: int | None = None
+    disable_priority_preemption: bool = False
+    abort_on_priority_when_disabled: bool = False
+    priority_scheduling_preemption_threshold: int = 10
     schedule_low_priority_values_first: bool = False
     retraction_policy: str = "length"
     schedule_conservativeness: float = 1.0
@@ -126,6 +129,9 @@ class ServerArgs:
     uvicorn_access_log_exclude_prefixes: tuple[str, ...] = ()
     enable_metrics: bool = False
     decode_log_interval: int = 40
+    enable_request_time_stats_logging: bool = False
+    crash_dump_folder: str | None = None
+    enable_custom_logit_processor: bool = False
     # Kernels and execution
     attention_backend: str | None = None
     decode_attention_backend: str | None = None

@@ -251,6 +251,8 @@ class GenerateReqInput(BaseModel):
     priority: int | None = None
     # A loaded LoRA adapter's name, or one per prompt (None: the base model).
     lora_path: str | list[str | None] | None = None
+    session_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    custom_logit_processor: str | list[str] | None = None
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateReqInput:

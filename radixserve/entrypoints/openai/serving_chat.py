@@ -74,7 +74,10 @@ def plan_chat(
         rids = [req.rid] if req.n == 1 else [f"{req.rid}-{k}" for k in range(req.n)]
     else:
         rids = [f"{rid}-{k}" for k in range(req.n)]
-    items = [GenItem(dict(params), None, list(prompt_ids), r, adapter) for r in rids]
+    items = [
+        GenItem(dict(params), None, list(prompt_ids), r, lora_path=adapter, priority=req.priority)
+        for r in rids
+    ]
     opts = LogprobOptions(return_logprob=req.logprobs, top_logprobs_num=req.top_logprobs or 0)
     return ChatPlan(req, rid, items, opts, output)
 

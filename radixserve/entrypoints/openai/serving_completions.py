@@ -96,7 +96,11 @@ def plan_completion(ctx: ServingContext, req: CompletionRequest) -> _Plan:
             echo_texts.append(ctx.require_tokenizer("echo of token ids").decode(ids or []))
         for _ in range(req.n):
             lora = adapter[i] if isinstance(adapter, list) else adapter
-            items.append(GenItem(dict(params), text, ids, rids[len(items)], lora))
+            items.append(
+                GenItem(
+                    dict(params), text, ids, rids[len(items)], lora_path=lora, priority=req.priority
+                )
+            )
     want_logprobs = req.logprobs is not None
     opts = LogprobOptions(
         return_logprob=want_logprobs,
