@@ -75,6 +75,25 @@ def weights_source(runner: ModelRunner) -> tuple[str, str]:
     return source
 
 
+WEIGHT_DIRS_ENV = "RADIXSERVE_WEIGHT_DIRS"
+
+
+def _inside_allowed_dirs(runner: ModelRunner, model_path: str) -> bool:
+    """New weights may come from beside the served model (a checkpoint's siblings) or from the
+    folders the operator lists; a request cannot point the server anywhere else."""
+    import os
+
+    served = Path(runner.server_args.model_path).expanduser()
+    allowed = [served.resolve().parent] if served.exists() else []
+    extra = os.environ.get(WEIGHT_DIRS_ENV, "")
+    allowed += [Path(d).expanduser().resolve() for d in extra.split(os.pathsep) if d.strip()]
+    try:
+        target = Path(model_path).expanduser().resolve()
+    except (OSError, RuntimeError):  # a symlink loop
+        return False
+    return any(target == d or d in target.parents for d in allowed)
+
+
 def update_weights_from_disk(runner: ModelRunner, model_path: str, load_format: str | None) -> None:
     """Load `model_path` into a new model of the same architecture and swap it in. The old
     model keeps serving (nothing changes) if the new files do not fit it."""
@@ -88,6 +107,12 @@ def update_weights_from_disk(runner: ModelRunner, model_path: str, load_format: 
     fmt = "auto" if fmt == "dummy" else fmt
     # Only a local model folder: never a hub download, never an arbitrary file. Errors do not
     # echo the path or what reading it said (the request chose it; the log has the details).
+    if not _inside_allowed_dirs(runner, model_path):
+        raise InvalidRequestError(
+            "model_path must lie in the folder that holds the served model, or in a folder "
+            f"listed in ${WEIGHT_DIRS_ENV} on the server.",
+            "model_path",
+        )
     if not (Path(model_path) / "config.json").is_file():
         raise InvalidRequestError(
             "model_path must be a local model folder with a config.json and weight files.",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -70,6 +71,14 @@ def test_update_weights_from_disk(dirs: dict[str, Path]) -> None:
         # Another architecture's files (different shapes) are refused; the old weights stay.
         r = client.post("/update_weights_from_disk", json={"model_path": str(dirs["wider"])})
         assert r.status_code == 400 and "do not match" in r.json()["error"]["message"]
+        outside = dirs["real"].parent.parent / "elsewhere"  # a model folder, but not beside it
+        shutil.copytree(dirs["real"], outside, dirs_exist_ok=True)
+        r = client.post("/update_weights_from_disk", json={"model_path": str(outside)})
+        assert r.status_code == 400 and "RADIXSERVE_WEIGHT_DIRS" in r.text, r.text
+        escape = str(dirs["real"].parent / ".." / "elsewhere")
+        assert (
+            client.post("/update_weights_from_disk", json={"model_path": escape}).status_code == 400
+        )
         for bad in ("/no/such/dir", "../../../../etc/passwd", "/etc/shadow", "/etc"):
             r = client.post("/update_weights_from_disk", json={"model_path": bad})
             assert r.status_code == 400, r.text
