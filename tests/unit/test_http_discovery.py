@@ -44,6 +44,16 @@ def test_models_are_owned_by_radixserve() -> None:
     assert model["id"] == MODEL and model["owned_by"] == "radixserve"
 
 
+# Runtime-control routes SGLang serves on GET and POST alike, each with a JSON body.
+_GET_OR_POST_BODIES = (
+    "/open_session",
+    "/close_session",
+    "/get_weights_by_name",
+    "/release_memory_occupation",
+    "/resume_memory_occupation",
+)
+
+
 def test_openapi_document_describes_every_json_body() -> None:
     """The routes read their bodies themselves; /openapi.json still documents each body, and
     the documented schemas accept what the server accepts and refuse unknown sampling keys."""
@@ -64,6 +74,9 @@ def test_openapi_document_describes_every_json_body() -> None:
         ("/encode", "post"),
         ("/encode", "put"),
         ("/abort_request", "post"),
+        ("/pause_generation", "post"),
+        ("/update_weights_from_disk", "post"),
+        *((path, method) for path in _GET_OR_POST_BODIES for method in ("get", "post")),
         ("/v1/completions", "post"),
         ("/v1/chat/completions", "post"),
         ("/v1/responses", "post"),
