@@ -15,6 +15,7 @@ from radixserve.managers.decode_logger import DecodeLogger
 from radixserve.managers.finish_checker import FinishChecker
 from radixserve.managers.grammar_manager import GrammarManager, make_grammar_backend
 from radixserve.managers.kv_manager import KVManager
+from radixserve.managers.load_report import load_fields
 from radixserve.managers.retraction import NewTokenRatio, retraction_order
 from radixserve.managers.schedule_batch import Req, ScheduledBatch, SchedulerStats
 from radixserve.managers.schedule_policy import PolicyConfig, PrefillAdder, SchedulePolicy
@@ -205,6 +206,7 @@ class Scheduler:
             "generation_tokens_total": stats.generated_tokens,
             "num_retractions_total": stats.retractions,
             "cache_hit_rate": stats.cache_hit_rate,
+            **load_fields(self),
             **self._tier_info(),
         }
 
