@@ -56,6 +56,12 @@ class MultiProcessRuntime:
     def __init__(
         self, server_args: ServerArgs, on_death: Callable[[str], None] | None = None
     ) -> None:
+        if server_args.node_rank > 0:
+            # Such a node has no scheduler to talk to: `radixserve serve` runs its ranks.
+            raise EngineStartupError(
+                f"--node-rank {server_args.node_rank} runs only tensor-parallel ranks: start it "
+                "with `radixserve serve`; an Engine (and the HTTP server) runs on node 0"
+            )
         self.server_args = server_args
         self.on_death = on_death
         self.router = RequestRouter()

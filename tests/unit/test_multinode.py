@@ -58,6 +58,14 @@ def test_invalid_combinations_are_refused(kwargs: dict[str, object], message: st
         ServerArgs(**kwargs)
 
 
+def test_an_engine_is_node_0_only() -> None:
+    from radixserve.managers.multiprocess_runtime import EngineStartupError, MultiProcessRuntime
+
+    args = ServerArgs(tp_size=2, nnodes=2, node_rank=1, dist_init_addr="127.0.0.1:1")
+    with pytest.raises(EngineStartupError, match="--node-rank 1 runs only tensor-parallel"):
+        MultiProcessRuntime(args)
+
+
 def test_cli_refuses_with_exit_2() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "radixserve", "serve", "--nnodes", "2", "--tp-size", "2"],
