@@ -32,6 +32,14 @@ class Req:
     is_embedding: bool = False
     embedding: list[float] | None = None
     grammar: Any = None  # a GrammarMatcher for constrained requests
+    lora_id: int = 0  # the LoRA adapter it runs with (0: the base model); its KV namespace
+    # When it first entered a batch (None: never ran): the waiting/running time limits.
+    first_scheduled_time: float | None = None
+    session_id: str | None = None
+    # SGLang's serialized processor string (loaded and cached by sampling.custom_logit_processor)
+    # and, when it failed on this request's logits, why (the scheduler ends the request).
+    custom_logit_processor: str | None = None
+    custom_logit_error: str | None = None
 
     output_ids: list[int] = field(default_factory=list)
     finished_reason: FinishReason | None = None

@@ -32,6 +32,12 @@ def check_hicache(v: Mapping[str, Any]) -> None:
         raise ServerArgsError(
             "--enable-hierarchical-cache", "is supported with --tp-size 1 only (for now)"
         )
+    if v.get("enable_lora") or v.get("lora_paths"):
+        # Host and disk blocks are keyed by base-model token hashes; adapters' KV would need
+        # their namespace in the key.
+        raise ServerArgsError(
+            "--enable-hierarchical-cache", "is not supported with LoRA adapters (for now)"
+        )
     ratio = v.get("hicache_ratio", 2.0)
     if ratio is None or ratio <= 0:
         raise ServerArgsError("--hicache-ratio", f"must be > 0, got {ratio}")

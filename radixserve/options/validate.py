@@ -182,10 +182,19 @@ def support_report(
             ignored.append(shown)
         elif info.support is Support.UNSUPPORTED:
             refused.append(shown)
-        elif info.spec.supported_choices is not None and value not in info.spec.supported_choices:
+        elif info.spec.supported_choices is not None and not _choice_supported(
+            value, info.spec.supported_choices
+        ):
             supported = ", ".join(map(str, info.spec.supported_choices))
             bad_choice.append(f"{info.spec.name} {value} (supported: {supported})")
     return SupportReport(tuple(ignored), tuple(refused), tuple(bad_choice))
+
+
+def _choice_supported(value: Any, supported: tuple[Any, ...]) -> bool:
+    """A list value (an nargs option) is supported when each of its items is."""
+    if isinstance(value, list | tuple):
+        return all(item in supported for item in value)
+    return value in supported
 
 
 def check_supported(report: SupportReport) -> None:

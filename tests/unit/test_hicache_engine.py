@@ -167,6 +167,7 @@ def test_restarted_engine_answers_from_the_disk_tier(
         ({"enable_hierarchical_cache": True, "disable_radix_cache": True}, "--enable-hier"),
         ({"enable_hierarchical_cache": True, "hicache_ratio": 0.0}, "--hicache-ratio"),
         ({"enable_hierarchical_cache": True, "hicache_mem_layout": "layer_first"}, "--hicache-mem"),
+        ({"enable_hierarchical_cache": True, "enable_lora": True}, "--enable-hier"),
     ],
 )
 def test_bad_hicache_options_are_refused(engine_factory: Any, kwargs: Any, option: str) -> None:
