@@ -74,6 +74,11 @@ def _serve(argv: Sequence[str]) -> int:
     if missing is not None:
         return _error("radixserve serve", missing, 2)
     server_args.warn_not_applicable()
+    if server_args.node_rank > 0:
+        # Like SGLang's non-zero node ranks: this node's tensor-parallel ranks only, no HTTP.
+        from radixserve.distributed.nodes import run_worker_node
+
+        return run_worker_node(server_args)
     try:
         server_args.check_port_available()
     except ServerArgsError as exc:

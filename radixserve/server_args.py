@@ -93,6 +93,8 @@ class ServerArgs:
     enable_mixed_chunk: bool = False
     # Parallelism and device
     tp_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
     pp_size: int = 1
     dp_size: int = 1
     dist_init_addr: str | None = None

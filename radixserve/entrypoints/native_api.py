@@ -17,6 +17,7 @@ from starlette.requests import Request
 
 import radixserve
 from radixserve.entrypoints.generation import call_engine
+from radixserve.entrypoints.load_api import get_load
 from radixserve.entrypoints.native_generate import generate
 from radixserve.entrypoints.openai.errors import ApiError
 from radixserve.entrypoints.openai.protocol import AbortRequestInput, EncodeReqInput
@@ -205,6 +206,7 @@ def build_router() -> APIRouter:
         router.add_api_route(path, model_info, methods=["GET"])
     for path in ("/server_info", "/get_server_info"):
         router.add_api_route(path, server_info, methods=["GET"])
+    router.add_api_route("/get_load", get_load, methods=["GET"])
     for method in ("GET", "POST"):
         router.add_api_route("/flush_cache", flush_cache, methods=[method])
     router.add_api_route(

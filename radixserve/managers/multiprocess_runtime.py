@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from radixserve.distributed.launch import DistConfig, dist_config_for
+from radixserve.distributed.nodes import node_layout
 from radixserve.managers.detokenizer_process import run_detokenizer_process
 from radixserve.managers.process_utils import ipc_address
 from radixserve.managers.request_router import RequestRouter, RuntimeDeadError, Sink
 from radixserve.managers.scheduler_process import run_scheduler_process
 from radixserve.managers.tp_worker_process import run_tp_worker_process
 from radixserve.messages import AbortReq, SchedulerFailed, SchedulerReady, TokenizedGenerateReq
-from radixserve.utils.cpu_threads import plan_cpus
 
 if TYPE_CHECKING:
     from radixserve.server_args import ServerArgs
@@ -56,6 +56,12 @@ class MultiProcessRuntime:
     def __init__(
         self, server_args: ServerArgs, on_death: Callable[[str], None] | None = None
     ) -> None:
+        if server_args.node_rank > 0:
+            # Such a node has no scheduler to talk to: `radixserve serve` runs its ranks.
+            raise EngineStartupError(
+                f"--node-rank {server_args.node_rank} runs only tensor-parallel ranks: start it "
+                "with `radixserve serve`; an Engine (and the HTTP server) runs on node 0"
+            )
         self.server_args = server_args
         self.on_death = on_death
         self.router = RequestRouter()
@@ -73,9 +79,10 @@ class MultiProcessRuntime:
         self._send_lock = threading.Lock()
         spawn = mp.get_context("spawn")
         pid = os.getpid()
-        tp = server_args.tp_size
+        # This node's ranks (all of them on one node; rank 0 and its node's share with --nnodes).
+        layout = node_layout(server_args)
         # Decided here, before any process changes its affinity: the children inherit ours.
-        plans = [plan_cpus(rank, tp_size=tp) for rank in range(tp)]
+        plans = {rank: layout.cpu_plan(rank) for rank in layout.local_ranks}
         self.cpu_plan = plans[0]
         dist = self._dist_config(server_args)
         self.processes = [
@@ -100,7 +107,8 @@ class MultiProcessRuntime:
                     name=f"radixserve-tp-rank-{rank}",
                     daemon=True,
                 )
-                for rank in range(1, tp)
+                for rank in layout.local_ranks
+                if rank != 0
             ]
         for proc in self.processes:
             proc.start()

@@ -18,6 +18,7 @@ from radixserve.managers.decode_logger import DecodeLogger
 from radixserve.managers.finish_checker import FinishChecker
 from radixserve.managers.grammar_manager import GrammarManager, make_grammar_backend
 from radixserve.managers.kv_manager import KVManager
+from radixserve.managers.load_report import load_fields
 from radixserve.managers.lora_scheduling import LoRAScheduling
 from radixserve.managers.request_stats import log_time_stats
 from radixserve.managers.retraction import NewTokenRatio, retraction_order
@@ -351,6 +352,7 @@ class Scheduler:
             "cache_hit_rate": stats.cache_hit_rate,
             "paused": self.paused,
             "num_sessions": len(self.sessions.sessions),
+            **load_fields(self),
             **self._tier_info(),
         }
 

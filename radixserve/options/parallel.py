@@ -31,13 +31,30 @@ OPTIONS: tuple[OptionSpec, ...] = (
         STR,
         None,
         "Host:port used to initialise the distributed backend across nodes. Here: the "
-        "rendezvous of the tensor-parallel ranks (one node only).",
+        "rendezvous of the tensor-parallel ranks (required with --nnodes > 1: node 0's "
+        "address).",
         support=IMPLEMENTED,
         aliases=("--nccl-init-addr",),
     ),
     value("--gated-launch-port", INT, None, "Port of the gated-launch control server."),
-    value("--nnodes", INT, 1, "Number of nodes."),
-    value("--node-rank", INT, 0, "Rank of this node."),
+    value(
+        "--nnodes",
+        INT,
+        1,
+        "Number of nodes. Here: the --tp-size ranks split evenly over the nodes (tp-size must "
+        "be a multiple), one `radixserve serve --node-rank K` per node, all with the same "
+        "--dist-init-addr.",
+        support=IMPLEMENTED,
+    ),
+    value(
+        "--node-rank",
+        INT,
+        0,
+        "Rank of this node. Here: node K runs TP ranks K * tp/nnodes onwards; node 0 also "
+        "runs the scheduler and the HTTP server, the others only their ranks (no HTTP "
+        "server), exiting when the group breaks.",
+        support=IMPLEMENTED,
+    ),
     value(
         "--tp-size",
         INT,

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 from radixserve.options import hardware
 from radixserve.options.errors import ServerArgsError
 from radixserve.options.hicache_rules import check_hicache
+from radixserve.options.node_rules import check_nodes
 from radixserve.options.registry import dest_table
 from radixserve.options.spec import Support
 
@@ -81,6 +82,7 @@ def _check_parallel(v: Mapping[str, Any]) -> None:
             f"{tp} cannot be combined with --quantization {v['quantization']} (its blocks are "
             "not sharded); use --tp-size 1, or leave out --quantization",
         )
+    check_nodes(v)
     timeout = v.get("dist_timeout")
     if timeout is not None and timeout <= 0:
         raise _fail("dist_timeout", f"must be > 0 seconds, got {timeout}")
