@@ -69,13 +69,29 @@ def _compile(verbose: bool = False) -> ModuleType:
         if stale.exists():
             logger.warning("Removing %s, left by an interrupted kernel build", stale)
             stale.unlink(missing_ok=True)
+        sources = _stage_sources(build_dir / "src")
         return cpp_extension.load(
             name=extension_name(),
-            sources=[str(_source_dir() / s) for s in SOURCES],
+            sources=[str(sources / s) for s in SOURCES],
             extra_cflags=flags,
             extra_ldflags=["-fopenmp"],
             verbose=verbose,
         )
+
+
+def _stage_sources(stage: Path) -> Path:
+    """Copy the sources into the build folder and compile the copies. The folder's name already
+    carries a hash of their contents, but torch's build file names the source paths, so two
+    checkouts of the same sources (git worktrees, a fresh clone beside an old one) would
+    otherwise rebuild each other's extension in turn."""
+    import shutil
+
+    stage.mkdir(exist_ok=True)
+    for path in [*(_source_dir() / s for s in SOURCES), *_source_dir().glob("*.h")]:
+        target = stage / path.name
+        if not target.exists() or target.read_bytes() != path.read_bytes():
+            shutil.copyfile(path, target)
+    return stage
 
 
 def _probe_marker() -> Path:
