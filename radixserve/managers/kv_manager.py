@@ -91,6 +91,17 @@ class KVManager:
         self.req_to_token_pool.write(req.req_pool_idx, req.kv_len, slots)
         return slots
 
+    def trim(self, req: Req, new_kv_len: int) -> None:
+        """Shrink a running request's KV to its first new_kv_len positions (speculative
+        decoding drops the slots of rejected drafts). Whole pages past the new end are freed;
+        a partly kept page stays with the request and its unused tail is refilled by the next
+        alloc_extend, which continues after the last kept slot."""
+        assert req.req_pool_idx is not None and req.cached_len <= new_kv_len <= req.kv_len
+        keep = -(-new_kv_len // self.page_size) * self.page_size
+        if keep < req.kv_len:
+            self._free(self.req_to_token_pool.read(req.req_pool_idx, keep, req.kv_len))
+        req.kv_len = new_kv_len
+
     def _evict(self, num_tokens: int) -> None:
         if num_tokens <= 0:
             return

@@ -18,6 +18,7 @@ from radixserve.errors import InvalidRequestError
 from radixserve.messages import ReqOutput, TokenizedGenerateReq
 from radixserve.sampling.constrained import GrammarError, GrammarSpec, spec_from_sampling_params
 from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.speculative.meta import spec_meta_info
 
 # Sampling parameters that make a request constrained (see spec_from_sampling_params).
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
@@ -224,6 +225,15 @@ class TokenizerManager:
             "num_retractions": out.num_retractions,
             "e2e_latency": time.monotonic() - state.start_time,
         }
+        if out.spec_verify_ct is not None:
+            meta.update(
+                spec_meta_info(
+                    out.spec_verify_ct,
+                    out.spec_accepted_tokens,
+                    out.spec_draft_tokens,
+                    out.completion_tokens,
+                )
+            )
         if state.return_logprob:
             meta["output_token_logprobs"] = state.output_token_logprobs
             meta["output_top_logprobs"] = state.output_top_logprobs

@@ -12,6 +12,7 @@ from radixserve.options import hardware
 from radixserve.options.errors import ServerArgsError
 from radixserve.options.registry import dest_table
 from radixserve.options.spec import Support
+from radixserve.options.speculative_rules import check_speculative
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ def validate(values: Mapping[str, Any]) -> None:
     _check_parallel(values)
     _check_device(values)
     _check_misc(values)
+    check_speculative(values)
 
 
 def valid_tp_sizes(num_attention_heads: int, num_kv_heads: int) -> list[int]:

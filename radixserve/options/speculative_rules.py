@@ -1,0 +1,42 @@
+"""Cross-option rules of speculative decoding: which algorithms run here and with what."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from radixserve.options.errors import ServerArgsError
+
+IMPLEMENTED_ALGORITHMS = ("NGRAM",)
+# Algorithms that need trained draft heads (or kernels) not available offline.
+_HEAD_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "MTP")
+
+
+def check_speculative(v: Mapping[str, Any]) -> None:
+    """Raise ServerArgsError for an algorithm or setting that cannot run."""
+    algo = v.get("speculative_algorithm")
+    if algo is None:
+        return
+    name = str(algo).upper()
+    if name in _HEAD_ALGORITHMS:
+        raise ServerArgsError(
+            "--speculative-algorithm",
+            f"{algo} needs a trained draft head, which radixserve cannot load yet; use NGRAM",
+        )
+    if name not in IMPLEMENTED_ALGORITHMS:
+        raise ServerArgsError(
+            "--speculative-algorithm",
+            f"{algo} is not supported (supported: {', '.join(IMPLEMENTED_ALGORITHMS)})",
+        )
+    num = v.get("speculative_num_draft_tokens")
+    if num is not None and num < 2:
+        raise ServerArgsError(
+            "--speculative-num-draft-tokens",
+            f"must be >= 2 (the verified token plus at least one draft), got {num}",
+        )
+    depth = v.get("speculative_ngram_max_trie_depth")
+    if depth is not None and depth < 2:
+        raise ServerArgsError("--speculative-ngram-max-trie-depth", f"must be >= 2, got {depth}")
+    capacity = v.get("speculative_ngram_capacity")
+    if capacity is not None and capacity < 1:
+        raise ServerArgsError("--speculative-ngram-capacity", f"must be >= 1, got {capacity}")
