@@ -126,6 +126,12 @@ class ServerArgs:
     prefill_attention_backend: str | None = None
     sampling_backend: str | None = None
     config: str | None = None
+    # Speculative decoding (radixserve/speculative/)
+    speculative_algorithm: str | None = None
+    speculative_num_draft_tokens: int | None = None
+    speculative_ngram_match_type: str = "BFS"
+    speculative_ngram_max_trie_depth: int = 18
+    speculative_ngram_capacity: int = 10000000
     # Every other `sglang serve` option, by dest.
     other: Mapping[str, Any] = field(default_factory=ReadOnlyMapping)
     # Derived during construction; not arguments.

@@ -34,6 +34,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "radixserve.errors": (),
     "radixserve.managers.tokenizer_manager": (
         "radixserve.errors",
+        "radixserve.speculative.meta",
         "radixserve.managers.detokenizer",
         "radixserve.messages",
         "radixserve.sampling.sampling_params",

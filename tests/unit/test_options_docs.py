@@ -35,7 +35,8 @@ def test_support_table_is_honest_about_key_options() -> None:
     assert levels["--cuda-graph-max-bs"] is Support.NOT_APPLICABLE
     assert levels["--enable-nccl-nvls"] is Support.NOT_APPLICABLE
     assert levels["--lora-paths"] is Support.UNSUPPORTED
-    assert levels["--speculative-algorithm"] is Support.UNSUPPORTED
+    assert levels["--speculative-algorithm"] is Support.IMPLEMENTED
+    assert levels["--speculative-draft-model-path"] is Support.UNSUPPORTED
     assert levels["--disaggregation-mode"] is Support.UNSUPPORTED
     assert levels["--enable-hierarchical-cache"] is Support.UNSUPPORTED
     # A deprecated spelling is as supported as the option it stands for.

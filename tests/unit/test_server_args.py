@@ -168,13 +168,16 @@ def test_bad_values_name_the_option(kwargs: dict[str, object], message: str) -> 
 
 def test_unsupported_options_are_refused_not_ignored() -> None:
     with pytest.raises(ServerArgsError) as info:
-        _cpu(lora_paths=["a"], speculative_algorithm="EAGLE")
+        _cpu(lora_paths=["a"], speculative_eagle_topk=4)
     message = str(info.value)
-    assert info.value.option == "--speculative-algorithm"
+    assert info.value.option == "--speculative-eagle-topk"
     assert "not supported by radixserve yet" in message
-    assert "--lora-paths=('a',)" in message and "--speculative-algorithm=EAGLE" in message
+    assert "--lora-paths=('a',)" in message and "--speculative-eagle-topk=4" in message
     # Leaving them at their defaults is fine.
-    assert _cpu(lora_paths=None, speculative_algorithm=None).other["lora_paths"] is None
+    assert _cpu(lora_paths=None, speculative_eagle_topk=None).other["lora_paths"] is None
+    # Algorithms that need trained heads are refused in one line.
+    with pytest.raises(ServerArgsError, match="EAGLE needs a trained draft head"):
+        _cpu(speculative_algorithm="EAGLE")
 
 
 def test_implemented_options_refuse_unsupported_choices() -> None:
