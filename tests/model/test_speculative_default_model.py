@@ -40,9 +40,12 @@ def _engine(gguf: Path, **kwargs: Any) -> Engine:
 
 @pytest.fixture(scope="module")
 def engines(default_gguf: Path) -> Iterator[tuple[Engine, Engine]]:
-    with _engine(default_gguf) as plain, _engine(
-        default_gguf, speculative_algorithm="NGRAM", speculative_num_draft_tokens=6
-    ) as spec:
+    with (
+        _engine(default_gguf) as plain,
+        _engine(
+            default_gguf, speculative_algorithm="NGRAM", speculative_num_draft_tokens=6
+        ) as spec,
+    ):
         spec.scheduler.check_kv_each_step = True
         yield plain, spec
 
