@@ -128,6 +128,8 @@ class ServerArgs:
     config: str | None = None
     # Speculative decoding (radixserve/speculative/)
     speculative_algorithm: str | None = None
+    speculative_draft_model_path: str | None = None
+    speculative_num_steps: int | None = None
     speculative_num_draft_tokens: int | None = None
     speculative_ngram_match_type: str = "BFS"
     speculative_ngram_max_trie_depth: int = 18

@@ -11,7 +11,7 @@ tokens owned by live requests == pool size, counted in whole pages.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -36,6 +36,10 @@ class KVManager:
         self.req_to_token_pool = req_to_token_pool
         self.prefix_cache = prefix_cache
         self.page_size = allocator.page_size
+        # Called with each request released (before its row is freed) and after hard_reset:
+        # a speculative draft model's own KV pool follows the target's this way.
+        self.release_hooks: list[Callable[[Req], None]] = []
+        self.reset_hooks: list[Callable[[], None]] = []
 
     # -- capacity ---------------------------------------------------------------------------
     def available_tokens(self) -> int:
@@ -142,6 +146,8 @@ class KVManager:
         so a retracted or repeated request can reuse it; the rest is freed."""
         if req.req_pool_idx is None:
             return
+        for hook in self.release_hooks:
+            hook(req)
         slots = self.req_to_token_pool.read(req.req_pool_idx, 0, req.kv_len)
         if self.prefix_cache.stores_kv and req.kv_len > 0:
             key = req.fill_ids[: req.kv_len]
@@ -179,6 +185,8 @@ class KVManager:
         self.prefix_cache.force_reset()
         self.allocator.clear()
         self.req_to_token_pool.clear()
+        for hook in self.reset_hooks:
+            hook()
 
     # -- accounting -------------------------------------------------------------------------
     def owned_tokens(self, reqs: Iterable[Req]) -> int:

@@ -472,6 +472,7 @@ class Scheduler:
     def _apply_spec(self, req: Req, result: SpecResult) -> bool:
         """Append a speculative round's tokens one by one, stopping at the first that ends the
         request; drop the KV of positions not kept. True if the request keeps running."""
+        assert self.spec is not None
         reason = None
         kept = 0
         for token in result.tokens:
@@ -487,6 +488,7 @@ class Scheduler:
         # drafts; the newest token's KV is computed next round, as in plain decoding.
         self.kv.trim(req, req.seq_len - 1)
         accepted = min(kept, result.num_accepted)
+        self.spec.committed(req, result.num_drafts, accepted)
         req.spec_verify_ct += 1
         req.spec_draft_tokens += result.num_drafts
         req.spec_accepted_tokens += accepted

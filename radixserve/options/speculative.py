@@ -29,6 +29,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
         None,
         "Draft model weights for speculative decoding.",
         aliases=("--speculative-draft-model",),
+        support=IMPLEMENTED,
     ),
     value("--speculative-draft-model-revision", STR, None, "Revision of the draft model."),
     value(
@@ -38,7 +39,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "Weight format of the draft model.",
         choices=LOAD_FORMAT_CHOICES,
     ),
-    value("--speculative-num-steps", INT, None, "Draft steps per speculative round."),
+    value(
+        "--speculative-num-steps",
+        INT,
+        None,
+        "Draft steps per speculative round.",
+        support=IMPLEMENTED,
+    ),
     value(
         "--speculative-eagle-topk", INT, None, "Tokens sampled from the draft model per EAGLE step."
     ),

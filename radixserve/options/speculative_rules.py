@@ -7,7 +7,7 @@ from typing import Any
 
 from radixserve.options.errors import ServerArgsError
 
-IMPLEMENTED_ALGORITHMS = ("NGRAM",)
+IMPLEMENTED_ALGORITHMS = ("NGRAM", "STANDALONE")
 # Algorithms that need trained draft heads (or kernels) not available offline.
 _HEAD_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "MTP")
 
@@ -21,14 +21,36 @@ def check_speculative(v: Mapping[str, Any]) -> None:
     if name in _HEAD_ALGORITHMS:
         raise ServerArgsError(
             "--speculative-algorithm",
-            f"{algo} needs a trained draft head, which radixserve cannot load yet; use NGRAM",
+            f"{algo} needs a trained draft head, which radixserve cannot load yet; use NGRAM "
+            "or STANDALONE",
         )
     if name not in IMPLEMENTED_ALGORITHMS:
         raise ServerArgsError(
             "--speculative-algorithm",
             f"{algo} is not supported (supported: {', '.join(IMPLEMENTED_ALGORITHMS)})",
         )
+    draft = v.get("speculative_draft_model_path")
+    if name == "STANDALONE":
+        if not draft:
+            raise ServerArgsError(
+                "--speculative-draft-model-path", "STANDALONE needs a draft model; give its path"
+            )
+        if v.get("tp_size", 1) != 1:
+            raise ServerArgsError("--tp-size", "STANDALONE speculation runs with --tp-size 1 only")
+    elif draft:
+        raise ServerArgsError(
+            "--speculative-draft-model-path", f"is only used with STANDALONE, not {algo}"
+        )
+    steps = v.get("speculative_num_steps")
+    if steps is not None and steps < 1:
+        raise ServerArgsError("--speculative-num-steps", f"must be >= 1, got {steps}")
     num = v.get("speculative_num_draft_tokens")
+    if steps is not None and num is not None and num != steps + 1:
+        raise ServerArgsError(
+            "--speculative-num-draft-tokens",
+            f"verification is a chain, so it must be --speculative-num-steps + 1 ({steps + 1}), "
+            f"got {num}",
+        )
     if num is not None and num < 2:
         raise ServerArgsError(
             "--speculative-num-draft-tokens",

@@ -25,6 +25,7 @@ from radixserve.managers.step_runner import TokenResult
 from radixserve.model_executor.model_runner import StepInputs
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 from radixserve.speculative.acceptance import accept_greedy, accept_sampled, target_probs
+from radixserve.speculative.draft_model import DraftModel
 from radixserve.speculative.ngram_cache import NgramCache
 
 if TYPE_CHECKING:
@@ -64,7 +65,24 @@ class SpecWorker:
         self.config = config
         self.step_runner = step_runner
         self.context_len = context_len
-        self.ngram = NgramCache(config.ngram_max_trie_depth, config.ngram_capacity)
+        self.ngram: NgramCache | None = None
+        self.draft: DraftModel | None = None
+        if config.algorithm == "STANDALONE":
+            runner = step_runner.runner
+            kv = step_runner.kv
+            self.draft = DraftModel(
+                runner.server_args,
+                config.draft_model_path,
+                pool_tokens=kv.allocator.size,
+                max_reqs=kv.req_to_token_pool.max_reqs,
+                context_len=context_len,
+                target_vocab=runner.model_config.vocab_size,
+            )
+            # The draft's KV follows the target's: freed when the target releases a request.
+            kv.release_hooks.append(self.draft.release)
+            kv.reset_hooks.append(self.draft.reset)
+        else:
+            self.ngram = NgramCache(config.ngram_max_trie_depth, config.ngram_capacity)
 
     @property
     def tokens_per_request(self) -> int:
@@ -74,19 +92,29 @@ class SpecWorker:
     def propose(self, reqs: Sequence[Req]) -> list[list[int]]:
         """Drafts for each request (possibly none), never past its max_new_tokens or the
         context length. Also brings the shared n-gram cache up to date with verified tokens."""
-        drafts: list[list[int]] = []
-        for req in reqs:
-            req.spec_state = self.ngram.sync(req.spec_state, req.fill_ids)
-            room = min(
+        rooms = [
+            min(
                 self.config.max_drafts,
                 req.remaining_new_tokens() - 1,
                 self.context_len - req.seq_len,
             )
-            if room <= 0 or not speculable(req):
-                drafts.append([])
-                continue
-            drafts.append(self.ngram.propose(req.spec_state, room))
+            if speculable(req)
+            else 0
+            for req in reqs
+        ]
+        if self.draft is not None:
+            return self.draft.propose(reqs, rooms)
+        assert self.ngram is not None
+        drafts: list[list[int]] = []
+        for req, room in zip(reqs, rooms, strict=True):
+            req.spec_state = self.ngram.sync(req.spec_state, req.fill_ids)
+            drafts.append(self.ngram.propose(req.spec_state, room) if room > 0 else [])
         return drafts
+
+    def committed(self, req: Req, num_drafts: int, num_kept: int) -> None:
+        """The scheduler kept num_kept of the request's num_drafts drafts this round."""
+        if self.draft is not None:
+            self.draft.trim(req, num_drafts, num_kept)
 
     def run(self, reqs: Sequence[Req], drafts: Sequence[list[int]]) -> list[SpecResult]:
         """Verify every request's drafts in one forward (their slots are already allocated at

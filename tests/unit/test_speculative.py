@@ -198,6 +198,9 @@ def test_no_spec_fields_without_speculation(make: Any) -> None:
         ({"speculative_algorithm": "EAGLE3"}, "needs a trained draft head"),
         ({"speculative_algorithm": "NEXTN"}, "needs a trained draft head"),
         ({"speculative_algorithm": "MAGIC"}, "not supported"),
+        ({"speculative_algorithm": "STANDALONE"}, "needs a draft model"),
+        ({**NGRAM, "speculative_draft_model_path": "/m"}, "only used with STANDALONE"),
+        ({**NGRAM, "speculative_num_steps": 3, "speculative_num_draft_tokens": 6}, "chain"),
         ({**NGRAM, "speculative_num_draft_tokens": 1}, "must be >= 2"),
         ({**NGRAM, "speculative_ngram_match_type": "PROB"}, "PROB"),
         ({**NGRAM, "speculative_ngram_max_bfs_breadth": 4}, "speculative-ngram-max-bfs-breadth"),
@@ -208,3 +211,94 @@ def test_refused_settings(tiny_model_dir: Path, kwargs: dict[str, Any], message:
         ServerArgs.from_kwargs(model_path=str(tiny_model_dir), **kwargs)
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def write_other_tiny_llama(folder: Path, vocab: int = TINY_VOCAB) -> Path:
+    """A different tiny model (one layer, so other dummy weights) with the given vocabulary."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        architectures=["LlamaForCausalLM"],
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(folder)
+    return folder
+
+
+def draft_idle(engine: Engine) -> bool:
+    draft = engine.scheduler.spec.draft
+    return draft.allocator.available_size() == draft.allocator.size
+
+
+def test_standalone_same_model_accepts_every_draft(
+    make: Any, baseline: list[list[int]], tiny_model_dir: Path
+) -> None:
+    engine = make(
+        speculative_algorithm="STANDALONE",
+        speculative_draft_model_path=str(tiny_model_dir),
+        speculative_num_steps=3,
+    )
+    results = engine.generate(input_ids=prompts(), sampling_params=greedy())
+    assert ids(results) == baseline
+    for r in results:
+        m = r["meta_info"]
+        assert m["spec_draft_token_num"] > 0
+        assert m["spec_accept_token_num"] == m["spec_draft_token_num"]
+        assert m["spec_accept_length"] > 3.0
+    assert_idle(engine)
+    assert draft_idle(engine)
+
+
+def test_standalone_other_draft_model_keeps_output(
+    make: Any, baseline: list[list[int]], tmp_path: Path
+) -> None:
+    draft = write_other_tiny_llama(tmp_path / "draft")
+    engine = make(
+        speculative_algorithm="STANDALONE",
+        speculative_draft_model_path=str(draft),
+        speculative_num_draft_tokens=4,
+        page_size=4,
+    )
+    results = engine.generate(input_ids=prompts(), sampling_params=greedy())
+    assert ids(results) == baseline
+    drafted = sum(r["meta_info"]["spec_draft_token_num"] for r in results)
+    assert drafted > 0
+    for max_new in (1, 2, 5):
+        got = engine.generate(input_ids=prompts(), sampling_params=greedy(max_new))
+        assert ids(got) == [b[:max_new] for b in baseline]
+    sampled = engine.generate(
+        input_ids=prompts(), sampling_params={"temperature": 1.0, "max_new_tokens": 20}
+    )
+    assert all(1 <= len(r["output_ids"]) <= 20 for r in sampled)
+    assert_idle(engine)
+    assert draft_idle(engine)
+
+
+def test_standalone_under_retraction_and_vocab_mismatch(make: Any, tmp_path: Path) -> None:
+    rng = random.Random(5)
+    inputs = [[rng.randrange(3, TINY_VOCAB) for _ in range(rng.randint(5, 60))] for _ in range(16)]
+    want = ids(make().generate(input_ids=inputs, sampling_params=greedy()))
+    draft = write_other_tiny_llama(tmp_path / "draft")
+    small = make(
+        speculative_algorithm="STANDALONE",
+        speculative_draft_model_path=str(draft),
+        max_total_tokens=256,
+    )
+    got = small.generate(input_ids=inputs, sampling_params=greedy())
+    assert ids(got) == want
+    assert sum(r["meta_info"]["num_retractions"] for r in got) > 0
+    assert_idle(small)
+    assert draft_idle(small)
+    other_vocab = write_other_tiny_llama(tmp_path / "other-vocab", vocab=300)
+    with pytest.raises(Exception, match="vocabulary"):
+        make(speculative_algorithm="STANDALONE", speculative_draft_model_path=str(other_vocab))
