@@ -109,3 +109,28 @@ def test_grammar_requests_run_without_drafts(engines: tuple[Engine, Engine]) -> 
     assert got[0]["meta_info"]["spec_draft_token_num"] == 0
     assert got[0]["meta_info"]["spec_verify_ct"] > 0
     assert got[1]["meta_info"]["spec_accept_token_num"] > 0  # its neighbour still speculates
+
+
+def test_standalone_with_the_same_model_as_draft(
+    engines: tuple[Engine, Engine], default_gguf: Path
+) -> None:
+    plain, _ = engines
+    prompts = [chat(plain, q) for q in QUESTIONS[1:4]]
+    params = {"temperature": 0, "max_new_tokens": 32}
+    want = plain.generate(prompt=prompts, sampling_params=params)
+    with _engine(
+        default_gguf,
+        speculative_algorithm="STANDALONE",
+        speculative_draft_model_path=str(default_gguf),
+        speculative_num_steps=4,
+    ) as spec:
+        spec.scheduler.check_kv_each_step = True
+        got = spec.generate(prompt=prompts, sampling_params=params)
+        draft = spec.scheduler.spec.draft
+        assert draft.allocator.available_size() == draft.allocator.size
+    assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
+    for g in got:
+        m = g["meta_info"]
+        # The draft is the target: every draft is accepted (up to float near-ties between the
+        # draft's decode kernels and the target's extend kernels).
+        assert m["spec_accept_token_num"] >= 0.9 * m["spec_draft_token_num"] > 0

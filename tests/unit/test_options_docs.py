@@ -36,7 +36,7 @@ def test_support_table_is_honest_about_key_options() -> None:
     assert levels["--enable-nccl-nvls"] is Support.NOT_APPLICABLE
     assert levels["--lora-paths"] is Support.UNSUPPORTED
     assert levels["--speculative-algorithm"] is Support.IMPLEMENTED
-    assert levels["--speculative-draft-model-path"] is Support.UNSUPPORTED
+    assert levels["--speculative-eagle-topk"] is Support.UNSUPPORTED
     assert levels["--disaggregation-mode"] is Support.UNSUPPORTED
     assert levels["--enable-hierarchical-cache"] is Support.UNSUPPORTED
     # A deprecated spelling is as supported as the option it stands for.
