@@ -385,7 +385,10 @@ class Scheduler:
     def _reserve_decode_slots(self) -> bool:
         """Make sure every running request can take one more token, retracting if needed."""
         while self.running:
-            needed = sum(self.kv.tokens_needed(r, self.decode_width) for r in self.running)
+            needed = sum(
+                self.kv.tokens_needed(r, min(self.decode_width, max(r.remaining_new_tokens(), 1)))
+                for r in self.running
+            )
             if needed <= self.kv.available_tokens():
                 return True
             if self.chunked_req is not None:

@@ -302,3 +302,16 @@ def test_standalone_under_retraction_and_vocab_mismatch(make: Any, tmp_path: Pat
     other_vocab = write_other_tiny_llama(tmp_path / "other-vocab", vocab=300)
     with pytest.raises(Exception, match="vocabulary"):
         make(speculative_algorithm="STANDALONE", speculative_draft_model_path=str(other_vocab))
+
+
+def test_a_request_filling_the_whole_pool_still_finishes(make: Any) -> None:
+    """Draft slots are only reserved up to a request's remaining tokens, so a request that
+    needs the whole KV pool is not aborted for want of room for drafts it cannot use."""
+    engine = make(**NGRAM, max_total_tokens=64, disable_radix_cache=True)
+    plain = make(max_total_tokens=64, disable_radix_cache=True)
+    prompt = [7, 8, 9, 10] * 10
+    want = plain.generate(input_ids=prompt, sampling_params=greedy(24))
+    got = engine.generate(input_ids=prompt, sampling_params=greedy(24))
+    assert got["meta_info"]["finish_reason"]["type"] == "length"
+    assert got["output_ids"] == want["output_ids"]
+    assert_idle(engine)
