@@ -1,6 +1,6 @@
 """Decode speed with and without speculative decoding, side by side in one run.
 
-    nice .venv/bin/python benchmarks/speculative.py --rounds 3
+    PYTHONPATH=. nice .venv/bin/python benchmarks/speculative.py --rounds 3
 
 Two engines on the same model (plain, and --speculative-algorithm NGRAM, or STANDALONE with
 --draft-model-path) run the same workloads in turns (plain, spec, plain, spec, ...), so machine

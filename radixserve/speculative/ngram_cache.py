@@ -15,22 +15,27 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Node:
+    """About 100 bytes (most nodes are leaves, which never get a children dict)."""
+
     depth: int
     count: int = 0
     stamp: int = 0  # insertion clock of the last visit: recency breaks count ties
-    children: dict[int, _Node] = field(default_factory=dict)
+    children: dict[int, _Node] | None = None
 
     def best_child(self) -> tuple[int, _Node] | None:
         if not self.children:
             return None
         return max(self.children.items(), key=lambda kv: (kv[1].count, kv[1].stamp))
+
+    def child(self, token: int) -> _Node | None:
+        return self.children.get(token) if self.children else None
 
 
 @dataclass(eq=False)
@@ -75,9 +80,11 @@ class NgramCache:
         self.clock += 1
         advanced = [self.root]
         for node in frontier.nodes:  # depths 0 .. max_depth - 1, so children stay in depth
-            child = node.children.get(token)
+            child = node.child(token)
             if child is None:
                 child = _Node(depth=node.depth + 1)
+                if node.children is None:
+                    node.children = {}
                 node.children[token] = child
                 self.num_nodes += 1
             child.count += 1
@@ -104,9 +111,10 @@ class NgramCache:
                 break
             token = pick[0]
             draft.append(token)
-            nodes = [self.root] + [
-                n.children[token]
-                for n in nodes
-                if token in n.children and n.children[token].depth < self.max_depth
-            ]
+            advanced = [self.root]
+            for n in nodes:
+                child = n.child(token)
+                if child is not None and child.depth < self.max_depth:
+                    advanced.append(child)
+            nodes = advanced
         return draft
