@@ -315,3 +315,21 @@ def test_a_request_filling_the_whole_pool_still_finishes(make: Any) -> None:
     assert got["meta_info"]["finish_reason"]["type"] == "length"
     assert got["output_ids"] == want["output_ids"]
     assert_idle(engine)
+
+
+def test_metrics_report_spec_gauges(make: Any) -> None:
+    from prometheus_client import generate_latest
+
+    from radixserve.observability.metrics import ServingMetrics
+
+    engine = make(**NGRAM)
+    engine.generate(input_ids=prompts()[5], sampling_params=greedy())
+    metrics = ServingMetrics("tiny")
+    metrics.snapshot = engine.get_server_info()  # what the server's scrape reads
+    text = generate_latest(metrics.registry).decode()
+    info = metrics.snapshot
+    assert f'sglang:spec_accept_length{{model_name="tiny"}} {info["spec_accept_length"]}' in text
+    assert f'sglang:spec_accept_rate{{model_name="tiny"}} {info["spec_accept_rate"]}' in text
+    assert info["spec_accept_length"] > 1.0
+    metrics.snapshot = make().get_server_info()
+    assert "spec_accept_length" not in generate_latest(metrics.registry).decode()
