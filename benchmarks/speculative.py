@@ -59,14 +59,32 @@ def chat(engine: Engine, text: str) -> str:
     )
 
 
-def workloads(engine: Engine, seed: int) -> dict[str, tuple[list[str], int]]:
-    rng = random.Random(seed)
-    copy = [
-        chat(engine, f"Repeat this text exactly, but replace '{old}' with '{new}':\n\n{text}")
-        for text, (old, new) in zip(PASSAGES, CHANGES, strict=True)
-    ]
-    questions = [rng.choice(QUESTIONS).format(rng.choice(TOPICS)) for _ in range(4)]
-    return {"copy": (copy, 96), "chat": ([chat(engine, q) for q in questions], 64)}
+class Workloads:
+    """Fresh prompts for every run: the n-gram cache is shared across requests, so repeating
+    an exact chat prompt would let it replay the earlier answer and flatter speculation."""
+
+    def __init__(self, engine: Engine, seed: int) -> None:
+        self.engine = engine
+        self.questions = [q.format(t) for q in QUESTIONS for t in TOPICS]
+        random.Random(seed).shuffle(self.questions)
+        self.runs = 0
+
+    def next(self) -> dict[str, tuple[list[str], int]]:
+        i = self.runs
+        self.runs += 1
+        # The copy task keeps its passages (they are in the prompt anyway) with a new wording.
+        copy = [
+            chat(
+                self.engine,
+                f"Repeat this text exactly, but replace '{old}' with '{new}' (version {i}):"
+                f"\n\n{text}",
+            )
+            for text, (old, new) in zip(PASSAGES, CHANGES, strict=True)
+        ]
+        picked = self.questions[4 * i : 4 * i + 4]
+        if len(picked) < 4:
+            raise SystemExit("out of distinct chat questions: use fewer --rounds")
+        return {"copy": (copy, 96), "chat": ([chat(self.engine, q) for q in picked], 64)}
 
 
 def run_alone(engine: Engine, prompts: list[str], max_new: int) -> tuple[float, list[Any]]:
@@ -124,12 +142,12 @@ def main() -> None:
         spec_args["speculative_algorithm"] = "NGRAM"
     label = spec_args["speculative_algorithm"]
     with Engine(**base) as plain, Engine(**base, **spec_args) as spec:
-        loads = workloads(plain, seed=0)
+        loads = Workloads(plain, seed=0)
         rows: dict[tuple[str, str], dict[str, list[float]]] = {}
         accept: dict[str, list[int]] = {}  # workload -> [verify rounds, accepted drafts]
         for _ in range(args.rounds):
-            for name, (prompts, max_new) in loads.items():
-                for mode, runner in (("alone", run_alone), ("batch", run_batch)):
+            for mode, runner in (("alone", run_alone), ("batch", run_batch)):
+                for name, (prompts, max_new) in loads.next().items():
                     cell = rows.setdefault((name, mode), {"plain": [], "spec": []})
                     want = got = None
                     for tag, engine in (("plain", plain), ("spec", spec)):
