@@ -194,6 +194,11 @@ class ReqOutput:
     num_retractions: int = 0
     # --enable-hierarchical-cache: cached_tokens per tier {"device", "host", "storage"}.
     cached_tokens_details: dict[str, int] | None = None
+    # Speculative decoding counters (None when it is off): verify rounds, drafts accepted and
+    # drafts proposed so far.
+    spec_verify_ct: int | None = None
+    spec_accepted_tokens: int = 0
+    spec_draft_tokens: int = 0
     # Each entry (logprob, token_id); top entries are lists of the same per position.
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)

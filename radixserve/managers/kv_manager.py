@@ -11,7 +11,7 @@ tokens owned by live requests == pool size, counted in whole pages.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -54,6 +54,10 @@ class KVManager:
         self.last_hits = TierHits(0, 0, 0)
         if hicache is not None and hicache.config.write_policy == "write_back":
             prefix_cache.evict_listener = hicache.backup  # type: ignore[attr-defined]
+        # Called with each request released (before its row is freed) and after hard_reset:
+        # a speculative draft model's own KV pool follows the target's this way.
+        self.release_hooks: list[Callable[[Req], None]] = []
+        self.reset_hooks: list[Callable[[], None]] = []
 
     # -- capacity ---------------------------------------------------------------------------
     def available_tokens(self) -> int:
@@ -150,6 +154,17 @@ class KVManager:
         self.req_to_token_pool.write(req.req_pool_idx, req.kv_len, slots)
         return slots
 
+    def trim(self, req: Req, new_kv_len: int) -> None:
+        """Shrink a running request's KV to its first new_kv_len positions (speculative
+        decoding drops the slots of rejected drafts). Whole pages past the new end are freed;
+        a partly kept page stays with the request and its unused tail is refilled by the next
+        alloc_extend, which continues after the last kept slot."""
+        assert req.req_pool_idx is not None and req.cached_len <= new_kv_len <= req.kv_len
+        keep = -(-new_kv_len // self.page_size) * self.page_size
+        if keep < req.kv_len:
+            self._free(self.req_to_token_pool.read(req.req_pool_idx, keep, req.kv_len))
+        req.kv_len = new_kv_len
+
     def _evict(self, num_tokens: int) -> None:
         if num_tokens <= 0:
             return
@@ -191,6 +206,8 @@ class KVManager:
         so a retracted or repeated request can reuse it; the rest is freed."""
         if req.req_pool_idx is None:
             return
+        for hook in self.release_hooks:
+            hook(req)
         slots = self.req_to_token_pool.read(req.req_pool_idx, 0, req.kv_len)
         if self.prefix_cache.stores_kv and req.kv_len > 0:
             key = namespaced_key(req.fill_ids[: req.kv_len], req.lora_id)
@@ -239,6 +256,8 @@ class KVManager:
         self.req_to_token_pool.clear()
         if self.hicache is not None:
             self.hicache.reset_after_failure()
+        for hook in self.reset_hooks:
+            hook()
 
     # -- accounting -------------------------------------------------------------------------
     def owned_tokens(self, reqs: Iterable[Req]) -> int:

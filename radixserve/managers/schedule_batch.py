@@ -61,6 +61,12 @@ class Req:
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
     # Set when the tokenizer's text view is needed for stop strings.
     tail_text: str = ""
+    # Speculative decoding (radixserve/speculative/): the drafter's per-request state, and
+    # SGLang's per-request counters: verify rounds, drafts proposed, drafts accepted.
+    spec_state: Any = None
+    spec_verify_ct: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
     @property
     def fill_ids(self) -> list[int]:
@@ -99,6 +105,8 @@ class ScheduledBatch:
     is_decode: bool
     # Prefill entries come first; in a mixed batch the running decodes follow them.
     num_prefill_reqs: int | None = None
+    # A speculative decode round: each request's draft tokens (extend_lens[i] = 1 + len).
+    drafts: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         if self.num_prefill_reqs is None:
@@ -119,6 +127,10 @@ class SchedulerStats:
     prefill_tokens: int = 0  # tokens actually run through prefill (recomputation included)
     generated_tokens: int = 0
     retractions: int = 0
+    # Speculative decoding: request-rounds verified, drafts proposed, drafts accepted.
+    spec_verify_rounds: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
     @property
     def cache_hit_rate(self) -> float:

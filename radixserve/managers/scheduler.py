@@ -48,6 +48,8 @@ from radixserve.messages import (
 from radixserve.sampling.custom_logit_processor import DISABLED_MESSAGE as CUSTOM_LOGIT_DISABLED
 from radixserve.sampling.custom_logit_processor import load_processor
 from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.speculative.config import SpecConfig
+from radixserve.speculative.worker import SpecResult, SpecWorker
 
 if TYPE_CHECKING:
     from radixserve.model_executor.model_runner import ModelRunner
@@ -89,6 +91,12 @@ class Scheduler:
         eos = _eos_token_ids(cfg.eos_token_ids, tokenizer)
         self.finish_checker = FinishChecker(eos, self.context_len, tokenizer)
         self.step_runner = StepRunner(runner, self.kv, eos)
+        spec = SpecConfig.from_args(server_args)
+        self.spec = SpecWorker(spec, self.step_runner, self.context_len) if spec else None
+        # Slots a running request may take in one decode round.
+        self.decode_width = self.spec.tokens_per_request if self.spec else 1
+        if self.spec is not None and server_args.enable_mixed_chunk:
+            logger.info("--enable-mixed-chunk is off with speculative decoding (as in SGLang)")
         self.grammars = GrammarManager(
             lambda: make_grammar_backend(server_args, tokenizer, cfg.vocab_size, eos)
         )
@@ -354,6 +362,7 @@ class Scheduler:
             "num_sessions": len(self.sessions.sessions),
             **load_fields(self),
             **self._tier_info(),
+            **self._spec_info(),
         }
 
     def _tier_info(self) -> dict[str, Any]:
@@ -367,6 +376,22 @@ class Scheduler:
             "cached_tokens_host_total": stats.cached_host_tokens,
             "cached_tokens_storage_total": stats.cached_storage_tokens,
             **self.kv.hicache.info(),
+        }
+
+    def _spec_info(self) -> dict[str, Any]:
+        if self.spec is None:
+            return {}
+        stats = self.stats
+        rounds, accepted = stats.spec_verify_rounds, stats.spec_accepted_tokens
+        return {
+            "spec_verify_rounds_total": rounds,
+            "spec_draft_tokens_total": stats.spec_draft_tokens,
+            "spec_accepted_tokens_total": accepted,
+            # SGLang's figures: tokens per verify round, and accepted / proposed drafts.
+            "spec_accept_length": (rounds + accepted) / rounds if rounds else 0.0,
+            "spec_accept_rate": accepted / stats.spec_draft_tokens
+            if stats.spec_draft_tokens
+            else 0.0,
         }
 
     def step_outputs_only(self) -> list[ReqOutput]:
@@ -402,7 +427,10 @@ class Scheduler:
                 if req.first_scheduled_time is None:
                     req.first_scheduled_time = time.monotonic()
             self.in_flight = batch.reqs
-            results = self.step_runner.run(batch)
+            if batch.drafts is not None and self.spec is not None:
+                results: Sequence[Any] = self.spec.run(batch.reqs, batch.drafts)
+            else:
+                results = self.step_runner.run(batch)
             self._process(batch, results)
             self.in_flight = []
             if self.check_kv_each_step:
@@ -429,7 +457,7 @@ class Scheduler:
 
     # -- scheduling -------------------------------------------------------------------------
     def _schedule(self) -> ScheduledBatch | None:
-        if self.args.enable_mixed_chunk and self.running:
+        if self.args.enable_mixed_chunk and self.running and self.spec is None:
             return self._schedule_mixed()
         prefill = self._schedule_prefill()
         if prefill is not None:
@@ -438,6 +466,11 @@ class Scheduler:
             return None
         if not self._reserve_decode_slots():
             return None
+        if self.spec is not None:
+            drafts = self.spec.propose(self.running)
+            widths = [1 + len(d) for d in drafts]
+            self._alloc_decode_slots(widths)
+            return ScheduledBatch(list(self.running), widths, is_decode=True, drafts=drafts)
         self._alloc_decode_slots()
         return ScheduledBatch(list(self.running), [1] * len(self.running), is_decode=True)
 
@@ -462,9 +495,11 @@ class Scheduler:
             prefill.extend_lens.extend([1] * len(self.running))
         return prefill
 
-    def _alloc_decode_slots(self) -> None:
-        for req in self.running:
-            if self.kv.alloc_extend(req, 1) is None:  # _reserve_decode_slots made room
+    def _alloc_decode_slots(self, widths: Sequence[int] | None = None) -> None:
+        for i, req in enumerate(self.running):
+            if (
+                self.kv.alloc_extend(req, 1 if widths is None else widths[i]) is None
+            ):  # _reserve_decode_slots made room
                 raise RuntimeError(f"KV allocation failed for request {req.rid} after reserving")
 
     def _schedule_prefill(self) -> ScheduledBatch | None:
@@ -552,7 +587,10 @@ class Scheduler:
     def _reserve_decode_slots(self) -> bool:
         """Make sure every running request can take one more token, retracting if needed."""
         while self.running:
-            needed = sum(self.kv.tokens_needed(r, 1) for r in self.running)
+            needed = sum(
+                self.kv.tokens_needed(r, min(self.decode_width, max(r.remaining_new_tokens(), 1)))
+                for r in self.running
+            )
             if needed <= self.kv.available_tokens():
                 return True
             if self.chunked_req is not None:
@@ -619,6 +657,10 @@ class Scheduler:
                     req, FinishReason("abort", message=req.custom_logit_error, status_code=500)
                 )
                 continue
+            if isinstance(result, SpecResult):
+                if self._apply_spec(req, result):
+                    still_running.append(req)
+                continue
             result.apply(req)
             self.stats.generated_tokens += 1
             if req.grammar is not None and not req.grammar.accept_token(req.output_ids[-1]):
@@ -637,6 +679,40 @@ class Scheduler:
         self.running = [r for r in self.running if not r.finished] + [
             r for r in still_running if id(r) not in was_running
         ]
+
+    def _apply_spec(self, req: Req, result: SpecResult) -> bool:
+        """Append a speculative round's tokens one by one, stopping at the first that ends the
+        request; drop the KV of positions not kept. True if the request keeps running."""
+        assert self.spec is not None
+        reason = None
+        kept = 0
+        for token in result.tokens:
+            token.apply(req)
+            kept += 1
+            if req.grammar is not None and not req.grammar.accept_token(token.token_id):
+                reason = FinishReason("abort", message="Grammar rejected a token.", status_code=500)
+                break
+            reason = self.finish_checker.check(req)
+            if reason is not None:
+                break
+        # Positions holding the kept tokens' inputs: the previous last token and the kept
+        # drafts; the newest token's KV is computed next round, as in plain decoding.
+        self.kv.trim(req, req.seq_len - 1)
+        accepted = min(kept, result.num_accepted)
+        self.spec.committed(req, result.num_drafts, accepted)
+        req.spec_verify_ct += 1
+        req.spec_draft_tokens += result.num_drafts
+        req.spec_accepted_tokens += accepted
+        self.stats.spec_verify_rounds += 1
+        self.stats.spec_draft_tokens += result.num_drafts
+        self.stats.spec_accepted_tokens += accepted
+        self.stats.generated_tokens += kept
+        if reason is not None:
+            self._finish(req, reason)
+            return False
+        if req.rid in self.stream_reqs:
+            self._maybe_stream(req)
+        return True
 
     def _maybe_stream(self, req: Req) -> None:
         interval = req.sampling_params.stream_interval or self.args.stream_interval or 1
@@ -676,6 +752,9 @@ class Scheduler:
             cached_tokens=req.cached_tokens,
             cached_tokens_details=req.cached_tokens_details,
             num_retractions=req.num_retractions,
+            spec_verify_ct=req.spec_verify_ct if self.spec is not None else None,
+            spec_accepted_tokens=req.spec_accepted_tokens,
+            spec_draft_tokens=req.spec_draft_tokens,
             embedding=req.embedding,
             output_token_logprobs=req.output_token_logprobs[start:],
             output_top_logprobs=req.output_top_logprobs[start:],

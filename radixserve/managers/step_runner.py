@@ -81,32 +81,32 @@ class StepRunner:
         if any(r.custom_logit_processor is not None for r in sampled_reqs):
             apply_processors(logits, row_list, sampled_reqs)
         rows = torch.tensor(row_list, device=logits.device)
-        if _plain_greedy(sampled_reqs):
+        samples = iter(self.sample(sampled_reqs, logits[rows]))
+        for i, pos in enumerate(sample_pos):
+            if pos >= 0:
+                results[i] = next(samples)
+        return results
+
+    def sample(self, reqs: Sequence[Req], logits: torch.Tensor) -> list[TokenResult]:
+        """One token per request from its logits row (row i belongs to reqs[i])."""
+        if _plain_greedy(reqs):
             # The common serving case: argmax, no per-step sampling tensors to build.
-            ids = logits[rows].argmax(dim=-1).tolist()
-            samples = iter(ids)
-            for i, pos in enumerate(sample_pos):
-                if pos >= 0:
-                    results[i] = TokenResult(next(samples), 0.0)
-            return results
+            return [TokenResult(t, 0.0) for t in logits.argmax(dim=-1).tolist()]
         info = SamplingBatchInfo.from_requests(
-            [r.sampling_params for r in sampled_reqs],
-            [r.output_ids for r in sampled_reqs],
+            [r.sampling_params for r in reqs],
+            [r.output_ids for r in reqs],
             vocab_size=logits.shape[-1],
             device=logits.device,
             eos_token_ids=self.eos_token_ids,
-            grammar_mask=GrammarManager.grammar_mask(sampled_reqs, logits.shape[-1]),
+            grammar_mask=GrammarManager.grammar_mask(reqs, logits.shape[-1]),
         )
-        top_n = max((r.top_logprobs_num for r in sampled_reqs if r.return_logprob), default=0)
-        need_logprobs = any(r.return_logprob for r in sampled_reqs)
-        out = self.sampler(logits[rows], info, top_logprobs_num=top_n, need_logprobs=need_logprobs)
+        top_n = max((r.top_logprobs_num for r in reqs if r.return_logprob), default=0)
+        need_logprobs = any(r.return_logprob for r in reqs)
+        out = self.sampler(logits, info, top_logprobs_num=top_n, need_logprobs=need_logprobs)
         ids = out.next_token_ids.tolist()
         lps = out.logprobs.tolist()
-        j = 0
-        for i, pos in enumerate(sample_pos):
-            if pos < 0:
-                continue
-            req = batch.reqs[i]
+        results: list[TokenResult] = []
+        for j, req in enumerate(reqs):
             res = TokenResult(ids[j], lps[j])
             if req.return_logprob and req.top_logprobs_num and out.top_logprobs is not None:
                 vals, tids = out.top_logprobs
@@ -114,8 +114,7 @@ class StepRunner:
                 res.top_logprobs = list(
                     zip(vals[j, :k].tolist(), tids[j, :k].tolist(), strict=True)
                 )
-            results[i] = res
-            j += 1
+            results.append(res)
         return results
 
     def _build_inputs(

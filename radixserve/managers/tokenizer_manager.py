@@ -21,6 +21,7 @@ from radixserve.sampling.constrained import GrammarError, GrammarSpec, spec_from
 from radixserve.sampling.custom_logit_processor import DISABLED_MESSAGE as CUSTOM_LOGIT_DISABLED
 from radixserve.sampling.custom_logit_processor import check_serialized
 from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.speculative.meta import spec_meta_info
 
 # Sampling parameters that make a request constrained (see spec_from_sampling_params).
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
@@ -246,6 +247,15 @@ class TokenizerManager:
         }
         if out.cached_tokens_details is not None:
             meta["cached_tokens_details"] = out.cached_tokens_details
+        if out.spec_verify_ct is not None:
+            meta.update(
+                spec_meta_info(
+                    out.spec_verify_ct,
+                    out.spec_accepted_tokens,
+                    out.spec_draft_tokens,
+                    out.completion_tokens,
+                )
+            )
         if state.return_logprob:
             meta["output_token_logprobs"] = state.output_token_logprobs
             meta["output_top_logprobs"] = state.output_top_logprobs

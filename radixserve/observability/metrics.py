@@ -110,7 +110,11 @@ GAUGE_DOCS = {
     "max_total_num_tokens": "Maximum total number of tokens",
     "token_usage": "The token usage",
     "cache_hit_rate": "The cache hit rate",
+    "spec_accept_length": "The average acceptance length of speculative decoding",
+    "spec_accept_rate": "The acceptance rate of speculative decoding draft tokens",
 }
+# Reported only when the engine runs speculative decoding.
+_SPEC_GAUGES = ("spec_accept_length", "spec_accept_rate")
 
 
 def engine_gauges(info: Mapping[str, Any], http_hit_rate: float) -> dict[str, float]:
@@ -132,6 +136,7 @@ def engine_gauges(info: Mapping[str, Any], http_hit_rate: float) -> dict[str, fl
         # The scheduler's own rate counts every prompt; ours only what went through HTTP.
         "cache_hit_rate": hit_rate if hit_rate is not None else http_hit_rate,
     }
+    values.update({name: info[name] for name in _SPEC_GAUGES if name in info})
     return {name: float(value or 0) for name, value in values.items()}
 
 

@@ -9,7 +9,7 @@ from radixserve.options.choices import (
     QUANTIZATION_CHOICES,
     SPECULATIVE_MOE_A2A_BACKEND_CHOICES,
 )
-from radixserve.options.spec import NOT_APPLICABLE, OptionSpec, flag, value
+from radixserve.options.spec import IMPLEMENTED, NOT_APPLICABLE, OptionSpec, flag, value
 from radixserve.options.value_types import FLOAT, INT, JSON_LIST, STR
 
 AREA = "Speculative decoding"
@@ -20,6 +20,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
         STR,
         None,
         "Speculative decoding algorithm (EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, ...).",
+        support=IMPLEMENTED,
     ),
     value("--uno-lora-path", STR, None, "LoRA adapter path for UNO speculative decoding."),
     value(
@@ -28,6 +29,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
         None,
         "Draft model weights for speculative decoding.",
         aliases=("--speculative-draft-model",),
+        support=IMPLEMENTED,
     ),
     value("--speculative-draft-model-revision", STR, None, "Revision of the draft model."),
     value(
@@ -37,12 +39,22 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "Weight format of the draft model.",
         choices=LOAD_FORMAT_CHOICES,
     ),
-    value("--speculative-num-steps", INT, None, "Draft steps per speculative round."),
+    value(
+        "--speculative-num-steps",
+        INT,
+        None,
+        "Draft steps per speculative round.",
+        support=IMPLEMENTED,
+    ),
     value(
         "--speculative-eagle-topk", INT, None, "Tokens sampled from the draft model per EAGLE step."
     ),
     value(
-        "--speculative-num-draft-tokens", INT, None, "Draft tokens verified per speculative round."
+        "--speculative-num-draft-tokens",
+        INT,
+        None,
+        "Draft tokens verified per speculative round.",
+        support=IMPLEMENTED,
     ),
     value("--speculative-dflash-block-size", INT, None, "DFLASH verify window length."),
     value("--speculative-dspark-block-size", INT, None, "DSPARK draft block size."),
@@ -171,11 +183,23 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "BFS",
         "Match type of the n-gram cache tree.",
         choices=("BFS", "PROB"),
+        support=IMPLEMENTED,
+        supported_choices=("BFS",),
     ),
     value(
-        "--speculative-ngram-max-trie-depth", INT, 18, "Maximum trie depth of n-gram speculation."
+        "--speculative-ngram-max-trie-depth",
+        INT,
+        18,
+        "Maximum trie depth of n-gram speculation.",
+        support=IMPLEMENTED,
     ),
-    value("--speculative-ngram-capacity", INT, 10000000, "Cache capacity of n-gram speculation."),
+    value(
+        "--speculative-ngram-capacity",
+        INT,
+        10000000,
+        "Cache capacity of n-gram speculation.",
+        support=IMPLEMENTED,
+    ),
     value(
         "--speculative-ngram-external-corpus-path",
         STR,

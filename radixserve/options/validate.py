@@ -14,6 +14,7 @@ from radixserve.options.hicache_rules import check_hicache
 from radixserve.options.node_rules import check_nodes
 from radixserve.options.registry import dest_table
 from radixserve.options.spec import Support
+from radixserve.options.speculative_rules import check_speculative
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,7 @@ def validate(values: Mapping[str, Any]) -> None:
     _check_device(values)
     _check_misc(values)
     check_hicache(values)
+    check_speculative(values)
 
 
 def valid_tp_sizes(num_attention_heads: int, num_kv_heads: int) -> list[int]:

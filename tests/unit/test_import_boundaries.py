@@ -34,6 +34,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "radixserve.errors": (),
     "radixserve.managers.tokenizer_manager": (
         "radixserve.errors",
+        "radixserve.speculative.meta",
         "radixserve.managers.detokenizer",
         "radixserve.managers.session_params",  # session_params checked before queueing
         "radixserve.messages",

@@ -1,0 +1,77 @@
+"""Cross-option rules of speculative decoding: which algorithms run here and with what."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from radixserve.options.errors import ServerArgsError
+
+IMPLEMENTED_ALGORITHMS = ("NGRAM", "STANDALONE")
+# Algorithms that need trained draft heads (or kernels) not available offline.
+_HEAD_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "MTP")
+
+
+_NOT_WITH_SPECULATION = (
+    ("enable_lora", "--enable-lora"),
+    ("lora_paths", "--lora-paths"),
+    ("enable_hierarchical_cache", "--enable-hierarchical-cache"),
+    ("enable_custom_logit_processor", "--enable-custom-logit-processor"),
+)
+
+
+def check_speculative(v: Mapping[str, Any]) -> None:
+    """Raise ServerArgsError for an algorithm or setting that cannot run."""
+    algo = v.get("speculative_algorithm")
+    if algo is None:
+        return
+    name = str(algo).upper()
+    if name in _HEAD_ALGORITHMS:
+        raise ServerArgsError(
+            "--speculative-algorithm",
+            f"{algo} needs a trained draft head, which radixserve cannot load yet; use NGRAM "
+            "or STANDALONE",
+        )
+    if name not in IMPLEMENTED_ALGORITHMS:
+        raise ServerArgsError(
+            "--speculative-algorithm",
+            f"{algo} is not supported (supported: {', '.join(IMPLEMENTED_ALGORITHMS)})",
+        )
+    # Features built beside speculation that its verify pass does not carry yet: adapters'
+    # rows, tier loads of verified-only KV, processors on every verified position.
+    for dest, option in _NOT_WITH_SPECULATION:
+        if v.get(dest):
+            raise ServerArgsError(option, "is not supported with --speculative-algorithm (yet)")
+    draft = v.get("speculative_draft_model_path")
+    if name == "STANDALONE":
+        if not draft:
+            raise ServerArgsError(
+                "--speculative-draft-model-path", "STANDALONE needs a draft model; give its path"
+            )
+        if v.get("tp_size", 1) != 1:
+            raise ServerArgsError("--tp-size", "STANDALONE speculation runs with --tp-size 1 only")
+    elif draft:
+        raise ServerArgsError(
+            "--speculative-draft-model-path", f"is only used with STANDALONE, not {algo}"
+        )
+    steps = v.get("speculative_num_steps")
+    if steps is not None and steps < 1:
+        raise ServerArgsError("--speculative-num-steps", f"must be >= 1, got {steps}")
+    num = v.get("speculative_num_draft_tokens")
+    if steps is not None and num is not None and num != steps + 1:
+        raise ServerArgsError(
+            "--speculative-num-draft-tokens",
+            f"verification is a chain, so it must be --speculative-num-steps + 1 ({steps + 1}), "
+            f"got {num}",
+        )
+    if num is not None and num < 2:
+        raise ServerArgsError(
+            "--speculative-num-draft-tokens",
+            f"must be >= 2 (the verified token plus at least one draft), got {num}",
+        )
+    depth = v.get("speculative_ngram_max_trie_depth")
+    if depth is not None and depth < 2:
+        raise ServerArgsError("--speculative-ngram-max-trie-depth", f"must be >= 2, got {depth}")
+    capacity = v.get("speculative_ngram_capacity")
+    if capacity is not None and capacity < 1:
+        raise ServerArgsError("--speculative-ngram-capacity", f"must be >= 1, got {capacity}")

@@ -1,0 +1,1 @@
+"""Speculative decoding: n-gram drafting, one-pass verification, exact acceptance."""

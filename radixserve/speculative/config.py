@@ -1,0 +1,45 @@
+"""The speculative decoding settings the scheduler runs with, resolved from ServerArgs once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Verify width when neither --speculative-num-draft-tokens nor --speculative-num-steps is given:
+# the last verified token plus seven drafts. A CPU forward over 8 tokens costs about what one
+# over 1 does (weights dominate).
+DEFAULT_NUM_DRAFT_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """``num_draft_tokens`` counts every token of a verify pass (SGLang's meaning): the last
+    verified token plus ``num_draft_tokens - 1`` drafts per request."""
+
+    algorithm: str
+    num_draft_tokens: int
+    ngram_max_trie_depth: int = 18
+    ngram_capacity: int = 10_000_000
+    draft_model_path: str = ""
+
+    @property
+    def max_drafts(self) -> int:
+        return self.num_draft_tokens - 1
+
+    @classmethod
+    def from_args(cls, args: Any) -> SpecConfig | None:
+        algo = args.speculative_algorithm
+        if algo is None:
+            return None
+        algo = str(algo).upper()
+        num = args.speculative_num_draft_tokens
+        if num is None:  # a chain: num_steps drafts plus the verified token
+            steps = args.speculative_num_steps
+            num = steps + 1 if steps is not None else DEFAULT_NUM_DRAFT_TOKENS
+        return cls(
+            algorithm=algo,
+            num_draft_tokens=num,
+            ngram_max_trie_depth=args.speculative_ngram_max_trie_depth,
+            ngram_capacity=args.speculative_ngram_capacity,
+            draft_model_path=args.speculative_draft_model_path or "",
+        )

@@ -1,0 +1,184 @@
+"""STANDALONE speculation: a small draft model with its own KV pool proposes a chain of drafts.
+
+The draft keeps, per running request, the KV of a prefix of the request's verified tokens
+(``req.spec_state`` is that length) in its own pool: one slot per token (page size 1), rows of
+its request-to-token table indexed like the target's (the request's req_pool_idx). A round:
+
+1. catch up: one extend of every request's tokens the draft has not seen (the whole prompt on
+   the first round, one or two tokens later), logits at the last one give draft 1;
+2. ``num_steps - 1`` decode steps, each feeding back the previous draft (greedy, so drafts are
+   a deterministic function of the context and acceptance.py's rule stays exact);
+3. after verification the scheduler keeps m drafts; `trim` keeps the draft KV that is still
+   valid (positions before the first unverified token) and frees the rest.
+
+The draft pool holds no prefix cache, so its slots are freed whenever the target releases the
+request (KVManager release hooks). A request the draft pool cannot fit just gets no drafts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
+from radixserve.model_executor.model_runner import ModelRunner, StepInputs
+
+if TYPE_CHECKING:
+    from radixserve.managers.schedule_batch import Req
+    from radixserve.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+class DraftModel:
+    def __init__(
+        self,
+        target_args: ServerArgs,
+        draft_path: str,
+        pool_tokens: int,
+        max_reqs: int,
+        context_len: int,
+        target_vocab: int,
+    ) -> None:
+        args = dataclasses.replace(
+            target_args,
+            model_path=draft_path,
+            tokenizer_path=None,
+            max_total_tokens=pool_tokens,
+            page_size=1,
+            quantization=None,
+        )
+        self.runner = ModelRunner(args)
+        vocab = self.runner.model_config.vocab_size
+        if vocab != target_vocab:
+            raise ValueError(
+                f"--speculative-draft-model-path: the draft model's vocabulary ({vocab}) differs "
+                f"from the target's ({target_vocab}); the two must share a tokenizer"
+            )
+        size = self.runner.plan.max_total_tokens
+        self.allocator = TokenToKVPoolAllocator(size, 1, self.runner.device)
+        # Rows indexed by the target's req_pool_idx; a row is in use while the request's
+        # spec_state (tokens the draft has seen) is not None.
+        self.req_to_token = torch.zeros(
+            (max_reqs, context_len), dtype=torch.int64, device=self.runner.device
+        )
+        self.context_len = context_len
+        logger.info("Draft model %s: KV pool of %d tokens", draft_path, size)
+
+    # -- proposing --------------------------------------------------------------------------
+    def propose(self, reqs: Sequence[Req], rooms: Sequence[int]) -> list[list[int]]:
+        """Up to rooms[i] drafts for each request (0: none)."""
+        drafts: list[list[int]] = [[] for _ in reqs]
+        live = [i for i, room in enumerate(rooms) if room > 0 and self._reserve(reqs[i], room)]
+        if not live:
+            return drafts
+        # Catch up: every unseen verified token, logits at the last.
+        step = self._catch_up_inputs([reqs[i] for i in live])
+        logits = self._forward(step)
+        for j, i in enumerate(live):
+            drafts[i].append(int(logits[j].argmax()))
+            reqs[i].spec_state = reqs[i].seq_len
+        for _ in range(max(rooms[i] for i in live) - 1):
+            live = [i for i in live if len(drafts[i]) < rooms[i]]
+            if not live:
+                break
+            logits = self._forward(self._decode_inputs([reqs[i] for i in live], drafts, live))
+            for j, i in enumerate(live):
+                reqs[i].spec_state += 1
+                drafts[i].append(int(logits[j].argmax()))
+        return drafts
+
+    def _reserve(self, req: Req, room: int) -> bool:
+        """Draft slots for the catch-up tokens and room - 1 fed-back drafts."""
+        assert req.req_pool_idx is not None
+        seen = req.spec_state or 0
+        need = req.seq_len - seen + room - 1
+        if req.seq_len + room - 1 > self.context_len:
+            return False
+        slots = self.allocator.alloc(need)
+        if slots is None:
+            return False
+        self.req_to_token[req.req_pool_idx, seen : seen + need] = slots
+        req.spec_state = seen
+        return True
+
+    def _catch_up_inputs(self, reqs: Sequence[Req]) -> StepInputs:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        extend: list[int] = []
+        slots: list[torch.Tensor] = []
+        rows: list[int] = []
+        for req in reqs:
+            seen = req.spec_state
+            input_ids.extend(req.fill_ids[seen:])
+            positions.extend(range(seen, req.seq_len))
+            extend.append(req.seq_len - seen)
+            slots.append(self._slots(req, seen, req.seq_len))
+            rows.append(len(input_ids) - 1)
+        return StepInputs(
+            is_decode=all(n == 1 for n in extend),
+            input_ids=input_ids,
+            positions=positions,
+            req_pool_indices=[r.req_pool_idx for r in reqs],
+            prefix_lens=[r.spec_state for r in reqs],
+            extend_lens=extend,
+            out_cache_loc=torch.cat(slots),
+            logits_rows=rows,
+        )
+
+    def _decode_inputs(
+        self, reqs: Sequence[Req], drafts: Sequence[list[int]], live: Sequence[int]
+    ) -> StepInputs:
+        pos = [r.spec_state for r in reqs]
+        return StepInputs(
+            is_decode=True,
+            input_ids=[drafts[i][-1] for i in live],
+            positions=pos,
+            req_pool_indices=[r.req_pool_idx for r in reqs],
+            prefix_lens=pos,
+            extend_lens=[1] * len(reqs),
+            out_cache_loc=torch.cat(
+                [self._slots(r, p, p + 1) for r, p in zip(reqs, pos, strict=True)]
+            ),
+            logits_rows=list(range(len(reqs))),
+        )
+
+    def _forward(self, step: StepInputs) -> torch.Tensor:
+        return self.runner.forward(step, self.req_to_token).logits
+
+    def _slots(self, req: Req, start: int, end: int) -> torch.Tensor:
+        return self.req_to_token[req.req_pool_idx, start:end].clone()
+
+    # -- KV bookkeeping ---------------------------------------------------------------------
+    def trim(self, req: Req, num_drafts: int, num_kept: int) -> None:
+        """After verification, keep the draft KV of verified positions only.
+
+        The round left the draft holding positions [0, seq_len0 + num_drafts - 1): the verified
+        tokens, then drafts 1 .. num_drafts - 1 fed back at seq_len0 onwards. Of those, the
+        first num_kept drafts turned out verified; later positions are freed.
+        """
+        if req.req_pool_idx is None or not req.spec_state or not num_drafts:
+            return
+        seen = req.spec_state
+        start = seen - (num_drafts - 1)  # seq_len before the round
+        valid = min(seen, start + min(num_kept, num_drafts - 1))
+        allocated_end = start + num_drafts - 1
+        if valid < allocated_end:
+            self.allocator.free(self._slots(req, valid, allocated_end))
+        req.spec_state = valid
+
+    def release(self, req: Req) -> None:
+        """Free everything the draft holds for a request the target released."""
+        if req.req_pool_idx is None or not req.spec_state:
+            req.spec_state = None
+            return
+        self.allocator.free(self._slots(req, 0, req.spec_state))
+        req.spec_state = None
+
+    def reset(self) -> None:
+        """Forget every owner (the target's KV bookkeeping was reset after a failed step)."""
+        self.allocator.clear()

@@ -1,0 +1,209 @@
+"""One speculative decode round: propose drafts, verify them in one target forward, accept.
+
+A running request normally decodes one token: its last token (not yet in the KV cache) runs at
+position kv_len. In a speculative round it runs [last, d_1..d_k] at positions kv_len..kv_len+k
+as one extend over its cached context (the same paged-attention path as a prefill on a cached
+prefix), with logits at every position. Acceptance (acceptance.py) emits 1..k+1 tokens; the
+scheduler appends them one by one (finish checks after each), then `KVManager.trim` frees the
+slots of the positions that were not kept, so KV and the radix cache only ever hold verified
+tokens.
+
+Requests that cannot be speculated exactly (grammar constrained, logprobs, penalties, seeded,
+min_new_tokens pending) get no drafts and are sampled by the plain sampler in the same pass.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixserve.managers.step_runner import TokenResult
+from radixserve.model_executor.model_runner import StepInputs
+from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
+from radixserve.speculative.acceptance import accept_greedy, accept_sampled, target_probs
+from radixserve.speculative.draft_model import DraftModel
+from radixserve.speculative.ngram_cache import NgramCache
+
+if TYPE_CHECKING:
+    from radixserve.managers.schedule_batch import Req
+    from radixserve.managers.step_runner import StepRunner
+    from radixserve.speculative.config import SpecConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SpecResult:
+    """What one round produced for one request: the tokens to append, in order, and how
+    many of them were accepted drafts (the last token is the target's own)."""
+
+    tokens: list[TokenResult]
+    num_drafts: int
+    num_accepted: int
+
+
+def speculable(req: Req) -> bool:
+    """Whether drafts for `req` can be verified exactly by this module's acceptance rules."""
+    p = req.sampling_params
+    return not (
+        req.grammar is not None
+        or req.return_logprob
+        or p.repetition_penalty != 1.0
+        or p.frequency_penalty != 0.0
+        or p.presence_penalty != 0.0
+        or p.sampling_seed is not None
+        or len(req.output_ids) < p.min_new_tokens
+    )
+
+
+class SpecWorker:
+    def __init__(self, config: SpecConfig, step_runner: StepRunner, context_len: int) -> None:
+        self.config = config
+        self.step_runner = step_runner
+        self.context_len = context_len
+        self.ngram: NgramCache | None = None
+        self.draft: DraftModel | None = None
+        if config.algorithm == "STANDALONE":
+            runner = step_runner.runner
+            kv = step_runner.kv
+            self.draft = DraftModel(
+                runner.server_args,
+                config.draft_model_path,
+                pool_tokens=kv.allocator.size,
+                max_reqs=kv.req_to_token_pool.max_reqs,
+                context_len=context_len,
+                target_vocab=runner.model_config.vocab_size,
+            )
+            # The draft's KV follows the target's: freed when the target releases a request.
+            kv.release_hooks.append(self.draft.release)
+            kv.reset_hooks.append(self.draft.reset)
+        else:
+            self.ngram = NgramCache(config.ngram_max_trie_depth, config.ngram_capacity)
+
+    @property
+    def tokens_per_request(self) -> int:
+        """KV slots one running request may take in a round."""
+        return self.config.num_draft_tokens
+
+    def propose(self, reqs: Sequence[Req]) -> list[list[int]]:
+        """Drafts for each request (possibly none), never past its max_new_tokens or the
+        context length. Also brings the shared n-gram cache up to date with verified tokens."""
+        rooms = [
+            min(
+                self.config.max_drafts,
+                req.remaining_new_tokens() - 1,
+                self.context_len - req.seq_len,
+            )
+            if speculable(req)
+            else 0
+            for req in reqs
+        ]
+        if self.draft is not None:
+            return self.draft.propose(reqs, rooms)
+        assert self.ngram is not None
+        drafts: list[list[int]] = []
+        for req, room in zip(reqs, rooms, strict=True):
+            req.spec_state = self.ngram.sync(req.spec_state, req.fill_ids)
+            drafts.append(self.ngram.propose(req.spec_state, room) if room > 0 else [])
+        return drafts
+
+    def committed(self, req: Req, num_drafts: int, num_kept: int) -> None:
+        """The scheduler kept num_kept of the request's num_drafts drafts this round."""
+        if self.draft is not None:
+            self.draft.trim(req, num_drafts, num_kept)
+
+    def run(self, reqs: Sequence[Req], drafts: Sequence[list[int]]) -> list[SpecResult]:
+        """Verify every request's drafts in one forward (their slots are already allocated at
+        positions kv_len .. kv_len + len(drafts))."""
+        step, first_rows = self._build_inputs(reqs, drafts)
+        kv = self.step_runner.kv
+        logits = self.step_runner.runner.forward(step, kv.req_to_token_pool.req_to_token).logits
+        results: list[SpecResult | None] = [None] * len(reqs)
+        plain = [i for i, d in enumerate(drafts) if not d]
+        if plain:
+            rows = [first_rows[i] for i in plain]
+            sampled = self.step_runner.sample([reqs[i] for i in plain], logits[rows])
+            for i, token in zip(plain, sampled, strict=True):
+                results[i] = SpecResult([token], 0, 0)
+        drafted = [i for i, d in enumerate(drafts) if d]
+        if drafted:
+            accepted = self._accept(reqs, drafts, drafted, logits, first_rows)
+            for i, tokens in zip(drafted, accepted, strict=True):
+                # Every token but the last is an accepted draft.
+                results[i] = SpecResult(
+                    [TokenResult(t, 0.0) for t in tokens], len(drafts[i]), len(tokens) - 1
+                )
+        return [r for r in results if r is not None]
+
+    def _accept(
+        self,
+        reqs: Sequence[Req],
+        drafts: Sequence[list[int]],
+        drafted: list[int],
+        logits: torch.Tensor,
+        first_rows: list[int],
+    ) -> list[list[int]]:
+        rows = [
+            r for i in drafted for r in range(first_rows[i], first_rows[i] + len(drafts[i]) + 1)
+        ]
+        block = logits[rows]
+        params = [reqs[i].sampling_params for i in drafted for _ in range(len(drafts[i]) + 1)]
+        if all(p.is_greedy and not p.logit_bias for p in params):
+            argmax = block.argmax(dim=-1).tolist()
+            probs = None
+        else:
+            outputs = [reqs[i].output_ids for i in drafted for _ in range(len(drafts[i]) + 1)]
+            info = SamplingBatchInfo.from_requests(
+                params,
+                outputs,
+                vocab_size=block.shape[-1],
+                device=block.device,
+                eos_token_ids=self.step_runner.eos_token_ids,
+            )
+            argmax = info.process_logits(block).argmax(dim=-1).tolist()
+            probs = target_probs(block, info).cpu()
+        out: list[list[int]] = []
+        offset = 0
+        for i in drafted:
+            width = len(drafts[i]) + 1
+            if reqs[i].sampling_params.is_greedy or probs is None:
+                out.append(accept_greedy(argmax[offset : offset + width], drafts[i]))
+            else:
+                out.append(accept_sampled(probs[offset : offset + width], drafts[i]))
+            offset += width
+        return out
+
+    def _build_inputs(
+        self, reqs: Sequence[Req], drafts: Sequence[list[int]]
+    ) -> tuple[StepInputs, list[int]]:
+        """Flatten the round; first_rows[i] is request i's first logits row (all its rows
+        are consecutive, one per verified position)."""
+        pool = self.step_runner.kv.req_to_token_pool
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[torch.Tensor] = []
+        first_rows: list[int] = []
+        extend_lens: list[int] = []
+        for req, draft in zip(reqs, drafts, strict=True):
+            n = 1 + len(draft)
+            first_rows.append(len(input_ids))
+            input_ids.append(req.fill_ids[-1])
+            input_ids.extend(draft)
+            positions.extend(range(req.kv_len, req.kv_len + n))
+            slots.append(pool.read(req.req_pool_idx, req.kv_len, req.kv_len + n))
+            extend_lens.append(n)
+        step = StepInputs(
+            is_decode=all(n == 1 for n in extend_lens),
+            input_ids=input_ids,
+            positions=positions,
+            req_pool_indices=[r.req_pool_idx for r in reqs],
+            prefix_lens=[r.kv_len for r in reqs],
+            extend_lens=extend_lens,
+            out_cache_loc=torch.cat(slots),
+            logits_rows=list(range(len(input_ids))),
+        )
+        return step, first_rows

@@ -1,0 +1,138 @@
+"""NGRAM speculative decoding on the real default model (float32): greedy output equals plain
+decoding token for token, drafts really are accepted on a copy-the-prompt request, stop strings
+end inside drafts exactly as without speculation, and grammar-constrained requests run without
+drafts (their output is unchanged and valid)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from radixserve import Engine
+
+PASSAGE = (
+    "The lighthouse keeper climbed the spiral stairs every evening at dusk. He trimmed the "
+    "wick, polished the great lens, and wrote the weather in a leather logbook. Ships passed "
+    "safely through the narrow channel because the light never failed."
+)
+QUESTIONS = [
+    f"Repeat this text exactly, word for word:\n\n{PASSAGE}",
+    f"Repeat this text, but change 'evening' to 'morning':\n\n{PASSAGE}",
+    "What is the capital of France?",
+    "List the days of the week, one per line.",
+    "Write a Python function that returns the sum of a list.",
+]
+MAX_NEW = 64
+# ~3 min on 2 loaded cores; the default run covers the same behaviours on a tiny model
+# (tests/unit/test_speculative.py).
+pytestmark = pytest.mark.slow
+
+
+def _engine(gguf: Path, **kwargs: Any) -> Engine:
+    return Engine(
+        model_path=str(gguf), dtype="float32", max_total_tokens=16384, runtime="thread", **kwargs
+    )
+
+
+@pytest.fixture(scope="module")
+def engines(default_gguf: Path) -> Iterator[tuple[Engine, Engine]]:
+    with (
+        _engine(default_gguf) as plain,
+        _engine(
+            default_gguf, speculative_algorithm="NGRAM", speculative_num_draft_tokens=6
+        ) as spec,
+    ):
+        spec.scheduler.check_kv_each_step = True
+        yield plain, spec
+
+
+def chat(engine: Engine, text: str) -> str:
+    return engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
+
+
+def test_greedy_output_equals_plain_decoding(engines: tuple[Engine, Engine]) -> None:
+    plain, spec = engines
+    prompts = [chat(plain, q) for q in QUESTIONS]
+    params = {"temperature": 0, "max_new_tokens": MAX_NEW}
+    want = plain.generate(prompt=prompts, sampling_params=params)
+    got = spec.generate(prompt=prompts, sampling_params=params)
+    for w, g in zip(want, got, strict=True):
+        assert g["output_ids"] == w["output_ids"]
+        assert g["meta_info"]["finish_reason"] == w["meta_info"]["finish_reason"]
+    copy = got[0]["meta_info"]
+    # Copying the prompt: most drafts are accepted, several tokens per target forward.
+    assert copy["spec_accept_token_num"] > copy["spec_draft_token_num"] // 2
+    assert copy["spec_accept_length"] > 2.0
+    # One at a time too (no batch neighbours to share the n-gram cache with in this round).
+    alone = spec.generate(prompt=prompts[1], sampling_params=params)
+    assert alone["output_ids"] == want[1]["output_ids"]
+
+
+def test_stop_strings_inside_drafts(engines: tuple[Engine, Engine]) -> None:
+    plain, spec = engines
+    prompt = chat(plain, QUESTIONS[0])
+    for stop in (["logbook"], ["stairs", "lens"], ["channel because"]):
+        params = {"temperature": 0, "max_new_tokens": MAX_NEW, "stop": stop}
+        want = plain.generate(prompt=prompt, sampling_params=params)
+        got = spec.generate(prompt=prompt, sampling_params=params)
+        assert got["text"] == want["text"]
+        assert got["output_ids"] == want["output_ids"]
+        assert got["meta_info"]["finish_reason"] == want["meta_info"]["finish_reason"]
+        assert got["meta_info"]["finish_reason"]["type"] == "stop"
+        assert got["meta_info"]["spec_accept_token_num"] > 0
+
+
+def test_grammar_requests_run_without_drafts(engines: tuple[Engine, Engine]) -> None:
+    plain, spec = engines
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    prompts = [chat(plain, "Describe a person as JSON."), chat(plain, QUESTIONS[0])]
+    params = [
+        {"temperature": 0, "max_new_tokens": 60, "json_schema": json.dumps(schema)},
+        {"temperature": 0, "max_new_tokens": 40},
+    ]
+    want = plain.generate(prompt=prompts, sampling_params=params)
+    got = spec.generate(prompt=prompts, sampling_params=params)
+    assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
+    parsed = json.loads(got[0]["text"])
+    assert set(parsed) == {"name", "age"}
+    assert got[0]["meta_info"]["spec_draft_token_num"] == 0
+    assert got[0]["meta_info"]["spec_verify_ct"] > 0
+    assert got[1]["meta_info"]["spec_accept_token_num"] > 0  # its neighbour still speculates
+
+
+def test_standalone_with_the_same_model_as_draft(
+    engines: tuple[Engine, Engine], default_gguf: Path
+) -> None:
+    plain, _ = engines
+    prompts = [chat(plain, q) for q in QUESTIONS[1:4]]
+    # ignore_eos: drafts past an EOS are verified but not kept, so they would not count as
+    # accepted.
+    params = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
+    want = plain.generate(prompt=prompts, sampling_params=params)
+    with _engine(
+        default_gguf,
+        speculative_algorithm="STANDALONE",
+        speculative_draft_model_path=str(default_gguf),
+        speculative_num_steps=4,
+    ) as spec:
+        spec.scheduler.check_kv_each_step = True
+        got = spec.generate(prompt=prompts, sampling_params=params)
+        draft = spec.scheduler.spec.draft
+        assert draft.allocator.available_size() == draft.allocator.size
+    assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
+    for g in got:
+        m = g["meta_info"]
+        # The draft is the target: every draft is accepted (up to float near-ties between the
+        # draft's decode kernels and the target's extend kernels).
+        assert m["spec_accept_token_num"] >= 0.9 * m["spec_draft_token_num"] > 0

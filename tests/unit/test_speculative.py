@@ -1,0 +1,338 @@
+"""NGRAM speculative decoding on a tiny random model: greedy output equals plain decoding token
+for token through every scheduler path, requests that finish inside a draft end exactly right,
+KV is conserved after every step, and the spec counters reach meta_info and the server info."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from radixserve import Engine
+from radixserve.options.errors import ServerArgsError
+from radixserve.server_args import ServerArgs
+from tests.unit.tiny_model import TINY_VOCAB, write_tiny_llama
+
+NGRAM = {"speculative_algorithm": "NGRAM"}
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama-spec"))
+
+
+@pytest.fixture
+def make(tiny_model_dir: Path) -> Iterator[Any]:
+    engines: list[Engine] = []
+
+    def factory(**kwargs: Any) -> Engine:
+        options: dict[str, Any] = {
+            "runtime": "thread",
+            "model_path": str(tiny_model_dir),
+            "load_format": "dummy",
+            "dtype": "float32",
+            "skip_tokenizer_init": True,
+            "max_total_tokens": 4096,
+            "random_seed": 0,
+        }
+        options.update(kwargs)
+        engine = Engine(**options)
+        engine.scheduler.check_kv_each_step = True
+        engines.append(engine)
+        return engine
+
+    yield factory
+    for engine in engines:
+        engine.shutdown()
+
+
+def prompts() -> list[list[int]]:
+    rng = random.Random(0)
+    out = [[rng.randrange(3, TINY_VOCAB) for _ in range(rng.randint(5, 60))] for _ in range(5)]
+    # Repetitive prompts, so the n-gram drafts have something to copy (and to get wrong).
+    out.append(list(range(10, 30)) * 4)
+    out.append([7, 8, 9, 7, 8, 9, 7, 8] * 5)
+    return out
+
+
+def greedy(max_new: int = 40, **extra: Any) -> dict[str, Any]:
+    return {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True, **extra}
+
+
+def ids(results: list[dict[str, Any]]) -> list[list[int]]:
+    return [r["output_ids"] for r in results]
+
+
+def assert_idle(engine: Engine) -> None:
+    info = engine.get_server_info()
+    assert info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0
+    assert info["available_kv_tokens"] + info["cached_tokens"] == info["max_total_num_tokens"]
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_model_dir: Path) -> list[list[int]]:
+    with Engine(
+        runtime="thread",
+        model_path=str(tiny_model_dir),
+        load_format="dummy",
+        dtype="float32",
+        skip_tokenizer_init=True,
+        max_total_tokens=4096,
+        random_seed=0,
+    ) as engine:
+        return ids(engine.generate(input_ids=prompts(), sampling_params=greedy()))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"page_size": 4},
+        {"disable_radix_cache": True},
+        {"chunked_prefill_size": 16},
+        {"speculative_num_draft_tokens": 3, "speculative_ngram_max_trie_depth": 4},
+    ],
+)
+def test_greedy_ngram_equals_plain_decoding(
+    make: Any, baseline: list[list[int]], kwargs: dict[str, Any]
+) -> None:
+    engine = make(**NGRAM, **kwargs)
+    results = engine.generate(input_ids=prompts(), sampling_params=greedy())
+    assert ids(results) == baseline
+    metas = [r["meta_info"] for r in results]
+    drafted = sum(m["spec_draft_token_num"] for m in metas)
+    accepted = sum(m["spec_accept_token_num"] for m in metas)
+    # Drafts were both accepted and rejected, so both paths of the verify ran.
+    assert 0 < accepted < drafted
+    for m in metas:
+        # completion tokens = the prefill's token + one per verify round + accepted drafts.
+        assert m["completion_tokens"] == 1 + m["spec_verify_ct"] + m["spec_accept_token_num"]
+        assert m["spec_accept_length"] == pytest.approx(
+            m["completion_tokens"] / m["spec_verify_ct"]
+        )
+    info = engine.get_server_info()
+    assert info["spec_accept_length"] > 1.0 and 0.0 < info["spec_accept_rate"] < 1.0
+    assert_idle(engine)
+
+
+def test_finishing_inside_a_draft(make: Any, baseline: list[list[int]]) -> None:
+    engine = make(**NGRAM)
+    plain = make()
+    for max_new in (1, 2, 3, 5, 9, 17):
+        got = engine.generate(input_ids=prompts(), sampling_params=greedy(max_new))
+        assert ids(got) == [b[:max_new] for b in baseline]
+        assert all(r["meta_info"]["finish_reason"]["type"] == "length" for r in got)
+    # A stop token that the repetitive outputs reach inside an accepted draft.
+    for i, out in enumerate(baseline):
+        stop = out[len(out) // 2]
+        params = greedy(stop_token_ids=[stop])
+        got = engine.generate(input_ids=prompts()[i], sampling_params=params)
+        want = plain.generate(input_ids=prompts()[i], sampling_params=params)
+        assert got["output_ids"] == want["output_ids"] == out[: out.index(stop) + 1]
+        assert got["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert_idle(engine)
+
+
+def test_streaming_and_n(make: Any, baseline: list[list[int]]) -> None:
+    engine = make(**NGRAM)
+    chunks = list(engine.generate(input_ids=prompts()[5], sampling_params=greedy(), stream=True))
+    streamed = [t for c in chunks for t in c["output_ids"]]
+    assert streamed == baseline[5]
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    many = engine.generate(input_ids=prompts()[6], sampling_params=greedy(n=3))
+    assert ids(many) == [baseline[6]] * 3
+    assert_idle(engine)
+
+
+def test_retraction_under_a_tiny_pool(make: Any) -> None:
+    rng = random.Random(5)
+    inputs = [[rng.randrange(3, TINY_VOCAB) for _ in range(rng.randint(5, 60))] for _ in range(16)]
+    want = ids(make().generate(input_ids=inputs, sampling_params=greedy()))
+    # Too small for every request's draft slots at once: requests are retracted and resume.
+    small = make(**NGRAM, max_total_tokens=256, page_size=4)
+    got = small.generate(input_ids=inputs, sampling_params=greedy())
+    assert ids(got) == want
+    assert sum(r["meta_info"]["num_retractions"] for r in got) > 0
+    assert all(r["meta_info"]["finish_reason"]["type"] == "length" for r in got)
+    assert_idle(small)
+
+
+def test_sampled_requests_run_and_free_their_kv(make: Any) -> None:
+    engine = make(**NGRAM)
+    params = {"temperature": 0.8, "top_k": 5, "top_p": 0.9, "max_new_tokens": 30}
+    results = engine.generate(input_ids=prompts(), sampling_params=params)
+    assert all(len(r["output_ids"]) <= 30 for r in results)
+    assert sum(r["meta_info"]["spec_draft_token_num"] for r in results) > 0
+    # Requests that are never speculated (seeded, penalties, logprobs) share the batch.
+    mixed = [
+        {"temperature": 0.7, "sampling_seed": 3, "max_new_tokens": 20, "ignore_eos": True},
+        {"temperature": 0, "frequency_penalty": 0.5, "max_new_tokens": 20, "ignore_eos": True},
+        greedy(20),
+    ]
+    plain = make()
+    inputs = prompts()[4:7]
+    got = engine.generate(input_ids=inputs, sampling_params=mixed)
+    want = plain.generate(input_ids=inputs, sampling_params=mixed)
+    assert ids(got) == ids(want)
+    assert got[0]["meta_info"]["spec_draft_token_num"] == 0
+    assert got[1]["meta_info"]["spec_draft_token_num"] == 0
+    lp = engine.generate(input_ids=inputs[0], sampling_params=greedy(10), return_logprob=True)
+    assert len(lp["meta_info"]["output_token_logprobs"]) == 10
+    assert_idle(engine)
+
+
+def test_no_spec_fields_without_speculation(make: Any) -> None:
+    engine = make()
+    meta = engine.generate(input_ids=prompts()[0], sampling_params=greedy(3))["meta_info"]
+    assert not any(key.startswith("spec_") for key in meta)
+    assert "spec_accept_length" not in engine.get_server_info()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"speculative_algorithm": "EAGLE"}, "needs a trained draft head"),
+        ({"speculative_algorithm": "EAGLE3"}, "needs a trained draft head"),
+        ({"speculative_algorithm": "NEXTN"}, "needs a trained draft head"),
+        ({"speculative_algorithm": "MAGIC"}, "not supported"),
+        ({"speculative_algorithm": "STANDALONE"}, "needs a draft model"),
+        ({**NGRAM, "speculative_draft_model_path": "/m"}, "only used with STANDALONE"),
+        ({**NGRAM, "speculative_num_steps": 3, "speculative_num_draft_tokens": 6}, "chain"),
+        ({**NGRAM, "speculative_num_draft_tokens": 1}, "must be >= 2"),
+        ({**NGRAM, "speculative_ngram_match_type": "PROB"}, "PROB"),
+        ({**NGRAM, "speculative_ngram_max_bfs_breadth": 4}, "speculative-ngram-max-bfs-breadth"),
+        ({**NGRAM, "enable_lora": True}, "--enable-lora: is not supported with"),
+        ({**NGRAM, "enable_hierarchical_cache": True}, "--enable-hierarchical-cache: is not"),
+        ({**NGRAM, "enable_custom_logit_processor": True}, "--enable-custom-logit-processor"),
+    ],
+)
+def test_refused_settings(tiny_model_dir: Path, kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ServerArgsError) as err:
+        ServerArgs.from_kwargs(model_path=str(tiny_model_dir), **kwargs)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def write_other_tiny_llama(folder: Path, vocab: int = TINY_VOCAB) -> Path:
+    """A different tiny model (one layer, so other dummy weights) with the given vocabulary."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        architectures=["LlamaForCausalLM"],
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(folder)
+    return folder
+
+
+def draft_idle(engine: Engine) -> bool:
+    draft = engine.scheduler.spec.draft
+    return draft.allocator.available_size() == draft.allocator.size
+
+
+def test_standalone_same_model_accepts_every_draft(
+    make: Any, baseline: list[list[int]], tiny_model_dir: Path
+) -> None:
+    engine = make(
+        speculative_algorithm="STANDALONE",
+        speculative_draft_model_path=str(tiny_model_dir),
+        speculative_num_steps=3,
+    )
+    results = engine.generate(input_ids=prompts(), sampling_params=greedy())
+    assert ids(results) == baseline
+    for r in results:
+        m = r["meta_info"]
+        assert m["spec_draft_token_num"] > 0
+        assert m["spec_accept_token_num"] == m["spec_draft_token_num"]
+        assert m["spec_accept_length"] > 3.0
+    assert_idle(engine)
+    assert draft_idle(engine)
+
+
+def test_standalone_other_draft_model_keeps_output(
+    make: Any, baseline: list[list[int]], tmp_path: Path
+) -> None:
+    draft = write_other_tiny_llama(tmp_path / "draft")
+    engine = make(
+        speculative_algorithm="STANDALONE",
+        speculative_draft_model_path=str(draft),
+        speculative_num_draft_tokens=4,
+        page_size=4,
+    )
+    results = engine.generate(input_ids=prompts(), sampling_params=greedy())
+    assert ids(results) == baseline
+    drafted = sum(r["meta_info"]["spec_draft_token_num"] for r in results)
+    assert drafted > 0
+    for max_new in (1, 2, 5):
+        got = engine.generate(input_ids=prompts(), sampling_params=greedy(max_new))
+        assert ids(got) == [b[:max_new] for b in baseline]
+    sampled = engine.generate(
+        input_ids=prompts(), sampling_params={"temperature": 1.0, "max_new_tokens": 20}
+    )
+    assert all(1 <= len(r["output_ids"]) <= 20 for r in sampled)
+    assert_idle(engine)
+    assert draft_idle(engine)
+
+
+def test_standalone_under_retraction_and_vocab_mismatch(make: Any, tmp_path: Path) -> None:
+    rng = random.Random(5)
+    inputs = [[rng.randrange(3, TINY_VOCAB) for _ in range(rng.randint(5, 60))] for _ in range(16)]
+    want = ids(make().generate(input_ids=inputs, sampling_params=greedy()))
+    draft = write_other_tiny_llama(tmp_path / "draft")
+    small = make(
+        speculative_algorithm="STANDALONE",
+        speculative_draft_model_path=str(draft),
+        max_total_tokens=256,
+    )
+    got = small.generate(input_ids=inputs, sampling_params=greedy())
+    assert ids(got) == want
+    assert sum(r["meta_info"]["num_retractions"] for r in got) > 0
+    assert_idle(small)
+    assert draft_idle(small)
+    other_vocab = write_other_tiny_llama(tmp_path / "other-vocab", vocab=300)
+    with pytest.raises(Exception, match="vocabulary"):
+        make(speculative_algorithm="STANDALONE", speculative_draft_model_path=str(other_vocab))
+
+
+def test_a_request_filling_the_whole_pool_still_finishes(make: Any) -> None:
+    """Draft slots are only reserved up to a request's remaining tokens, so a request that
+    needs the whole KV pool is not aborted for want of room for drafts it cannot use."""
+    engine = make(**NGRAM, max_total_tokens=64, disable_radix_cache=True)
+    plain = make(max_total_tokens=64, disable_radix_cache=True)
+    prompt = [7, 8, 9, 10] * 10
+    want = plain.generate(input_ids=prompt, sampling_params=greedy(24))
+    got = engine.generate(input_ids=prompt, sampling_params=greedy(24))
+    assert got["meta_info"]["finish_reason"]["type"] == "length"
+    assert got["output_ids"] == want["output_ids"]
+    assert_idle(engine)
+
+
+def test_metrics_report_spec_gauges(make: Any) -> None:
+    from prometheus_client import generate_latest
+
+    from radixserve.observability.metrics import ServingMetrics
+
+    engine = make(**NGRAM)
+    engine.generate(input_ids=prompts()[5], sampling_params=greedy())
+    metrics = ServingMetrics("tiny")
+    metrics.snapshot = engine.get_server_info()  # what the server's scrape reads
+    text = generate_latest(metrics.registry).decode()
+    info = metrics.snapshot
+    assert f'sglang:spec_accept_length{{model_name="tiny"}} {info["spec_accept_length"]}' in text
+    assert f'sglang:spec_accept_rate{{model_name="tiny"}} {info["spec_accept_rate"]}' in text
+    assert info["spec_accept_length"] > 1.0
+    metrics.snapshot = make().get_server_info()
+    assert "spec_accept_length" not in generate_latest(metrics.registry).decode()
