@@ -28,7 +28,7 @@ def run_detokenizer_process(
     manager: DetokenizerManager | None = None
     while True:
         msg: Any = receiver.recv_pyobj()
-        if isinstance(msg, SchedulerReady):
+        if isinstance(msg, SchedulerReady) and manager is None:  # one per dp replica
             manager = DetokenizerManager(load_tokenizer(server_args, msg.model_dir))
         elif isinstance(msg, BatchOutput) and manager is not None:
             manager.handle(msg.outputs)

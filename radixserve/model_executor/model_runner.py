@@ -180,7 +180,8 @@ class ModelRunner:
         )
         memory = device_memory_bytes(self.device.type) or 0
         if self.device.type == "cpu":
-            memory //= ps.get_tp_size()  # the ranks share the host's memory
+            # Every rank of every data-parallel replica shares the host's memory.
+            memory //= ps.get_tp_size() * args.dp_size
         tensors = [*self.model.parameters(), *self.model.buffers()]
         weight_bytes = sum(t.numel() * t.element_size() for t in tensors)
         pool = plan_kv_pool(

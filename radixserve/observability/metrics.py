@@ -77,10 +77,27 @@ class _EngineGauges(Collector):
         self.metrics = metrics
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        gauges = engine_gauges(self.metrics.snapshot, self.metrics.cache_hit_rate())
+        snapshot = self.metrics.snapshot
+        states = snapshot.get("internal_states") or []
+        if len(states) > 1:
+            # --dp-size: one series per replica, labelled dp_rank as SGLang's schedulers do.
+            yield from self._per_replica(states)
+            return
+        gauges = engine_gauges(snapshot, self.metrics.cache_hit_rate())
         for name, value in gauges.items():
             family = GaugeMetricFamily(f"sglang:{name}", GAUGE_DOCS[name], labels=["model_name"])
             family.add_metric([self.metrics.model_name], value)
+            yield family
+
+    def _per_replica(self, states: list[Mapping[str, Any]]) -> Iterator[GaugeMetricFamily]:
+        per_state = [engine_gauges(state, 0.0) for state in states]
+        for name in GAUGE_DOCS:
+            family = GaugeMetricFamily(
+                f"sglang:{name}", GAUGE_DOCS[name], labels=["model_name", "dp_rank"]
+            )
+            for rank, (state, gauges) in enumerate(zip(states, per_state, strict=True)):
+                dp_rank = str(state.get("dp_rank", rank))
+                family.add_metric([self.metrics.model_name, dp_rank], gauges[name])
             yield family
 
 
