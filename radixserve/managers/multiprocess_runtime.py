@@ -80,9 +80,7 @@ class MultiProcessRuntime:
         self._dead_reason: str | None = None
         self._stopping = False
         self.dp_size = server_args.dp_size
-        self.controller = DataParallelController(
-            self.dp_size, str(getattr(server_args, "load_balance_method", "auto"))
-        )
+        self.controller = DataParallelController(self.dp_size, server_args.load_balance_method)
         self._folder = Path(tempfile.mkdtemp(prefix="radixserve-ipc-"))
         sched_ins = [ipc_address(self._folder, f"scheduler-{d}") for d in range(self.dp_size)]
         detok_in = ipc_address(self._folder, "detokenizer")
