@@ -28,7 +28,8 @@ def _children(pid: int) -> list[int]:
 
 
 def _complete(client: openai.OpenAI, prompt: str) -> str:
-    reply = client.completions.create(model="default", prompt=prompt, max_tokens=12, temperature=0)
+    model = client.models.list().data[0].id
+    reply = client.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0)
     return reply.choices[0].text
 
 
@@ -37,13 +38,14 @@ def _complete(client: openai.OpenAI, prompt: str) -> str:
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 def test_dp2_server_spreads_requests_answers_like_dp1_and_dies_with_a_replica() -> None:
-    single = start_server("--dtype", "float32")
+    single = start_server()
     try:
         client = openai.OpenAI(base_url=f"{single.base_url}/v1", api_key="x", max_retries=0)
         expected = [_complete(client, p) for p in PROMPTS]
     finally:
         assert single.stop() == 0, single.logs()
-    server = start_server("--dtype", "float32", "--dp-size", "2", "--enable-metrics")
+    # INFO: the startup lines that say how the cores were assigned.
+    server = start_server("--dp-size", "2", "--enable-metrics", "--log-level", "info")
     try:
         client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0)
         with ThreadPoolExecutor(len(PROMPTS)) as pool:

@@ -178,3 +178,14 @@ def test_a_dead_replica_fails_requests_once_and_ends_the_engine(dp_engine: Engin
         assert client.get("/health").status_code == 503
     with pytest.raises(RuntimeError):
         dp_engine.generate(input_ids=[5, 6], sampling_params=GREEDY)
+
+
+# Slow: five processes (two replicas of two TP ranks, the detokenizer) on 2 cores take minutes.
+@pytest.mark.slow
+def test_dp2_of_tp2_equals_one_engine(checkpoint: Path, expected: list[list[int]]) -> None:
+    kwargs = engine_kwargs(checkpoint, dist_timeout=60, load_balance_method="total_tokens")
+    with Engine(dp_size=2, tp_size=2, **kwargs) as engine:
+        names = [p.name for p in engine.runtime.processes]
+        assert names[-2:] == ["radixserve-scheduler-dp1", "radixserve-dp1-tp-rank-1"]
+        assert greedy(engine) == expected
+        assert all(count > 0 for count in routed(engine))
