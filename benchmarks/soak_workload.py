@@ -144,47 +144,10 @@ async def _completion(
 ) -> Outcome:
     n = rng.randint(1, 3)
     out = Outcome("completion_stream" if stream else "completion", n, stream, expected_ends=n)
-    body: dict[str, Any] = {
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "n": n,
-        "temperature": 0.8,
-        "ignore_eos": True,
-        "logprobs": 1,
-        "stream": stream,
-    }
-    tokens: dict[int, int] = {}
-    if not stream:
-        r = await client.post(f"{base}/v1/completions", json=body)
-        if not _check_status(out, r.status_code, r.text):
-            return out
-        for choice in r.json()["choices"]:
-            tokens[choice["index"]] = len(choice["logprobs"]["tokens"])
-            out.ends += choice["finish_reason"] is not None
-            _expect_length(out, choice["finish_reason"])
-        _count_tokens(out, tokens, max_tokens)
-        return out
-    body["stream_options"] = {"include_usage": True}
-    async with client.stream("POST", f"{base}/v1/completions", json=body) as r:
-        if not _check_status(
-            out, r.status_code, (await r.aread()).decode() if r.status_code != 200 else ""
-        ):
-            return out
-        events = sse_data([line async for line in r.aiter_lines()])
-    _check_done(out, events)
-    for event in events:
-        if not isinstance(event, dict):
-            continue
-        for choice in event.get("choices") or []:
-            idx = choice["index"]
-            tokens[idx] = tokens.get(idx, 0) + len(
-                (choice.get("logprobs") or {}).get("tokens") or []
-            )
-            if choice.get("finish_reason") is not None:
-                out.ends += 1
-                _expect_length(out, choice["finish_reason"])
-    _count_tokens(out, tokens, max_tokens)
-    return out
+    body: dict[str, Any] = {"prompt": prompt, "logprobs": 1}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return await _sampled_run(client, f"{base}/v1/completions", body, out, max_tokens, "tokens")
 
 
 async def _chat(
@@ -197,27 +160,43 @@ async def _chat(
 ) -> Outcome:
     n = rng.randint(1, 2)
     out = Outcome("chat_stream" if stream else "chat", n, stream, expected_ends=n)
-    body: dict[str, Any] = {
-        "messages": [{"role": "user", "content": prompt}],
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}], "logprobs": True}
+    return await _sampled_run(
+        client, f"{base}/v1/chat/completions", body, out, max_tokens, "content"
+    )
+
+
+async def _sampled_run(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    out: Outcome,
+    max_tokens: int,
+    logprob_list: str,
+) -> Outcome:
+    """Sample `out.n` choices of exactly `max_tokens` tokens (ignore_eos) and count the tokens
+    each choice reports through its logprobs list (`logprob_list`: "tokens" for completions,
+    "content" for chat), streamed or not."""
+    body = {
+        **body,
         "max_tokens": max_tokens,
-        "n": n,
+        "n": out.n,
         "temperature": 0.8,
         "ignore_eos": True,
-        "logprobs": True,
-        "stream": stream,
+        "stream": out.stream,
     }
     tokens: dict[int, int] = {}
-    if not stream:
-        r = await client.post(f"{base}/v1/chat/completions", json=body)
+    if not out.stream:
+        r = await client.post(url, json=body)
         if not _check_status(out, r.status_code, r.text):
             return out
         for choice in r.json()["choices"]:
-            tokens[choice["index"]] = len(choice["logprobs"]["content"])
+            tokens[choice["index"]] = len(choice["logprobs"][logprob_list])
             out.ends += choice["finish_reason"] is not None
             _expect_length(out, choice["finish_reason"])
         _count_tokens(out, tokens, max_tokens)
         return out
-    async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as r:
+    async with client.stream("POST", url, json=body) as r:
         if not _check_status(
             out, r.status_code, (await r.aread()).decode() if r.status_code != 200 else ""
         ):
@@ -229,8 +208,8 @@ async def _chat(
             continue
         for choice in event.get("choices") or []:
             idx = choice["index"]
-            content = (choice.get("logprobs") or {}).get("content") or []
-            tokens[idx] = tokens.get(idx, 0) + len(content)
+            listed = (choice.get("logprobs") or {}).get(logprob_list) or []
+            tokens[idx] = tokens.get(idx, 0) + len(listed)
             if choice.get("finish_reason") is not None:
                 out.ends += 1
                 _expect_length(out, choice["finish_reason"])

@@ -19,6 +19,11 @@ class TokenizedGenerateReq:
     priority: int | None = None
     # An embedding request: prefill only, the answer is the pooled hidden state.
     embedding: bool = False
+    lora_id: int = 0  # the LoRA adapter to run with (0: the base model)
+    # SGLang's session_params ({id, rid, offset, replace, drop_previous_output}); the
+    # scheduler's SessionController builds the full input from the session's saved tokens.
+    session_params: dict[str, Any] | None = None
+    custom_logit_processor: str | None = None  # SGLang's serialized form; see sampling/
 
 
 @dataclass
@@ -39,11 +44,85 @@ class GetInfoReq:
 
 
 @dataclass
+class RadixTreeReq:
+    """Ask the scheduler for a bounded picture of its radix tree (the dashboard's)."""
+
+    max_nodes: int = 120
+
+
+@dataclass
+class LoadLoRAReq:
+    """Load the PEFT adapter at `path` under id `lora_id` (the API side checked the path)."""
+
+    lora_id: int
+    name: str
+    path: str
+    pinned: bool = False
+
+
+@dataclass
+class UnloadLoRAReq:
+    """Drop adapter `lora_id`; refused (LoRAInUse) while a live request uses it."""
+
+    lora_id: int
+
+
+@dataclass
+class PauseGenerationReq:
+    """SGLang's /pause_generation: "abort" ends every request, "retract" gives every running
+    request's KV back (they resume from the queue), "in_place" keeps everything as it is."""
+
+    mode: str = "abort"
+
+
+@dataclass
+class ContinueGenerationReq:
+    pass
+
+
+@dataclass
+class OpenSessionReq:
+    session_id: str | None = None
+    capacity_of_str_len: int | None = None
+
+
+@dataclass
+class CloseSessionReq:
+    session_id: str
+
+
+@dataclass
+class UpdateWeightsFromDiskReq:
+    """SGLang's /update_weights_from_disk: answered once the running requests finished (or were
+    aborted, with abort_all_requests) and the new weights are in."""
+
+    model_path: str
+    load_format: str | None = None
+    abort_all_requests: bool = False
+
+
+@dataclass
+class GetWeightsByNameReq:
+    name: str
+    truncate_size: int = 100
+
+
+@dataclass
+class ReleaseMemoryReq:
+    tags: list[str] | None = None  # "kv_cache", "weights"; None: both
+
+
+@dataclass
+class ResumeMemoryReq:
+    tags: list[str] | None = None
+
+
+@dataclass
 class ControlCall:
     """A control message that wants an answer, matched by call_id."""
 
     call_id: int
-    request: FlushCacheReq | GetInfoReq
+    request: Any
 
 
 @dataclass
@@ -72,6 +151,9 @@ class SchedulerReady:
     max_total_tokens: int
     max_running_requests: int
     architectures: tuple[str, ...]
+    # The Rust tokenizer serialized, when decoding with it alone equals the full tokenizer's
+    # decode (managers/light_detokenizer.py): the detokenizer then runs without transformers.
+    light_decoder: str | None = None
 
 
 @dataclass
@@ -110,6 +192,8 @@ class ReqOutput:
     completion_tokens: int
     cached_tokens: int
     num_retractions: int = 0
+    # --enable-hierarchical-cache: cached_tokens per tier {"device", "host", "storage"}.
+    cached_tokens_details: dict[str, int] | None = None
     # Each entry (logprob, token_id); top entries are lists of the same per position.
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)

@@ -74,12 +74,21 @@ class ServerArgs:
     schedule_policy: str = "fcfs"
     enable_priority_scheduling: bool = False
     default_priority_value: int | None = None
+    disable_priority_preemption: bool = False
+    abort_on_priority_when_disabled: bool = False
+    priority_scheduling_preemption_threshold: int = 10
     schedule_low_priority_values_first: bool = False
     retraction_policy: str = "length"
     schedule_conservativeness: float = 1.0
     page_size: int | None = None
     radix_eviction_policy: str = "lru"
     disable_radix_cache: bool = False
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float = 2.0
+    hicache_size: int = 0
+    hicache_write_policy: str = "write_through"
+    hicache_mem_layout: str = "page_first"
+    hicache_storage_backend: str | None = None
     disable_overlap_schedule: bool = False
     enable_mixed_chunk: bool = False
     # Parallelism and device
@@ -121,12 +130,23 @@ class ServerArgs:
     uvicorn_access_log_exclude_prefixes: tuple[str, ...] = ()
     enable_metrics: bool = False
     decode_log_interval: int = 40
+    enable_request_time_stats_logging: bool = False
+    crash_dump_folder: str | None = None
+    enable_custom_logit_processor: bool = False
     # Kernels and execution
     attention_backend: str | None = None
     decode_attention_backend: str | None = None
     prefill_attention_backend: str | None = None
     sampling_backend: str | None = None
     config: str | None = None
+    # LoRA adapters (radixserve/lora/config.py turns these into a LoRAConfig)
+    enable_lora: bool | None = None
+    max_lora_rank: int | None = None
+    lora_target_modules: tuple[str, ...] | None = None
+    lora_paths: tuple[str, ...] | None = None
+    max_loaded_loras: int | None = None
+    max_loras_per_batch: int = 8
+    lora_eviction_policy: str = "lru"
     # Every other `sglang serve` option, by dest.
     other: Mapping[str, Any] = field(default_factory=ReadOnlyMapping)
     # Derived during construction; not arguments.

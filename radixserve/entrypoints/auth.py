@@ -39,6 +39,7 @@ ADMIN_ROUTES = frozenset(
         "/stop_profile",
         "/freeze_gc",
         "/update_weights_from_disk",
+        "/get_weights_by_name",
         "/pause_generation",
         "/continue_generation",
         "/load_lora_adapter",

@@ -9,19 +9,46 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
+from radixserve.lora.config import LoRAError, lora_config_from_args
+from radixserve.lora.registry import LoRARef, LoRARegistry
 from radixserve.managers.grammar_manager import make_grammar_backend
 from radixserve.managers.inprocess_runtime import InProcessRuntime
+from radixserve.managers.lora_scheduling import LoRAInUse
 from radixserve.managers.multiprocess_runtime import MultiProcessRuntime
 from radixserve.managers.process_utils import apply_gc_threshold
+from radixserve.managers.runtime_control import check_pause_mode
 from radixserve.managers.scheduler_factory import load_tokenizer
 from radixserve.managers.tokenizer_manager import RequestError, RequestState, TokenizerManager
-from radixserve.messages import FlushCacheReq, GetInfoReq, ReqOutput, TokenizedGenerateReq
+from radixserve.messages import (
+    CloseSessionReq,
+    ContinueGenerationReq,
+    FlushCacheReq,
+    GetInfoReq,
+    GetWeightsByNameReq,
+    LoadLoRAReq,
+    OpenSessionReq,
+    PauseGenerationReq,
+    RadixTreeReq,
+    ReleaseMemoryReq,
+    ReqOutput,
+    ResumeMemoryReq,
+    TokenizedGenerateReq,
+    UnloadLoRAReq,
+    UpdateWeightsFromDiskReq,
+)
 from radixserve.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
+
+# /unload_lora_adapter waits this long for requests using the adapter to finish.
+UNLOAD_WAIT_S = 60.0
+UNLOAD_POLL_S = 0.05
+# A weight update first waits for the running requests to finish.
+WEIGHT_UPDATE_TIMEOUT_S = 1800.0
 
 Prompt = str | Sequence[str] | None
 InputIds = Sequence[int] | Sequence[Sequence[int]] | None
@@ -44,6 +71,8 @@ class Engine:
         # from the child processes would interleave with what the program prints.
         self.server_args = server_args or ServerArgs.from_kwargs(**{"log_level": "error", **kwargs})
         args = self.server_args
+        # Checked before any process starts: a bad --lora-paths fails fast.
+        self.lora = LoRARegistry(lora_config_from_args(args))
         apply_gc_threshold(args.gc_threshold)
         self.runtime: InProcessRuntime | MultiProcessRuntime
         if runtime == "thread":
@@ -62,6 +91,9 @@ class Engine:
             self.model_info.vocab_size,
             self.model_info.context_len,
             lambda: make_grammar_backend(args, tokenizer, self.model_info.vocab_size, eos),
+        )
+        self.tokenizer_manager.enable_custom_logit_processor = bool(
+            args.enable_custom_logit_processor
         )
 
     @property
@@ -92,7 +124,10 @@ class Engine:
         top_logprobs_num: int | None = None,
         stream: bool = False,
         rid: str | Sequence[str] | None = None,
-        priority: int | None = None,
+        priority: int | Sequence[int | None] | None = None,
+        lora_path: str | Sequence[str | None] | None = None,
+        session_params: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+        custom_logit_processor: str | Sequence[str | None] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """One prompt gives one dict; a list gives a list (n > 1 gives n dicts per prompt,
         prompt-major). With stream=True, an iterator of chunks whose "text" is the new text."""
@@ -106,6 +141,9 @@ class Engine:
             top_logprobs_num,
             stream,
             priority,
+            lora_path=lora_path,
+            session_params=session_params,
+            custom_logit_processor=custom_logit_processor,
         )
         if stream:
             return self._stream(*items[0])
@@ -125,7 +163,10 @@ class Engine:
         top_logprobs_num: int | None = None,
         stream: bool = False,
         rid: str | Sequence[str] | None = None,
-        priority: int | None = None,
+        priority: int | Sequence[int | None] | None = None,
+        lora_path: str | Sequence[str | None] | None = None,
+        session_params: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+        custom_logit_processor: str | Sequence[str | None] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         items, single = self._expand(
             prompt,
@@ -138,6 +179,9 @@ class Engine:
             stream,
             priority,
             check_grammar=False,
+            lora_path=lora_path,
+            session_params=session_params,
+            custom_logit_processor=custom_logit_processor,
         )
         # Compiling a grammar can take seconds: await it here instead of blocking the loop.
         # (Copies of one request share a compile through the backend's cache.)
@@ -200,11 +244,104 @@ class Engine:
     def flush_cache(self) -> bool:
         return bool(self.runtime.call(FlushCacheReq()))
 
+    def pause_generation(self, mode: str = "abort") -> None:
+        """SGLang's modes: "abort" (end every request), "retract" (running requests give their
+        KV back and wait), "in_place" (keep them as they are). New requests wait meanwhile."""
+        check_pause_mode(mode)
+        self.runtime.call(PauseGenerationReq(mode))
+
+    def continue_generation(self) -> None:
+        self.runtime.call(ContinueGenerationReq())
+
+    def open_session(
+        self, capacity_of_str_len: int | None = None, session_id: str | None = None
+    ) -> str:
+        return str(self.runtime.call(OpenSessionReq(session_id, capacity_of_str_len)))
+
+    def close_session(self, session_id: str) -> None:
+        self.runtime.call(CloseSessionReq(session_id))
+
+    def update_weights_from_disk(
+        self,
+        model_path: str,
+        load_format: str | None = None,
+        abort_all_requests: bool = False,
+        timeout: float = WEIGHT_UPDATE_TIMEOUT_S,
+    ) -> dict[str, Any]:
+        """New weights of the same architecture, without a restart. Started requests finish
+        first (or are aborted with abort_all_requests); {"success", "message", ...}."""
+        req = UpdateWeightsFromDiskReq(model_path, load_format, abort_all_requests)
+        return dict(self.runtime.call(req, timeout=timeout))
+
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list[Any]:
+        return list(self.runtime.call(GetWeightsByNameReq(name, truncate_size)))
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self.runtime.call(ReleaseMemoryReq(tags))
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self.runtime.call(ResumeMemoryReq(tags), timeout=WEIGHT_UPDATE_TIMEOUT_S)
+
     def get_server_info(self) -> dict[str, Any]:
         return dict(self.runtime.call(GetInfoReq()))
 
+    def get_radix_tree(self, max_nodes: int = 120) -> dict[str, Any] | None:
+        """A bounded picture of the scheduler's radix tree (mem_cache/tree_snapshot.py), or None
+        when the radix cache is disabled."""
+        return self.runtime.call(RadixTreeReq(max_nodes))
+
     def is_alive(self) -> bool:
         return self.runtime.is_alive()
+
+    # -- LoRA adapters ----------------------------------------------------------------------
+    def load_lora_adapter(
+        self, lora_name: str, lora_path: str, pinned: bool = False
+    ) -> dict[str, Any]:
+        """Load a PEFT adapter folder at run time (SGLang's /load_lora_adapter). The folder must
+        lie inside the allowed folders (radixserve.lora.registry); errors are LoRAError (400)."""
+        if not self.lora.enabled:
+            raise LoRAError("LoRA is not enabled on this server (start it with --enable-lora).")
+        if not isinstance(pinned, bool):
+            raise LoRAError("pinned must be true or false.", "pinned")
+        path = self.lora.check_path(lora_path)
+        lora_id = self.lora.begin_load(lora_name, pinned)
+        ref = None
+        try:
+            info = self.runtime.call(LoadLoRAReq(lora_id, lora_name, path, pinned))
+            ref = LoRARef(lora_id, lora_name, path, pinned)
+        finally:
+            self.lora.end_load(ref, lora_name)
+        return {"success": True, "message": "", "loaded_adapters": self._adapter_paths(), **info}
+
+    def unload_lora_adapter(self, lora_name: str, wait_s: float = UNLOAD_WAIT_S) -> dict[str, Any]:
+        """Unload an adapter: new requests naming it are refused at once; the unload itself
+        waits (up to wait_s) for the requests already using it to finish, and is refused if
+        they do not, so no running request ever loses its adapter."""
+        if not self.lora.enabled:
+            raise LoRAError("LoRA is not enabled on this server (start it with --enable-lora).")
+        ref = self.lora.begin_unload(lora_name)
+        unloaded = False
+        deadline = time.monotonic() + wait_s
+        try:
+            while True:
+                try:
+                    self.runtime.call(UnloadLoRAReq(ref.lora_id))
+                    unloaded = True
+                    break
+                except LoRAInUse as exc:
+                    if time.monotonic() >= deadline:
+                        raise LoRAError(
+                            f"LoRA adapter {lora_name!r} is still in use after {wait_s:g} s "
+                            f"({exc}); it stays loaded.",
+                            "lora_name",
+                        ) from None
+                    time.sleep(UNLOAD_POLL_S)
+        finally:
+            self.lora.end_unload(ref, unloaded)
+        return {"success": True, "message": "", "loaded_adapters": self._adapter_paths()}
+
+    def _adapter_paths(self) -> dict[str, str]:
+        return {ref.name: ref.path for ref in self.lora.refs()}
 
     # -- internals --------------------------------------------------------------------------
     def _expand(
@@ -217,8 +354,11 @@ class Engine:
         logprob_start_len: int | None,
         top_logprobs_num: int | None,
         stream: bool,
-        priority: int | None,
+        priority: Any,
         check_grammar: bool = True,
+        lora_path: str | Sequence[str | None] | None = None,
+        session_params: Any = None,
+        custom_logit_processor: Any = None,
     ) -> tuple[list[tuple[TokenizedGenerateReq, RequestState]], bool]:
         if self.server_args.is_embedding:
             raise RequestError(
@@ -228,6 +368,19 @@ class Engine:
         count = len(prompts) if prompts is not None else len(ids_list or [])
         params_list = _per_item(sampling_params, count, "sampling_params")
         rids = _per_item(rid, count, "rid")
+        # lora_path: one adapter name for every prompt, or a list, one per prompt (None: base).
+        lora_ids = [self.lora.resolve(name) for name in _per_item(lora_path, count, "lora_path")]
+        priorities = _per_item(priority, count, "priority")
+        processors = _per_item(custom_logit_processor, count, "custom_logit_processor")
+        sessions = (
+            list(session_params)
+            if isinstance(session_params, list | tuple)
+            else [session_params] * count
+        )
+        if len(sessions) != count:
+            raise RequestError(
+                f"session_params has {len(sessions)} entries for {count} prompts.", "session_params"
+            )
         items = []
         for i in range(count):
             params = dict(params_list[i] or {})
@@ -246,10 +399,13 @@ class Engine:
                         logprob_start_len=logprob_start_len,
                         top_logprobs_num=top_logprobs_num,
                         stream=stream,
-                        priority=priority,
+                        priority=priorities[i],
                         check_grammar=check_grammar,
+                        session_params=sessions[i],
+                        custom_logit_processor=processors[i],
                     )
                 )
+                items[-1][0].lora_id = lora_ids[i]
             single = single and n == 1
         if stream and len(items) != 1:
             raise RequestError("stream=True takes a single prompt with n=1.", "stream")

@@ -42,6 +42,10 @@ class GenItem:
     prompt: str | None = None
     input_ids: list[int] | None = None
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    lora_path: str | None = None  # a loaded LoRA adapter's name (None: the base model)
+    priority: int | None = None
+    session_params: dict[str, Any] | None = None
+    custom_logit_processor: str | None = None
 
 
 class LogprobOptions(NamedTuple):
@@ -89,12 +93,21 @@ class GenerationRunner:
             "logprob_start_len": opts.logprob_start_len,
             "top_logprobs_num": opts.top_logprobs_num,
         }
+        # Only when set: engines (and test fakes) without these controls keep working.
+        if any(it.priority is not None for it in items):
+            kwargs["priority"] = [it.priority for it in items]
+        if any(it.session_params is not None for it in items):
+            kwargs["session_params"] = [it.session_params for it in items]
+        if any(it.custom_logit_processor is not None for it in items):
+            kwargs["custom_logit_processor"] = [it.custom_logit_processor for it in items]
         if all(it.input_ids is not None for it in items):
             kwargs["input_ids"] = [list(it.input_ids or []) for it in items]
         elif all(it.prompt is not None for it in items):
             kwargs["prompt"] = [it.prompt for it in items]
         else:
             raise ValueError("items mix text prompts and token ids")
+        if any(it.lora_path is not None for it in items):
+            kwargs["lora_path"] = [it.lora_path for it in items]
         return kwargs
 
     async def run(
@@ -128,6 +141,11 @@ class GenerationRunner:
                 kwargs = self._engine_kwargs([it], opts)
                 kwargs["sampling_params"] = kwargs["sampling_params"][0]
                 kwargs["rid"] = it.rid
+                if "lora_path" in kwargs:
+                    kwargs["lora_path"] = kwargs["lora_path"][0]
+                for name in ("priority", "session_params", "custom_logit_processor"):
+                    if name in kwargs:
+                        kwargs[name] = kwargs[name][0]
                 key = "input_ids" if "input_ids" in kwargs else "prompt"
                 kwargs[key] = kwargs[key][0]
                 streams.append(await self.engine.async_generate(**kwargs, stream=True))

@@ -67,6 +67,9 @@ def plan_generate(req: GenerateReqInput) -> _Plan:
         )
     params_list = _per_prompt(req.sampling_params, len(prompts), "sampling_params")
     rids = _per_prompt(req.rid, len(prompts), "rid")
+    loras = _per_prompt(req.lora_path, len(prompts), "lora_path")
+    sessions = _per_prompt(req.session_params, len(prompts), "session_params")
+    processors = _per_prompt(req.custom_logit_processor, len(prompts), "custom_logit_processor")
     items: list[GenItem] = []
     total_n = 0
     for i, prompt in enumerate(prompts):
@@ -77,7 +80,18 @@ def plan_generate(req: GenerateReqInput) -> _Plan:
         for copy in range(n):
             rid = base if n == 1 else f"{base}-{copy}"
             text, ids = (prompt, None) if req.text is not None else (None, prompt)
-            items.append(GenItem(dict(params), text, ids, rid))
+            items.append(
+                GenItem(
+                    dict(params),
+                    text,
+                    ids,
+                    rid,
+                    lora_path=loras[i],
+                    priority=req.priority,
+                    session_params=sessions[i],
+                    custom_logit_processor=processors[i],
+                )
+            )
     seen: set[str] = set()
     for it in items:
         if it.rid in seen:
@@ -116,7 +130,14 @@ def _shape(ctx: ServingContext, plan: _Plan, result: dict[str, Any]) -> dict[str
     meta = dict(meta, weight_version=ctx.config.weight_version)
     if plan.req.return_text_in_logprobs:
         meta = _with_token_text(ctx, meta)
-    return {**result, "meta_info": meta}
+    out = {**result, "meta_info": meta}
+    if _token_ids_only(ctx):
+        out.pop("text", None)  # SGLang's --skip-tokenizer-init answers have no text field
+    return out
+
+
+def _token_ids_only(ctx: ServingContext) -> bool:
+    return bool(getattr(ctx.server_args, "skip_tokenizer_init", False))
 
 
 async def _stream(
@@ -131,7 +152,9 @@ async def _stream(
         ids[idx].extend(chunk.get("output_ids") or [])
         out = _shape(ctx, plan, chunk)
         if not incremental:
-            out["text"], out["output_ids"] = texts[idx], list(ids[idx])
+            out["output_ids"] = list(ids[idx])
+            if not _token_ids_only(ctx):
+                out["text"] = texts[idx]
         if not plan.single:
             out["index"] = idx
         yield out

@@ -34,8 +34,9 @@ _NO_BIAS = torch.empty(0)
 
 def _projection(linear: nn.Module) -> tuple[torch.Tensor, int, torch.Tensor] | None:
     """(weight or GGUF blocks, qtype, bias or empty) of a linear layer, None if the kernel
-    cannot run it."""
-    if getattr(linear, "tp_size", 1) != 1:
+    cannot run it (a sharded weight, or a LoRA hook: the C++ layer has no place to add the
+    adapters' deltas, so --enable-lora runs decoder layers module by module)."""
+    if getattr(linear, "tp_size", 1) != 1 or getattr(linear, "lora", None) is not None:
         return None
     bias = linear.bias if linear.bias is not None else _NO_BIAS
     gguf: GGUFWeight | None = getattr(linear, "gguf", None)

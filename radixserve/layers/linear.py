@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from radixserve.layers.lora import LoRAHook
 
 from radixserve.distributed import parallel_state as ps
 from radixserve.kernels import ops, reference
@@ -69,7 +72,14 @@ def attach_gguf_weight(
 def quantized_or_float_linear(
     layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """x @ W^T (+ bias), on GGUF blocks when the layer has them."""
+    """x @ W^T (+ bias), on GGUF blocks when the layer has them; plus the batch's LoRA deltas
+    when the layer carries a LoRA hook (layers/lora.py, only with --enable-lora)."""
+    out = _base_linear(layer, x, bias)
+    lora = getattr(layer, "lora", None)
+    return out if lora is None else lora(x, out)
+
+
+def _base_linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     gguf: GGUFWeight | None = getattr(layer, "gguf", None)
     if gguf is None:
         if getattr(layer, "use_fast_kernels", False):  # set by layers.fast_path
@@ -87,6 +97,8 @@ def _new_param(*shape: int) -> nn.Parameter:
 
 class ReplicatedLinear(nn.Module):
     """A plain linear layer, the same on every rank."""
+
+    lora: LoRAHook | None = None  # set by layers.lora.attach_lora_hooks
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         super().__init__()
@@ -108,6 +120,8 @@ class ColumnParallelLinear(nn.Module):
     The output stays sharded (gather_output is not needed by the models here: a column layer is
     always followed by a row-parallel one or by per-head attention).
     """
+
+    lora: LoRAHook | None = None  # set by layers.lora.attach_lora_hooks
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         super().__init__()
@@ -218,6 +232,8 @@ class RowParallelLinear(nn.Module):
     The input is expected already sharded (the output of a column-parallel layer). The bias is
     added once, after the reduction.
     """
+
+    lora: LoRAHook | None = None  # set by layers.lora.attach_lora_hooks (tp 1 only)
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         super().__init__()

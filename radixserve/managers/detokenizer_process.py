@@ -8,6 +8,7 @@ import signal
 from typing import TYPE_CHECKING, Any
 
 from radixserve.managers.detokenizer_manager import DetokenizerManager
+from radixserve.managers.light_detokenizer import LightDecoder
 from radixserve.managers.process_utils import start_child
 from radixserve.managers.scheduler_factory import load_tokenizer
 from radixserve.messages import BatchOutput, SchedulerReady
@@ -29,10 +30,17 @@ def run_detokenizer_process(
     while True:
         msg: Any = receiver.recv_pyobj()
         if isinstance(msg, SchedulerReady) and manager is None:  # one per dp replica
-            manager = DetokenizerManager(load_tokenizer(server_args, msg.model_dir))
+            manager = DetokenizerManager(_decoder_for(server_args, msg))
         elif isinstance(msg, BatchOutput) and manager is not None:
             manager.handle(msg.outputs)
         sender.send_pyobj(msg)
+
+
+def _decoder_for(server_args: ServerArgs, ready: SchedulerReady) -> Any:
+    if ready.light_decoder is not None:
+        logger.debug("detokenizer decodes with the tokenizers library alone")
+        return LightDecoder(ready.light_decoder)
+    return load_tokenizer(server_args, ready.model_dir)
 
 
 def _exit_on_signal(*_: Any) -> None:

@@ -23,6 +23,9 @@ SUMMED = (
     "prefill_tokens_total",
     "generation_tokens_total",
     "num_retractions_total",
+    "cached_tokens_device_total",  # --enable-hierarchical-cache, per tier
+    "cached_tokens_host_total",
+    "cached_tokens_storage_total",
     # The controller's (radixserve's own, per replica in internal_states).
     "num_routed_reqs",
     "num_prefix_routed_reqs",

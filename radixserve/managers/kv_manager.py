@@ -12,17 +12,29 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
+
+from radixserve.mem_cache.base_prefix_cache import MatchResult
+from radixserve.mem_cache.namespace import namespaced_key
 
 if TYPE_CHECKING:
     from radixserve.managers.schedule_batch import Req
     from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
     from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
+    from radixserve.mem_cache.hicache.controller import HiCacheController
     from radixserve.mem_cache.req_to_token_pool import ReqToTokenPool
 
 logger = logging.getLogger(__name__)
+
+
+class TierHits(NamedTuple):
+    """Where the tokens of one admission match came from."""
+
+    device: int
+    host: int
+    storage: int
 
 
 class KVManager:
@@ -31,11 +43,17 @@ class KVManager:
         allocator: TokenToKVPoolAllocator,
         req_to_token_pool: ReqToTokenPool,
         prefix_cache: BasePrefixCache,
+        hicache: HiCacheController | None = None,
     ) -> None:
         self.allocator = allocator
         self.req_to_token_pool = req_to_token_pool
         self.prefix_cache = prefix_cache
         self.page_size = allocator.page_size
+        # The host/disk tiers under the radix cache (--enable-hierarchical-cache).
+        self.hicache = hicache
+        self.last_hits = TierHits(0, 0, 0)
+        if hicache is not None and hicache.config.write_policy == "write_back":
+            prefix_cache.evict_listener = hicache.backup  # type: ignore[attr-defined]
 
     # -- capacity ---------------------------------------------------------------------------
     def available_tokens(self) -> int:
@@ -58,7 +76,48 @@ class KVManager:
         last token's logits are always computed. Ordering the queue passes update_stats=False,
         so looking does not count as a hit for lfu/slru eviction."""
         fill = req.fill_ids
-        return self.prefix_cache.match_prefix(fill[: len(fill) - 1], update_stats=update_stats)
+        key = namespaced_key(fill[: len(fill) - 1], req.lora_id)
+        match = self.prefix_cache.match_prefix(key, update_stats=update_stats)
+        if self.hicache is None or not update_stats:
+            return match
+        device = len(match.indices)
+        if device and self.hicache.config.write_policy == "write_through_selective":
+            self.hicache.backup(key, match.indices)  # a reused prefix earns a host copy
+        match, host, storage = self._load_back(key, match, req.priority)
+        self.last_hits = TierHits(device, host, storage)
+        return match
+
+    def _load_back(
+        self, key: list[int], match: MatchResult, priority: int
+    ) -> tuple[MatchResult, int, int]:
+        """Extend a device match with blocks from the host or disk tier: copy them into fresh
+        device slots and insert them into the radix cache, so the extend computes only what no
+        tier holds. Returns the longer match and the host and storage token counts."""
+        assert self.hicache is not None
+        device_len = len(match.indices)
+        limit = len(key) // self.page_size * self.page_size
+        plan = self.hicache.find(key, device_len, limit)
+        if plan.tokens == 0:
+            return match, 0, 0
+        # Locked so that making room for the loaded blocks cannot evict the device prefix.
+        self.prefix_cache.inc_lock_ref(match.last_node)
+        slots = self.allocator.alloc(plan.tokens)
+        if slots is None:
+            self._evict(plan.tokens - self.allocator.available_size())
+            slots = self.allocator.alloc(plan.tokens)
+        if slots is None:
+            self.prefix_cache.dec_lock_ref(match.last_node)
+            self.hicache.release(plan)
+            return match, 0, 0
+        self.hicache.load(plan, slots)
+        end = device_len + plan.tokens
+        already = self.prefix_cache.insert(
+            key[:end], torch.cat([match.indices, slots]), priority=priority
+        )
+        self._free(slots[: max(already - device_len, 0)])  # nothing, unless the tree changed
+        self.prefix_cache.dec_lock_ref(match.last_node)
+        longer = self.prefix_cache.match_prefix(key[:end], update_stats=False)
+        return longer, plan.host_tokens, plan.storage_tokens
 
     def admit(self, req: Req, prefix_indices: torch.Tensor, last_node: object) -> bool:
         """Give `req` a table row and adopt its cached prefix (locked). False if no row free."""
@@ -112,7 +171,8 @@ class KVManager:
         if aligned <= req.cached_len:
             return
         slots = self.req_to_token_pool.read(req.req_pool_idx, 0, aligned)
-        key = req.fill_ids[:aligned]
+        key = namespaced_key(req.fill_ids[:aligned], req.lora_id)
+        self._write_through(key, slots, req.cached_len)
         already = self.prefix_cache.insert(key, slots, priority=req.priority)
         match = self.prefix_cache.match_prefix(key, update_stats=False)
         if already > req.cached_len:
@@ -133,7 +193,8 @@ class KVManager:
             return
         slots = self.req_to_token_pool.read(req.req_pool_idx, 0, req.kv_len)
         if self.prefix_cache.stores_kv and req.kv_len > 0:
-            key = req.fill_ids[: req.kv_len]
+            key = namespaced_key(req.fill_ids[: req.kv_len], req.lora_id)
+            self._write_through(key, slots, req.cached_len)
             prefix_len = self.prefix_cache.insert(key, slots.clone(), priority=req.priority)
             aligned = req.kv_len // self.page_size * self.page_size
             # Slots the cache already had for tokens we computed again are duplicates; the
@@ -149,6 +210,12 @@ class KVManager:
         req.kv_len = 0
         req.cached_len = 0
 
+    def _write_through(self, key: list[int], slots: torch.Tensor, start: int) -> None:
+        """--hicache-write-policy write_through: KV entering the radix cache gets a host copy
+        at once (blocks ending within the already-cached `start` tokens were copied before)."""
+        if self.hicache is not None and self.hicache.config.write_policy == "write_through":
+            self.hicache.backup(key, slots, start)
+
     def _free(self, slots: torch.Tensor) -> None:
         if len(slots):
             self.allocator.free(slots)
@@ -160,6 +227,8 @@ class KVManager:
         freed = self.prefix_cache.reset()
         if len(freed):
             self.allocator.free(freed)
+        if self.hicache is not None:
+            self.hicache.clear_host()
         return True
 
     def hard_reset(self) -> None:
@@ -168,6 +237,8 @@ class KVManager:
         self.prefix_cache.force_reset()
         self.allocator.clear()
         self.req_to_token_pool.clear()
+        if self.hicache is not None:
+            self.hicache.reset_after_failure()
 
     # -- accounting -------------------------------------------------------------------------
     def owned_tokens(self, reqs: Iterable[Req]) -> int:

@@ -314,7 +314,9 @@ class MultiProcessRuntime:
             return merge_replica_infos(
                 [{**info, **self.controller.snapshot(d)} for d, info in enumerate(results)]
             )
-        return results
+        # Every other control call (pause, weights, memory, LoRA, ...) acts on every replica
+        # alike; their answers match, so replica 0's stands for all.
+        return results[0]
 
     def shutdown(self) -> None:
         if self._stopping:

@@ -32,6 +32,14 @@ class Req:
     is_embedding: bool = False
     embedding: list[float] | None = None
     grammar: Any = None  # a GrammarMatcher for constrained requests
+    lora_id: int = 0  # the LoRA adapter it runs with (0: the base model); its KV namespace
+    # When it first entered a batch (None: never ran): the waiting/running time limits.
+    first_scheduled_time: float | None = None
+    session_id: str | None = None
+    # SGLang's serialized processor string (loaded and cached by sampling.custom_logit_processor)
+    # and, when it failed on this request's logits, why (the scheduler ends the request).
+    custom_logit_processor: str | None = None
+    custom_logit_error: str | None = None
 
     output_ids: list[int] = field(default_factory=list)
     finished_reason: FinishReason | None = None
@@ -41,6 +49,8 @@ class Req:
     cached_len: int = 0
     last_node: Any = None
     cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    # With --enable-hierarchical-cache: cached_tokens split by tier (device, host, storage).
+    cached_tokens_details: dict[str, int] | None = None
     admitted_once: bool = False
     num_retractions: int = 0
     # Index into output_ids of the first token not yet sent to the client.
@@ -104,6 +114,8 @@ class SchedulerStats:
 
     prompt_tokens: int = 0  # prompt tokens of admitted requests
     cached_prompt_tokens: int = 0  # of those, served from the prefix cache
+    cached_host_tokens: int = 0  # of those, loaded back from the host tier
+    cached_storage_tokens: int = 0  # of those, loaded back from the disk tier
     prefill_tokens: int = 0  # tokens actually run through prefill (recomputation included)
     generated_tokens: int = 0
     retractions: int = 0

@@ -8,19 +8,33 @@ resume from the prefix cache later, with the same output).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from radixserve.errors import InvalidRequestError
+from radixserve.managers.crash_dump import CrashDumper
 from radixserve.managers.decode_logger import DecodeLogger
 from radixserve.managers.finish_checker import FinishChecker
 from radixserve.managers.grammar_manager import GrammarManager, make_grammar_backend
 from radixserve.managers.kv_manager import KVManager
+from radixserve.managers.lora_scheduling import LoRAScheduling
+from radixserve.managers.request_stats import log_time_stats
 from radixserve.managers.retraction import NewTokenRatio, retraction_order
+from radixserve.managers.runtime_control import (
+    PRIORITY_DISABLED_MESSAGE,
+    Preemption,
+    TimeLimits,
+    check_pause_mode,
+)
 from radixserve.managers.schedule_batch import Req, ScheduledBatch, SchedulerStats
 from radixserve.managers.schedule_policy import PolicyConfig, PrefillAdder, SchedulePolicy
+from radixserve.managers.sessions import SessionController, SessionError
 from radixserve.managers.step_runner import StepRunner
+from radixserve.managers.weight_control import WeightControl
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.mem_cache.chunk_cache import ChunkCache
+from radixserve.mem_cache.hicache.setup import make_hicache
 from radixserve.mem_cache.radix_cache import RadixCache
 from radixserve.mem_cache.req_to_token_pool import ReqToTokenPool
 from radixserve.messages import (
@@ -30,6 +44,8 @@ from radixserve.messages import (
     ReqOutput,
     TokenizedGenerateReq,
 )
+from radixserve.sampling.custom_logit_processor import DISABLED_MESSAGE as CUSTOM_LOGIT_DISABLED
+from radixserve.sampling.custom_logit_processor import load_processor
 from radixserve.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -43,6 +59,7 @@ class Scheduler:
     def __init__(self, server_args: ServerArgs, runner: ModelRunner, tokenizer: Any) -> None:
         self.args = server_args
         self.runner = runner
+        self.tokenizer = tokenizer  # None with --skip-tokenizer-init
         cfg = runner.model_config
         self.context_len = cfg.context_len
         self.max_running_requests = runner.plan.max_running_requests
@@ -57,7 +74,9 @@ class Scheduler:
             if self.radix_enabled
             else ChunkCache(server_args.page_size)
         )
-        self.kv = KVManager(allocator, req_pool, cache)
+        hicache = make_hicache(server_args, runner.kv_cache) if self.radix_enabled else None
+        self.kv = KVManager(allocator, req_pool, cache, hicache)
+        self.lora = LoRAScheduling(runner.lora, self._live_reqs)
         self.policy = SchedulePolicy(
             PolicyConfig(
                 policy=server_args.schedule_policy,
@@ -85,27 +104,49 @@ class Scheduler:
         self.default_priority = server_args.default_priority_value or 0
         self.decode_log = DecodeLogger(server_args.decode_log_interval)
         self.stats = SchedulerStats()
+        # Runtime controls (runtime_control.py, sessions.py).
+        self.paused = False
+        self.time_limits = TimeLimits.from_env()
+        self.preemption = Preemption.from_args(server_args)
+        bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
+        self.sessions = SessionController(self.kv, bos)
+        self.weights = WeightControl(self)
+        self.admit_new = True  # False while a weight update waits for started requests
+        folder = server_args.crash_dump_folder
+        self.crash_dumper = CrashDumper(folder) if folder else None
+        self.log_time_stats = bool(server_args.enable_request_time_stats_logging)
 
     # -- intake -----------------------------------------------------------------------------
     def add_request(self, msg: TokenizedGenerateReq) -> None:
+        if self.crash_dumper is not None:
+            self.crash_dumper.record(msg)
         params = SamplingParams.from_dict(msg.sampling_params)
         if msg.embedding:
             params.max_new_tokens = 0
-        elif params.max_new_tokens is None:  # no limit: up to the context length
-            params.max_new_tokens = max(self.context_len - len(msg.input_ids), 0)
+        input_ids, problem = self._session_input(msg)
+        if not msg.embedding and params.max_new_tokens is None:  # up to the context length
+            params.max_new_tokens = max(self.context_len - len(input_ids), 0)
         req = Req(
             rid=msg.rid,
-            origin_input_ids=list(msg.input_ids),
+            origin_input_ids=input_ids,
             sampling_params=params,
             return_logprob=msg.return_logprob,
             logprob_start_len=msg.logprob_start_len,
             top_logprobs_num=msg.top_logprobs_num,
             priority=msg.priority if msg.priority is not None else self.default_priority,
             is_embedding=msg.embedding,
+            lora_id=msg.lora_id,
+            custom_logit_processor=msg.custom_logit_processor,
+            session_id=(msg.session_params or {}).get("id") if problem is None else None,
         )
-        error = self._admission_error(req)
+        error = problem or self._admission_error(req) or self._processor_error(req)
+        args = self.args
+        if error is None and msg.priority is not None and not args.enable_priority_scheduling:
+            # SGLang ignores the value unless told to refuse it.
+            error = PRIORITY_DISABLED_MESSAGE if args.abort_on_priority_when_disabled else None
         if error is not None:
             req.finished_reason = FinishReason("abort", message=error, status_code=400)
+            self.sessions.on_finish(req, 0)
             self.pending_outputs.append(self._output(req))
             return
         if msg.stream:
@@ -115,14 +156,41 @@ class Scheduler:
             if problem is not None:
                 self.stream_reqs.discard(req.rid)
                 req.finished_reason = FinishReason("abort", message=problem, status_code=400)
+                self.sessions.on_finish(req, 0)
                 self.pending_outputs.append(self._output(req))
             return
         self.waiting.append(req)
+
+    def _session_input(self, msg: TokenizedGenerateReq) -> tuple[list[int], str | None]:
+        """The request's input ids (a session continuation prepends its saved tokens), or the
+        reason its session_params cannot be honoured."""
+        if msg.session_params is None:
+            return list(msg.input_ids), None
+        try:
+            ids, cut_off = self.sessions.build_input(msg.rid, msg.session_params, msg.input_ids)
+        except SessionError as exc:
+            return list(msg.input_ids), str(exc)
+        for rid in cut_off:
+            self.abort(AbortReq(rid=rid, message="Replaced in its session."))
+        return ids, None
+
+    def _processor_error(self, req: Req) -> str | None:
+        if req.custom_logit_processor is None:
+            return None
+        if not self.args.enable_custom_logit_processor:
+            return CUSTOM_LOGIT_DISABLED
+        try:
+            load_processor(req.custom_logit_processor)
+        except InvalidRequestError as exc:
+            return str(exc)
+        return None
 
     def _admission_error(self, req: Req) -> str | None:
         n = len(req.origin_input_ids)
         if n == 0:
             return "The prompt is empty."
+        if req.lora_id and not self.lora.has_adapter(req.lora_id):
+            return "The request's LoRA adapter is not loaded (it was unloaded meanwhile)."
         if n >= self.context_len:
             return (
                 f"The prompt has {n} tokens, which does not fit the model's context length "
@@ -150,9 +218,19 @@ class Scheduler:
             self.chunked_req = None
 
     def flush_cache(self) -> bool:
-        if self._live_reqs():
+        if self._live_reqs() or self.sessions.holds_locks():
             return False
         return self.kv.flush_cache()
+
+    def radix_tree(self, max_nodes: int) -> dict[str, Any] | None:
+        """The dashboard's picture of the prefix tree; None without a radix cache."""
+        from radixserve.mem_cache.tree_snapshot import tree_snapshot
+
+        root = getattr(self.kv.prefix_cache, "root", None)
+        if root is None:
+            return None
+        decode = self.tokenizer.decode if self.tokenizer is not None else None
+        return tree_snapshot(root, decode, max_nodes)
 
     def fail_all(self, message: str) -> None:
         """End every live request with an error after a failed step.
@@ -161,19 +239,98 @@ class Scheduler:
         not yet running), so instead of releasing request by request, every request in flight
         ends once and the KV bookkeeping starts afresh (the prefix cache is dropped).
         """
+        if self.crash_dumper is not None:
+            self.crash_dumper.dump(message)
         doomed = {id(r): r for r in self._live_reqs()}
         for req in self.in_flight:
             doomed.setdefault(id(req), req)
         self.waiting, self.running, self.chunked_req, self.in_flight = [], [], None, []
+        ended: list[Req] = []
         for req in doomed.values():
             if req.finished:
                 continue
+            ended.append(req)
             req.finished_reason = FinishReason("abort", message=message, status_code=500)
             req.req_pool_idx = None
             req.last_node = None
             self.stream_reqs.discard(req.rid)
             self.pending_outputs.append(self._output(req))
         self.kv.hard_reset()
+        self.sessions.forget_locks()
+        for req in ended:
+            if req.session_id is not None:
+                self.sessions.on_finish(req, 0)  # aborted: nothing to continue from
+
+    # -- runtime controls (SGLang's /pause_generation, sessions, time limits) ----------------
+    def pause(self, mode: str) -> None:
+        check_pause_mode(mode)
+        if mode == "abort":
+            self.abort(AbortReq(abort_all=True, message="Aborted by /pause_generation."))
+        elif mode == "retract":
+            if self.chunked_req is not None:
+                req, self.chunked_req = self.chunked_req, None
+                self.kv.release(req)
+                self.waiting.insert(0, req)
+            while self.running:
+                self._retract_one(self.running[-1])
+        self.paused = True
+
+    def resume(self) -> None:
+        if self.weights.released:
+            raise InvalidRequestError(
+                "Memory is released; /resume_memory_occupation resumes generation."
+            )
+        self.paused = False
+
+    def live_reqs(self) -> list[Req]:
+        return self._live_reqs()
+
+    def drop_prefix_cache(self) -> None:
+        """Forget every cached prefix (sessions keep their tokens, not their KV)."""
+        self.sessions.unlock_all()
+        if not self.kv.flush_cache():
+            logger.warning("The prefix cache could not be dropped: requests still hold KV")
+
+    def open_session(self, session_id: str | None, capacity: int | None) -> str:
+        return self.sessions.open(session_id, capacity)
+
+    def close_session(self, session_id: str) -> None:
+        for rid in self.sessions.close(session_id):
+            self.abort(AbortReq(rid=rid, message="Its session was closed."))
+
+    def _expire_timed_out(self) -> None:
+        if not self.time_limits.active:
+            return
+        running = [*self.running, *([self.chunked_req] if self.chunked_req else [])]
+        expired = self.time_limits.expired(self.waiting, running)
+        for req, message in expired:
+            self._finish(req, FinishReason("abort", message=message, status_code=503))
+        if expired:
+            self.waiting = [r for r in self.waiting if not r.finished]
+            self.running = [r for r in self.running if not r.finished]
+            if self.chunked_req is not None and self.chunked_req.finished:
+                self.chunked_req = None
+
+    def _preempt_for_priority(self) -> None:
+        """Retract running requests of much lower priority when the most urgent waiting
+        request cannot start otherwise (no request slot, or not enough KV)."""
+        head = self.policy.order(self.waiting, self.kv)[0]
+        prefix, _ = self.kv.match_prefix(head, update_stats=False)
+        need = head.seq_len - len(prefix) + min(head.remaining_new_tokens(), 4096)
+
+        def fits(gone: Sequence[Req]) -> bool:
+            gone_ids = {id(r) for r in gone}
+            stay = [r for r in self.running if id(r) not in gone_ids]
+            reserved = sum(min(r.remaining_new_tokens(), 4096) for r in stay)
+            freed = sum(r.kv_len - r.cached_len for r in gone)
+            room = self.kv.available_tokens() + freed - int(reserved * self.ratio.value)
+            return len(stay) < self.max_running_requests and room >= need
+
+        if fits([]):
+            return
+        for victim in self.preemption.victims(head, self.running, fits):
+            logger.info("Preempting request %s for higher-priority %s", victim.rid, head.rid)
+            self._retract_one(victim)
 
     def info(self) -> dict[str, Any]:
         """Live state for /server_info and metrics."""
@@ -192,6 +349,22 @@ class Scheduler:
             "generation_tokens_total": stats.generated_tokens,
             "num_retractions_total": stats.retractions,
             "cache_hit_rate": stats.cache_hit_rate,
+            "paused": self.paused,
+            "num_sessions": len(self.sessions.sessions),
+            **self._tier_info(),
+        }
+
+    def _tier_info(self) -> dict[str, Any]:
+        """Prompt tokens served per cache tier (device / host / storage)."""
+        if self.kv.hicache is None:
+            return {}
+        stats = self.stats
+        lower = stats.cached_host_tokens + stats.cached_storage_tokens
+        return {
+            "cached_tokens_device_total": stats.cached_prompt_tokens - lower,
+            "cached_tokens_host_total": stats.cached_host_tokens,
+            "cached_tokens_storage_total": stats.cached_storage_tokens,
+            **self.kv.hicache.info(),
         }
 
     def step_outputs_only(self) -> list[ReqOutput]:
@@ -200,6 +373,8 @@ class Scheduler:
 
     # -- the loop ---------------------------------------------------------------------------
     def has_work(self) -> bool:
+        if self.paused:  # nothing runs until /continue_generation
+            return bool(self.pending_outputs)
         return bool(
             self.waiting
             or self.running
@@ -216,8 +391,14 @@ class Scheduler:
     def step_and_stash(self) -> None:
         """Run one step (if there is a batch); outputs wait in pending_outputs."""
         self._admit_compiled_grammars()
+        if self.paused:
+            return
+        self._expire_timed_out()
         batch = self._schedule()
         if batch is not None:
+            for req in batch.reqs:
+                if req.first_scheduled_time is None:
+                    req.first_scheduled_time = time.monotonic()
             self.in_flight = batch.reqs
             results = self.step_runner.run(batch)
             self._process(batch, results)
@@ -235,6 +416,7 @@ class Scheduler:
         for req, message in failed:
             self.stream_reqs.discard(req.rid)
             req.finished_reason = FinishReason("abort", message=message, status_code=400)
+            self.sessions.on_finish(req, 0)
             self.pending_outputs.append(self._output(req))
 
     def _live_reqs(self) -> list[Req]:
@@ -286,6 +468,8 @@ class Scheduler:
     def _schedule_prefill(self) -> ScheduledBatch | None:
         if not self.waiting and self.chunked_req is None:
             return None
+        if self.preemption.enabled and self.running and self.waiting:
+            self._preempt_for_priority()
         reserved = sum(min(r.remaining_new_tokens(), 4096) for r in self.running)
         adder = PrefillAdder(
             rem_total_tokens=self.kv.available_tokens() - int(reserved * self.ratio.value),
@@ -302,10 +486,14 @@ class Scheduler:
         for req in self.policy.order(self.waiting, self.kv):
             if adder.chunked_req is not None:
                 break
+            if not self.admit_new and req.first_scheduled_time is None:
+                continue  # a weight update waits for the started requests only
             if len(self.running) + len(adder.reqs) >= self.max_running_requests:
                 break
             if self.radix_enabled and _shares_uncached_prefix(req, adder.reqs):
                 continue  # next round it finds that prefix in the cache
+            if req.lora_id and not self.lora.fits_batch(req, [*self.running, *adder.reqs]):
+                continue  # --max-loras-per-batch adapters already run; it waits for a slot
             if not self._admit_waiting(adder, req):
                 break
         admitted = {id(r) for r in adder.reqs}
@@ -331,10 +519,22 @@ class Scheduler:
             req.admitted_once = True
             self.stats.cached_prompt_tokens += len(prefix)
             self.stats.prompt_tokens += len(req.origin_input_ids)
+            if self.kv.hicache is not None:
+                self._count_tiers(req, len(prefix))
         if self._add_admitted(adder, req):
             return True
         self.kv.release(req)
         return False
+
+    def _count_tiers(self, req: Req, used: int) -> None:
+        # The match may have been cut short (input logprobs); the device part comes first.
+        hits = self.kv.last_hits
+        device = min(hits.device, used)
+        host = min(hits.host, used - device)
+        storage = used - device - host
+        req.cached_tokens_details = {"device": device, "host": host, "storage": storage}
+        self.stats.cached_host_tokens += host
+        self.stats.cached_storage_tokens += storage
 
     def _add_admitted(self, adder: PrefillAdder, req: Req) -> bool:
         """Budget and allocate KV for an admitted request's next extend (whole or chunk)."""
@@ -372,8 +572,9 @@ class Scheduler:
             self._retract_one()
         return False
 
-    def _retract_one(self) -> None:
-        victim = retraction_order(self.running, self.args.retraction_policy)[0]
+    def _retract_one(self, victim: Req | None = None) -> None:
+        if victim is None:
+            victim = retraction_order(self.running, self.args.retraction_policy)[0]
         self.running.remove(victim)
         self.kv.release(victim)
         victim.num_retractions += 1
@@ -411,6 +612,11 @@ class Scheduler:
             if req.max_new_tokens == 0:  # prefill only (e.g. warming the prefix cache)
                 self._finish(req, FinishReason("length"))
                 continue
+            if req.custom_logit_error is not None:
+                self._finish(
+                    req, FinishReason("abort", message=req.custom_logit_error, status_code=500)
+                )
+                continue
             result.apply(req)
             self.stats.generated_tokens += 1
             if req.grammar is not None and not req.grammar.accept_token(req.output_ids[-1]):
@@ -437,7 +643,12 @@ class Scheduler:
 
     def _finish(self, req: Req, reason: FinishReason) -> None:
         req.finished_reason = reason
+        computed = req.kv_len
         self.kv.release(req)
+        if req.session_id is not None:
+            self.sessions.on_finish(req, computed)
+        if self.log_time_stats:
+            log_time_stats(req)
         self.stream_reqs.discard(req.rid)
         self.pending_outputs.append(self._output(req))
 
@@ -461,6 +672,7 @@ class Scheduler:
             prompt_tokens=len(req.origin_input_ids),
             completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens,
+            cached_tokens_details=req.cached_tokens_details,
             num_retractions=req.num_retractions,
             embedding=req.embedding,
             output_token_logprobs=req.output_token_logprobs[start:],
@@ -479,6 +691,8 @@ IN_BATCH_PREFIX_TOKENS = 32
 def _shares_uncached_prefix(req: Req, admitted: Sequence[Req]) -> bool:
     fill = req.fill_ids
     for other in admitted:
+        if other.lora_id != req.lora_id:  # another adapter's KV is never shared
+            continue
         other_fill = other.fill_ids
         if not fill or not other_fill or fill[0] != other_fill[0]:
             continue

@@ -35,6 +35,7 @@ def load_tokenizer(server_args: ServerArgs, model_dir: str) -> Any | None:
 
 def build_scheduler(server_args: ServerArgs) -> tuple[Scheduler, Any | None, SchedulerReady]:
     """Load the model and make a scheduler; also what the API side needs to know about it."""
+    from radixserve.managers.light_detokenizer import light_decoder_source
     from radixserve.managers.scheduler import Scheduler
     from radixserve.model_executor.model_runner import ModelRunner
 
@@ -49,5 +50,6 @@ def build_scheduler(server_args: ServerArgs) -> tuple[Scheduler, Any | None, Sch
         max_total_tokens=runner.plan.max_total_tokens,
         max_running_requests=runner.plan.max_running_requests,
         architectures=tuple(cfg.architectures),
+        light_decoder=light_decoder_source(tokenizer) if tokenizer is not None else None,
     )
     return scheduler, tokenizer, ready

@@ -14,16 +14,28 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from radixserve.errors import InvalidRequestError
 from radixserve.messages import (
     AbortReq,
     BatchOutput,
+    CloseSessionReq,
+    ContinueGenerationReq,
     ControlCall,
     ControlReply,
     FinishReason,
     FlushCacheReq,
     GetInfoReq,
+    GetWeightsByNameReq,
+    LoadLoRAReq,
+    OpenSessionReq,
+    PauseGenerationReq,
+    RadixTreeReq,
+    ReleaseMemoryReq,
     ReqOutput,
+    ResumeMemoryReq,
     TokenizedGenerateReq,
+    UnloadLoRAReq,
+    UpdateWeightsFromDiskReq,
 )
 
 if TYPE_CHECKING:
@@ -62,6 +74,8 @@ class SchedulerLoop:
             if self.scheduler.has_work():
                 self._step()
             self._flush_outputs()
+            if self.scheduler.weights.update_ready():
+                self._finish_weight_update()
 
     def handle(self, msg: Any) -> None:
         try:
@@ -69,11 +83,19 @@ class SchedulerLoop:
                 self.scheduler.add_request(msg)
             elif isinstance(msg, AbortReq):
                 self.scheduler.abort(msg)
+            elif isinstance(msg, ControlCall) and isinstance(msg.request, UpdateWeightsFromDiskReq):
+                # Answered later, once the started requests finished (_finish_weight_update).
+                self.scheduler.weights.begin_update(msg.call_id, msg.request)
             elif isinstance(msg, ControlCall):
                 self.emit(ControlReply(msg.call_id, self._control(msg.request)))
             else:
                 logger.error("Scheduler got an unknown message %s", type(msg).__name__)
         except Exception as exc:
+            if isinstance(msg, ControlCall) and isinstance(exc, InvalidRequestError):
+                # A refused control call (unknown session, bad mode): the caller's mistake.
+                logger.info("Refused %s: %s", type(msg.request).__name__, exc)
+                self.emit(ControlReply(msg.call_id, exc))
+                return
             logger.exception("Failed to handle %s", type(msg).__name__)
             if isinstance(msg, TokenizedGenerateReq):
                 reason = FinishReason("abort", message=f"Invalid request: {exc}", status_code=400)
@@ -86,7 +108,33 @@ class SchedulerLoop:
             return self.scheduler.flush_cache()
         if isinstance(request, GetInfoReq):
             return self.scheduler.info()
+        if isinstance(request, RadixTreeReq):
+            return self.scheduler.radix_tree(request.max_nodes)
+        if isinstance(request, LoadLoRAReq):
+            return self.scheduler.lora.load(
+                request.lora_id, request.name, request.path, request.pinned
+            )
+        if isinstance(request, UnloadLoRAReq):
+            return self.scheduler.lora.unload(request.lora_id)
+        if isinstance(request, PauseGenerationReq):
+            return self.scheduler.pause(request.mode)
+        if isinstance(request, ContinueGenerationReq):
+            return self.scheduler.resume()
+        if isinstance(request, OpenSessionReq):
+            return self.scheduler.open_session(request.session_id, request.capacity_of_str_len)
+        if isinstance(request, CloseSessionReq):
+            return self.scheduler.close_session(request.session_id)
+        if isinstance(request, GetWeightsByNameReq):
+            return self.scheduler.weights.get_weights_by_name(request.name, request.truncate_size)
+        if isinstance(request, ReleaseMemoryReq):
+            return self.scheduler.weights.release(request.tags)
+        if isinstance(request, ResumeMemoryReq):
+            return self.scheduler.weights.resume(request.tags)
         raise TypeError(f"unknown control request {type(request).__name__}")
+
+    def _finish_weight_update(self) -> None:
+        call_id, result = self.scheduler.weights.finish_update()
+        self.emit(ControlReply(call_id, result))
 
     def _step(self) -> None:
         try:

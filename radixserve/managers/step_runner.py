@@ -14,6 +14,7 @@ import torch
 
 from radixserve.managers.grammar_manager import GrammarManager
 from radixserve.model_executor.model_runner import StepInputs
+from radixserve.sampling.custom_logit_processor import apply_processors
 from radixserve.sampling.sampler import Sampler
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 
@@ -76,7 +77,10 @@ class StepRunner:
         sampled_reqs = [r for r, pos in zip(batch.reqs, sample_pos, strict=True) if pos >= 0]
         if not sampled_reqs:
             return results
-        rows = torch.tensor([p for p in sample_pos if p >= 0], device=logits.device)
+        row_list = [p for p in sample_pos if p >= 0]
+        if any(r.custom_logit_processor is not None for r in sampled_reqs):
+            apply_processors(logits, row_list, sampled_reqs)
+        rows = torch.tensor(row_list, device=logits.device)
         if _plain_greedy(sampled_reqs):
             # The common serving case: argmax, no per-step sampling tensors to build.
             ids = logits[rows].argmax(dim=-1).tolist()
@@ -160,6 +164,7 @@ class StepRunner:
             out_cache_loc=torch.cat(slots),
             logits_rows=logits_rows,
             hidden_rows=tuple(hidden_rows),
+            lora_ids=tuple(r.lora_id for r in batch.reqs) if self.runner.lora else (),
         )
         return step, sample_pos, input_rows
 

@@ -15,8 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.errors import InvalidRequestError
+from radixserve.managers.session_params import SessionError, SessionParams
 from radixserve.messages import ReqOutput, TokenizedGenerateReq
 from radixserve.sampling.constrained import GrammarError, GrammarSpec, spec_from_sampling_params
+from radixserve.sampling.custom_logit_processor import DISABLED_MESSAGE as CUSTOM_LOGIT_DISABLED
+from radixserve.sampling.custom_logit_processor import check_serialized
 from radixserve.sampling.sampling_params import SamplingParams
 
 # Sampling parameters that make a request constrained (see spec_from_sampling_params).
@@ -53,6 +56,8 @@ class TokenizerManager:
         self.vocab_size = vocab_size
         self.context_len = context_len
         self._make_grammar_backend = make_grammar_backend
+        # --enable-custom-logit-processor (set by the Engine): else such requests answer 400.
+        self.enable_custom_logit_processor = False
         self._grammar_backend: Any = None
         self._grammar_backend_lock = threading.Lock()
 
@@ -121,6 +126,8 @@ class TokenizerManager:
         priority: int | None = None,
         embedding: bool = False,
         check_grammar: bool = True,
+        session_params: Mapping[str, Any] | None = None,
+        custom_logit_processor: str | None = None,
     ) -> tuple[TokenizedGenerateReq, RequestState]:
         """Validate one request; raise RequestError (an InvalidRequestError) naming the bad field.
         check_grammar=False leaves the grammar to `check_grammar_async` (async callers)."""
@@ -137,10 +144,21 @@ class TokenizerManager:
                 "The prompt is empty.", "text" if prompt is not None else "input_ids"
             )
         params = SamplingParams.from_dict(sampling_params)
-        params.verify(self.vocab_size)
+        if custom_logit_processor is not None:
+            if not self.enable_custom_logit_processor:
+                raise RequestError(CUSTOM_LOGIT_DISABLED, "custom_logit_processor")
+            check_serialized(custom_logit_processor)
+        params.verify(self.vocab_size, with_custom_processor=custom_logit_processor is not None)
         if check_grammar:
             self._check_grammar(params)
         self._check_length(len(ids), params)
+        if session_params is not None:
+            try:
+                SessionParams.parse(session_params)
+            except SessionError as exc:
+                raise RequestError(str(exc), "session_params") from exc
+        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+            raise RequestError("priority must be an integer.", "priority")
         start = -1 if logprob_start_len is None else int(logprob_start_len)
         msg = TokenizedGenerateReq(
             rid=rid or uuid.uuid4().hex,
@@ -152,6 +170,8 @@ class TokenizerManager:
             stream=stream,
             priority=priority,
             embedding=embedding,
+            session_params=dict(session_params) if session_params is not None else None,
+            custom_logit_processor=custom_logit_processor,
         )
         state = RequestState(msg.rid, len(ids), msg.return_logprob)
         return msg, state
@@ -224,6 +244,8 @@ class TokenizerManager:
             "num_retractions": out.num_retractions,
             "e2e_latency": time.monotonic() - state.start_time,
         }
+        if out.cached_tokens_details is not None:
+            meta["cached_tokens_details"] = out.cached_tokens_details
         if state.return_logprob:
             meta["output_token_logprobs"] = state.output_token_logprobs
             meta["output_top_logprobs"] = state.output_top_logprobs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -79,6 +79,9 @@ class RadixCache(BasePrefixCache):
         self.device = torch.device(device)
         self._clock = 0
         self._next_id = 0
+        # Called with (path tokens, path slots, leaf start) just before a leaf is evicted, while
+        # its slots still hold its KV: the hierarchical cache's write-back hook.
+        self.evict_listener: Callable[[list[int], torch.Tensor, int], None] | None = None
         self._init_tree()
 
     # ---- public API -------------------------------------------------------------------
@@ -154,6 +157,9 @@ class RadixCache(BasePrefixCache):
         while freed < num_tokens and heap:
             _, leaf = heapq.heappop(heap)
             parent = leaf.parent
+            if self.evict_listener is not None:
+                tokens, slots = self._path(leaf)
+                self.evict_listener(tokens, slots, len(tokens) - len(leaf.key))
             self._remove_leaf(leaf)
             removed.append(leaf.value)
             freed += len(leaf.key)
@@ -291,6 +297,17 @@ class RadixCache(BasePrefixCache):
         leaf.parent = None
         if parent is not self.root and not parent.children and parent.lock_ref == 0:
             self._evictable_leaves.add(parent)
+
+    def _path(self, node: TreeNode) -> tuple[list[int], torch.Tensor]:
+        """Tokens and slots from the root down to the end of `node`."""
+        keys: list[list[int]] = []
+        values: list[torch.Tensor] = []
+        while node is not self.root:
+            keys.append(node.key)
+            values.append(node.value)
+            node = node.parent  # type: ignore[assignment]
+        tokens = [t for key in reversed(keys) for t in key]
+        return tokens, self._concat(values[::-1])
 
     def _child_key(self, key: list[int], pos: int) -> Hashable:
         if self.page_size == 1:

@@ -24,6 +24,7 @@ from radixserve.model_executor.memory_plan import plan_kv_pool
 from radixserve.options.hardware import device_memory_bytes
 
 if TYPE_CHECKING:
+    from radixserve.lora.manager import LoRAManager
     from radixserve.models.config import ModelConfig
     from radixserve.server_args import ServerArgs
 
@@ -45,6 +46,7 @@ class StepInputs(NamedTuple):
     out_cache_loc: torch.Tensor
     logits_rows: list[int]  # flattened token rows whose logits are wanted
     hidden_rows: tuple[int, ...] = ()  # flattened token rows whose final hidden state is wanted
+    lora_ids: tuple[int, ...] = ()  # per request, its LoRA adapter id (0: base); () all base
 
 
 class ForwardOutput(NamedTuple):
@@ -63,6 +65,8 @@ class ModelRunner:
     # Set on tensor-parallel rank 0 (managers/tp_sync.py): sends each step to the other ranks
     # before it runs here.
     step_broadcaster: Callable[[StepInputs, torch.Tensor], None] | None = None
+    # --enable-lora: the adapters and the hooks in the model's linear layers.
+    lora: LoRAManager | None = None
 
     def __init__(self, server_args: ServerArgs) -> None:
         from radixserve.models.loader import load_model
@@ -111,6 +115,8 @@ class ModelRunner:
         # one; both default to --attention-backend.
         self.extend_backend = create_attention_backend(server_args.prefill_attention_backend)
         self.decode_backend = create_attention_backend(server_args.decode_attention_backend)
+        # Before use_fast_kernels: hooked layers do not qualify for the one-call C++ layer.
+        self.lora = self._init_lora()
         fast = server_args.attention_backend in FAST_KERNEL_BACKENDS
         use_fast_kernels(self.model, fast)
         if fast and ps.get_tp_size() > 1:
@@ -131,6 +137,17 @@ class ModelRunner:
             self.kv_pool_reason,
             self.plan.max_running_requests,
         )
+
+    def _init_lora(self) -> LoRAManager | None:
+        from radixserve.lora.config import lora_config_from_args
+        from radixserve.lora.manager import LoRAManager
+
+        config = lora_config_from_args(self.server_args)
+        if config is None:
+            return None
+        if ps.get_tp_size() != 1:
+            raise ValueError("--enable-lora runs with --tp-size 1 only")
+        return LoRAManager(config, self.model, self.dtype, self.device)
 
     def _quantize_int8(self) -> None:
         from radixserve.distributed import parallel_state as ps
@@ -242,6 +259,8 @@ class ModelRunner:
             logits_indices=torch.tensor(step.logits_rows, dtype=torch.int64, device=dev),
         )
         backend.init_forward_metadata(fb)
+        if self.lora is not None:
+            self.lora.prepare(step.lora_ids, step.extend_lens)
         hidden = self.model(fb.input_ids, fb.positions, fb)
         logits = self.model.compute_logits(hidden[fb.logits_indices]).float()
         pooled = None

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 logger = logging.getLogger(__name__)
@@ -76,17 +76,32 @@ class _EngineGauges(Collector):
     def __init__(self, metrics: ServingMetrics) -> None:
         self.metrics = metrics
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         snapshot = self.metrics.snapshot
         states = snapshot.get("internal_states") or []
         if len(states) > 1:
             # --dp-size: one series per replica, labelled dp_rank as SGLang's schedulers do.
             yield from self._per_replica(states)
-            return
-        gauges = engine_gauges(snapshot, self.metrics.cache_hit_rate())
+        else:
+            yield from self._gauges(engine_gauges(snapshot, self.metrics.cache_hit_rate()))
+        yield from self._tiers(snapshot)
+
+    def _gauges(self, gauges: Mapping[str, float]) -> Iterator[GaugeMetricFamily]:
         for name, value in gauges.items():
             family = GaugeMetricFamily(f"sglang:{name}", GAUGE_DOCS[name], labels=["model_name"])
             family.add_metric([self.metrics.model_name], value)
+            yield family
+
+    def _tiers(self, snapshot: Mapping[str, Any]) -> Iterator[CounterMetricFamily]:
+        tiers = tier_hits(snapshot)
+        if tiers:
+            family = CounterMetricFamily(
+                "sglang:hicache_cached_tokens",
+                "Prompt tokens served from the prefix cache, by hierarchical-cache tier.",
+                labels=["model_name", "tier"],
+            )
+            for tier, value in tiers.items():
+                family.add_metric([self.metrics.model_name, tier], value)
             yield family
 
     def _per_replica(self, states: list[Mapping[str, Any]]) -> Iterator[GaugeMetricFamily]:
@@ -99,6 +114,15 @@ class _EngineGauges(Collector):
                 dp_rank = str(state.get("dp_rank", rank))
                 family.add_metric([self.metrics.model_name, dp_rank], gauges[name])
             yield family
+
+
+def tier_hits(info: Mapping[str, Any]) -> dict[str, float]:
+    """Cached prompt tokens per tier (device / host / storage) with --enable-hierarchical-cache,
+    else empty."""
+    tiers = ("device", "host", "storage")
+    if f"cached_tokens_{tiers[0]}_total" not in info:
+        return {}
+    return {tier: float(info.get(f"cached_tokens_{tier}_total") or 0) for tier in tiers}
 
 
 GAUGE_DOCS = {

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 from radixserve.options.choices import HICACHE_STORAGE_BACKEND_CHOICES
-from radixserve.options.spec import OptionSpec, flag, value
+from radixserve.options.spec import IMPLEMENTED, NOT_APPLICABLE, OptionSpec, flag, value
 from radixserve.options.value_types import FLOAT, INT, STR
 
 AREA = "Hierarchical and external KV cache"
 
 OPTIONS: tuple[OptionSpec, ...] = (
-    flag("--enable-hierarchical-cache", "Hierarchical KV cache (GPU, host memory, storage)."),
+    flag(
+        "--enable-hierarchical-cache",
+        "Hierarchical KV cache: radix-cache prefixes evicted from the device KV pool keep a "
+        "copy in a larger host pool (and, with --hicache-storage-backend, on disk) and are "
+        "loaded back on a prefix hit instead of being recomputed.",
+        support=IMPLEMENTED,
+    ),
     value(
         "--hicache-host-memory-mode",
         STR,
@@ -17,27 +23,45 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "Host memory as a cache tier or as a staging buffer only.",
         choices=("cache", "buffer_only"),
     ),
-    value("--hicache-ratio", FLOAT, 2.0, "Host KV pool size relative to the device pool."),
-    value("--hicache-size", INT, 0, "Host KV pool size in GB (overrides --hicache-ratio)."),
+    value(
+        "--hicache-ratio",
+        FLOAT,
+        2.0,
+        "Host KV pool size relative to the device pool.",
+        support=IMPLEMENTED,
+    ),
+    value(
+        "--hicache-size",
+        INT,
+        0,
+        "Host KV pool size in GB (overrides --hicache-ratio).",
+        support=IMPLEMENTED,
+    ),
     value(
         "--hicache-write-policy",
         STR,
         "write_through",
-        "Write policy of the hierarchical cache.",
+        "When device KV gets its host copy: write_through (as soon as it enters the radix "
+        "cache), write_through_selective (once a request reuses it), write_back (when it is "
+        "evicted from the device).",
         choices=("write_back", "write_through", "write_through_selective"),
+        support=IMPLEMENTED,
     ),
     value(
         "--hicache-io-backend",
         STR,
         "kernel",
-        "IO backend between host and device KV pools.",
+        "IO backend between host and device KV pools (copies are PyTorch index copies here).",
         choices=("direct", "kernel", "kernel_ascend"),
+        support=NOT_APPLICABLE,
     ),
     value(
         "--hicache-mem-layout",
         STR,
         "page_first",
-        "Layout of the host KV pool.",
+        "Layout of the host KV pool (page_first: [block, layer, k/v, token, head, dim]).",
+        support=IMPLEMENTED,
+        supported_choices=("page_first",),
         choices=(
             "layer_first",
             "page_first",
@@ -50,8 +74,11 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--hicache-storage-backend",
         STR,
         None,
-        "Storage backend of the hierarchical cache.",
+        "Storage backend of the hierarchical cache: file (one file per KV block under "
+        "$SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR, default /tmp/hicache).",
         choices=HICACHE_STORAGE_BACKEND_CHOICES,
+        support=IMPLEMENTED,
+        supported_choices=("file",),
     ),
     value(
         "--hicache-storage-prefetch-policy",

@@ -53,7 +53,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
         support=IMPLEMENTED,
         nargs="*",
     ),
-    value("--crash-dump-folder", STR, None, "Folder for dumps of recent requests after a crash."),
+    value(
+        "--crash-dump-folder",
+        STR,
+        None,
+        "Folder for a JSON dump of the last 5 minutes of requests when a scheduler step crashes.",
+        support=IMPLEMENTED,
+    ),
     flag("--show-time-cost", "Log the time cost of marked code sections."),
     flag("--enable-metrics", "Expose Prometheus metrics on /metrics.", support=IMPLEMENTED),
     value(
@@ -135,7 +141,11 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "Log decode statistics every N decode steps.",
         support=IMPLEMENTED,
     ),
-    flag("--enable-request-time-stats-logging", "Log per-request time statistics."),
+    flag(
+        "--enable-request-time-stats-logging",
+        "Log each finished request's queue, running and end-to-end time.",
+        support=IMPLEMENTED,
+    ),
     value("--kv-events-config", STR, None, "JSON config for KV event publishing."),
     value(
         "--load-publish-endpoint",

@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 from radixserve.options.choices import LORA_TARGET_MODULES_CHOICES
-from radixserve.options.spec import OptionSpec, bool_opt, flag, value
+from radixserve.options.spec import IMPLEMENTED, OptionSpec, bool_opt, flag, value
 from radixserve.options.value_types import FLOAT, INT, STR
 
 AREA = "LoRA"
 
+# The Llama-family projections radixserve applies adapters to (SGLang's fused names included).
+LORA_SUPPORTED_TARGET_MODULES = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "qkv_proj",
+    "gate_up_proj",
+    "all",
+)
+
 OPTIONS: tuple[OptionSpec, ...] = (
-    flag("--enable-lora", "Enable LoRA adapters.", default=None),
+    flag("--enable-lora", "Enable LoRA adapters.", default=None, support=IMPLEMENTED),
     flag("--enable-lora-overlap-loading", "Load LoRA weights asynchronously.", default=None),
-    value("--max-lora-rank", INT, None, "Maximum LoRA rank."),
+    value("--max-lora-rank", INT, None, "Maximum LoRA rank.", support=IMPLEMENTED),
     value(
         "--lora-target-modules",
         STR,
@@ -19,12 +33,38 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "Modules LoRA applies to ('all' for every supported module).",
         choices=LORA_TARGET_MODULES_CHOICES,
         nargs="*",
+        support=IMPLEMENTED,
+        supported_choices=LORA_SUPPORTED_TARGET_MODULES,
     ),
-    value("--lora-paths", STR, None, "LoRA adapters to load: PATH, NAME=PATH or JSON.", nargs="*"),
-    value("--max-loaded-loras", INT, None, "Maximum adapters kept in CPU memory."),
-    value("--max-loras-per-batch", INT, 8, "Maximum adapters in one running batch."),
     value(
-        "--lora-eviction-policy", STR, "lru", "Adapter eviction policy.", choices=("lru", "fifo")
+        "--lora-paths",
+        STR,
+        None,
+        "LoRA adapters to load: PATH, NAME=PATH or JSON.",
+        nargs="*",
+        support=IMPLEMENTED,
+    ),
+    value(
+        "--max-loaded-loras",
+        INT,
+        None,
+        "Maximum adapters kept in CPU memory.",
+        support=IMPLEMENTED,
+    ),
+    value(
+        "--max-loras-per-batch",
+        INT,
+        8,
+        "Maximum adapters in one running batch.",
+        support=IMPLEMENTED,
+    ),
+    value(
+        "--lora-eviction-policy",
+        STR,
+        "lru",
+        "Adapter eviction policy.",
+        choices=("lru", "fifo"),
+        support=IMPLEMENTED,
     ),
     value(
         "--lora-backend",

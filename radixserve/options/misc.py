@@ -72,7 +72,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "Back draft weights up to CPU memory when releasing them.",
         support=NOT_APPLICABLE,
     ),
-    flag("--enable-custom-logit-processor", "Allow requests to pass custom logit processors."),
+    flag(
+        "--enable-custom-logit-processor",
+        "Allow requests to pass custom logit processors (SGLang's serialized form; runs "
+        "client code in the scheduler).",
+        support=IMPLEMENTED,
+    ),
     flag("--enable-return-hidden-states", "Allow returning hidden states."),
     value(
         "--return-hidden-states-mode",

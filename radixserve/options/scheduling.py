@@ -73,7 +73,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
         support=IMPLEMENTED,
     ),
     flag(
-        "--disable-priority-preemption", "Do not preempt running requests for higher-priority ones."
+        "--disable-priority-preemption",
+        "Do not preempt running requests for higher-priority ones.",
+        support=IMPLEMENTED,
     ),
     value(
         "--default-priority-value",
@@ -84,7 +86,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     flag(
         "--abort-on-priority-when-disabled",
-        "Abort requests that set a priority while priority scheduling is off.",
+        "Abort requests that set a priority while priority scheduling is off (400).",
+        support=IMPLEMENTED,
     ),
     flag(
         "--schedule-low-priority-values-first",
@@ -95,7 +98,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--priority-scheduling-preemption-threshold",
         INT,
         10,
-        "Minimum priority difference for a new request to preempt running ones.",
+        "A waiting request preempts running ones whose priority is worse by more than this.",
+        support=IMPLEMENTED,
     ),
     value(
         "--retraction-policy",

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 from radixserve.options import hardware
 from radixserve.options.errors import ServerArgsError
+from radixserve.options.hicache_rules import check_hicache
 from radixserve.options.registry import dest_table
 from radixserve.options.spec import Support
 
@@ -122,6 +123,7 @@ def validate(values: Mapping[str, Any]) -> None:
     _check_parallel(values)
     _check_device(values)
     _check_misc(values)
+    check_hicache(values)
 
 
 def valid_tp_sizes(num_attention_heads: int, num_kv_heads: int) -> list[int]:
@@ -178,10 +180,19 @@ def support_report(
             ignored.append(shown)
         elif info.support is Support.UNSUPPORTED:
             refused.append(shown)
-        elif info.spec.supported_choices is not None and value not in info.spec.supported_choices:
+        elif info.spec.supported_choices is not None and not _choice_supported(
+            value, info.spec.supported_choices
+        ):
             supported = ", ".join(map(str, info.spec.supported_choices))
             bad_choice.append(f"{info.spec.name} {value} (supported: {supported})")
     return SupportReport(tuple(ignored), tuple(refused), tuple(bad_choice))
+
+
+def _choice_supported(value: Any, supported: tuple[Any, ...]) -> bool:
+    """A list value (an nargs option) is supported when each of its items is."""
+    if isinstance(value, list | tuple):
+        return all(item in supported for item in value)
+    return value in supported
 
 
 def check_supported(report: SupportReport) -> None:

@@ -179,7 +179,7 @@ class SamplingParams:
             kwargs[name] = value
         return cls(**kwargs)
 
-    def verify(self, vocab_size: int) -> None:
+    def verify(self, vocab_size: int, *, with_custom_processor: bool = False) -> None:
         """Check value ranges (SGLang's rules); raise ``SamplingParamsError`` naming the field."""
         if not _is_int(vocab_size) or vocab_size <= 0:
             raise SamplingParamsError(f"vocab_size must be a positive integer, got {vocab_size!r}.")
@@ -187,10 +187,11 @@ class SamplingParams:
         self._verify_lengths()
         self._verify_stops()
         self._verify_logit_bias(vocab_size)
-        if self.custom_params:
+        if self.custom_params and not with_custom_processor:
             # Nothing would read them: refuse rather than silently drop what the client asked.
             raise SamplingParamsError(
-                "custom_params is not supported: this server does not run custom logit processors.",
+                "custom_params needs a custom_logit_processor (and the server's "
+                "--enable-custom-logit-processor): nothing else reads them.",
                 "custom_params",
             )
         grammars = [g for g in ("json_schema", "regex", "ebnf") if getattr(self, g) is not None]

@@ -184,17 +184,27 @@ async def _tiny_then_abort(client: httpx.AsyncClient, base: str, i: int) -> tupl
         r = await client.post(f"{base}/abort_request", json={"rid": rid})
         assert r.status_code == 200
 
+    def check_tokens(event: dict[str, Any]) -> None:
+        # A request that ran to its length carries every token; an aborted one no more.
+        meta = event["meta_info"]
+        want = body["sampling_params"]["max_new_tokens"]
+        got = meta["completion_tokens"]
+        assert got == want if meta["finish_reason"]["type"] == "length" else got <= want, event
+
     async def send() -> tuple[int, list[Any]]:
         r = await client.post(f"{base}/generate", json=body)
         if r.status_code != 200:
             return r.status_code, [r.json()]
         if not stream:
+            check_tokens(r.json())
             return 200, [finish_of(r.json())]
         events = sse_events(r.text)
         assert events[-1] == "[DONE]", r.text
-        finals = [finish_of(e) for e in events[:-1] if finish_of(e) is not None]
+        ends = [e for e in events[:-1] if finish_of(e) is not None]
+        for event in ends:
+            check_tokens(event)
         errors = [e for e in events if isinstance(e, dict) and "error" in e]
-        return 200, finals + errors
+        return 200, [finish_of(e) for e in ends] + errors
 
     result, _ = await asyncio.gather(send(), abort_soon())
     return result
@@ -206,6 +216,7 @@ def test_tiny_requests_aborted_as_they_finish_end_exactly_once(
 ) -> None:
     wait_idle(server)
     aborted_before = metric(server, "sglang:num_aborted_requests_total")
+    requests_before = metric(server, "sglang:num_requests_total")
 
     # At most 100 at a time: httpx's pool scans its queue per request, so 1,000 queued requests
     # cost the client minutes.
@@ -230,7 +241,10 @@ def test_tiny_requests_aborted_as_they_finish_end_exactly_once(
         kinds[kind] = kinds.get(kind, 0) + 1
     wait_idle(server)
     assert metric(server, "sglang:num_running_reqs") == 0
-    assert metric(server, "sglang:num_aborted_requests_total") >= aborted_before
+    # The server counted each request once, and exactly the aborts the clients saw.
+    assert metric(server, "sglang:num_requests_total") - requests_before == count
+    aborted = metric(server, "sglang:num_aborted_requests_total") - aborted_before
+    assert aborted == kinds.get("abort", 0), kinds
     r = httpx.post(
         f"{server.base_url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=HANG_S
     )

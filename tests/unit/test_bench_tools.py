@@ -14,28 +14,14 @@ from radixserve import bench_offline_throughput, bench_one_batch
 from radixserve.benchmarking.model_cost import ModelCost
 from radixserve.benchmarking.server_cli import parse_with_server_args
 from tests.helpers.model_driver import ManualDriver
+from tests.helpers.tiny_models import save_word_tokenizer
 from tests.unit.tiny_model import TINY_VOCAB, write_tiny_llama
-
-
-def _write_word_tokenizer(folder: Path) -> None:
-    """A word-level tokenizer ("w<i>" is token i) saved next to the tiny model."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {f"w{i}": i for i in range(TINY_VOCAB)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="w0", bos_token="w1", eos_token="w2"
-    )
-    fast.save_pretrained(folder)
 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = write_tiny_llama(tmp_path_factory.mktemp("tiny-bench"))
-    _write_word_tokenizer(folder)
+    save_word_tokenizer(folder, TINY_VOCAB)
     return folder
 
 

@@ -88,9 +88,10 @@ def test_unknown_config_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 
 def test_unsupported_option_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    message = _fail(["serve", "m", "--device", "cpu", "--enable-lora"], capsys)
+    message = _fail(["serve", "m", "--device", "cpu", "--enable-lora-overlap-loading"], capsys)
     assert message == (
-        "--enable-lora: not supported by radixserve yet: --enable-lora=True (leave at the default)"
+        "--enable-lora-overlap-loading: not supported by radixserve yet: "
+        "--enable-lora-overlap-loading=True (leave at the default)"
     )
 
 

@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from radixserve.entrypoints.http_server import create_app
 from radixserve.errors import InvalidRequestError
 from radixserve.managers.detokenizer import IncrementalDetokenizer
+from radixserve.managers.runtime_control import check_pause_mode
 from radixserve.managers.tokenizer_manager import RequestError, TokenizerManager
 from radixserve.messages import FinishReason, ReqOutput, TokenizedGenerateReq
 
@@ -90,10 +91,12 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.abort_flags: set[str] = set()
         self.seen_prompts: set[tuple[int, ...]] = set()
+        self.radix_tree: dict[str, Any] | None = None
         self.calls: list[dict[str, Any]] = []
         self.alive = True
         # The scripted reply (tool-call and reasoning tests script the model's output).
         self.reply: str = engine_opts.get("reply", REPLY)
+        self.controls: list[tuple[str, Any]] = []
 
     # -- the engine API used by the HTTP layer ----------------------------------------------
     async def async_generate(
@@ -106,8 +109,16 @@ class FakeEngine:
         top_logprobs_num: int | None = None,
         stream: bool = False,
         rid: Any = None,
-        priority: int | None = None,
+        lora_path: Any = None,
+        priority: Any = None,
+        session_params: Any = None,
+        custom_logit_processor: Any = None,
     ) -> Any:
+        if lora_path is not None and any(
+            p is not None for p in (lora_path if isinstance(lora_path, list) else [lora_path])
+        ):
+            # As the real Engine started without --enable-lora.
+            raise RequestError("This server serves no LoRA adapters.", "lora_path")
         self.calls.append(
             {
                 "prompt": prompt,
@@ -125,6 +136,12 @@ class FakeEngine:
         count = len(prompts if prompts is not None else ids_list)
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * count
         rids = rid if isinstance(rid, list) else [rid] * count
+
+        def per_item(value: Any) -> list[Any]:
+            return value if isinstance(value, list) else [value] * count
+
+        priorities, sessions = per_item(priority), per_item(session_params)
+        processors = per_item(custom_logit_processor)
         items = []
         for i in range(count):
             items.append(
@@ -137,6 +154,9 @@ class FakeEngine:
                     logprob_start_len=logprob_start_len,
                     top_logprobs_num=top_logprobs_num,
                     stream=stream,
+                    priority=priorities[i],
+                    session_params=sessions[i],
+                    custom_logit_processor=processors[i],
                 )
             )
         if stream:
@@ -145,6 +165,43 @@ class FakeEngine:
             return self._stream(*items[0])
         results = await asyncio.gather(*(self._collect(m, s) for m, s in items))
         return results[0] if single else list(results)
+
+    # -- runtime controls: recorded, with the real engine's argument checks ----------------
+    def pause_generation(self, mode: str = "abort") -> None:
+        check_pause_mode(mode)
+        self.controls.append(("pause_generation", mode))
+
+    def continue_generation(self) -> None:
+        self.controls.append(("continue_generation", None))
+
+    def open_session(
+        self, capacity_of_str_len: int | None = None, session_id: str | None = None
+    ) -> str:
+        sid = session_id or uuid.uuid4().hex
+        self.controls.append(("open_session", sid))
+        return sid
+
+    def close_session(self, session_id: str) -> None:
+        self.controls.append(("close_session", session_id))
+
+    def update_weights_from_disk(
+        self, model_path: str, load_format: str | None = None, abort_all_requests: bool = False
+    ) -> dict[str, Any]:
+        self.controls.append(("update_weights_from_disk", model_path))
+        return {
+            "success": False,
+            "message": "The fake engine has no weights.",
+            "num_paused_requests": 0,
+        }
+
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list[Any]:
+        raise RequestError(f"No parameter named {name!r}.", "name")
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self.controls.append(("release_memory_occupation", tags))
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self.controls.append(("resume_memory_occupation", tags))
 
     def abort_request(self, rid: str | None = None, abort_all: bool = False) -> None:
         targets = list(self.active) if abort_all else [rid]
@@ -166,6 +223,9 @@ class FakeEngine:
             "available_kv_tokens": 1000 - used,
             "cached_tokens": 0,
         }
+
+    def get_radix_tree(self, max_nodes: int = 120) -> dict[str, Any] | None:
+        return self.radix_tree
 
     def is_alive(self) -> bool:
         return self.alive

@@ -57,7 +57,15 @@ def test_dashboard_state_has_the_fields_the_page_reads() -> None:
     assert gauges["num_used_tokens"] == 100 and gauges["max_total_num_tokens"] == 1000
     assert gauges["token_usage"] == pytest.approx(0.1)
     assert set(body["totals"]) >= {"generation_tokens_total", "ttft_seconds_sum", "ttft_count"}
-    assert body["radix_tree"] is None
+    assert body["radix_tree"] is None  # the fake engine has no radix cache
+
+
+def test_dashboard_state_carries_the_engine_radix_tree() -> None:
+    tree = {"tokens": 9, "nodes": 1, "shown": 1, "root": {"children": [], "other_tokens": 0}}
+    with make_client() as (client, engine):
+        engine.radix_tree = tree
+        body = client.get("/dashboard/state").json()
+    assert body["radix_tree"] == tree
 
 
 def test_dashboard_counters_move_after_a_streamed_chat() -> None:

@@ -35,9 +35,11 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "radixserve.managers.tokenizer_manager": (
         "radixserve.errors",
         "radixserve.managers.detokenizer",
+        "radixserve.managers.session_params",  # session_params checked before queueing
         "radixserve.messages",
         "radixserve.sampling.sampling_params",
         "radixserve.sampling.constrained",  # grammar validation before queueing
+        "radixserve.sampling.custom_logit_processor",  # its string's shape, checked (not loaded)
     ),
 }
 # package prefix -> radixserve modules it must never import

@@ -34,9 +34,11 @@ def test_support_table_is_honest_about_key_options() -> None:
     assert levels["--cuda-graph-max-bs-decode"] is Support.NOT_APPLICABLE
     assert levels["--cuda-graph-max-bs"] is Support.NOT_APPLICABLE
     assert levels["--enable-nccl-nvls"] is Support.NOT_APPLICABLE
-    assert levels["--lora-paths"] is Support.UNSUPPORTED
+    assert levels["--lora-paths"] is Support.IMPLEMENTED
+    assert levels["--enable-lora-overlap-loading"] is Support.UNSUPPORTED
     assert levels["--speculative-algorithm"] is Support.UNSUPPORTED
     assert levels["--disaggregation-mode"] is Support.UNSUPPORTED
-    assert levels["--enable-hierarchical-cache"] is Support.UNSUPPORTED
+    assert levels["--enable-hierarchical-cache"] is Support.IMPLEMENTED
+    assert levels["--hicache-io-backend"] is Support.NOT_APPLICABLE
     # A deprecated spelling is as supported as the option it stands for.
     assert levels["--stream-output"] is levels["--incremental-streaming-output"]

@@ -167,13 +167,15 @@ def test_bad_values_name_the_option(kwargs: dict[str, object], message: str) -> 
 
 def test_unsupported_options_are_refused_not_ignored() -> None:
     with pytest.raises(ServerArgsError) as info:
-        _cpu(lora_paths=["a"], speculative_algorithm="EAGLE")
+        _cpu(enable_lora_overlap_loading=True, disaggregation_mode="prefill")
     message = str(info.value)
-    assert info.value.option == "--speculative-algorithm"
+    assert info.value.option == "--enable-lora-overlap-loading"
     assert "not supported by radixserve yet" in message
-    assert "--lora-paths=('a',)" in message and "--speculative-algorithm=EAGLE" in message
+    assert "--enable-lora-overlap-loading=True" in message
+    assert "--disaggregation-mode=prefill" in message
     # Leaving them at their defaults is fine.
-    assert _cpu(lora_paths=None, speculative_algorithm=None).other["lora_paths"] is None
+    args = _cpu(enable_lora_overlap_loading=None, disaggregation_mode="null")
+    assert args.other["enable_lora_overlap_loading"] is None
 
 
 def test_implemented_options_refuse_unsupported_choices() -> None:

@@ -143,7 +143,9 @@ def test_json_reply_is_reported_valid(page: Any, shots: Path) -> None:
 def test_dashboard_numbers_move_under_load(page: Any, shots: Path) -> None:
     import httpx
 
-    with _server(FakeEngine(token_delay=0.01)) as base:
+    engine = FakeEngine(token_delay=0.01)
+    engine.radix_tree = _sample_tree()
+    with _server(engine) as base:
         page.goto(base + "/dashboard", wait_until="load")
         page.wait_for_selector("#banner:has-text('401')")
         _set_key(page, KEY)
@@ -159,4 +161,26 @@ def test_dashboard_numbers_move_under_load(page: Any, shots: Path) -> None:
         page.wait_for_function(
             "() => document.getElementById('ttft').textContent !== '-'", timeout=15000
         )
-        page.screenshot(path=str(shots / "dashboard.png"))
+        # The radix tree is drawn: one box per shown node, the shared prefix spanning the row.
+        shown = engine.radix_tree["shown"]
+        page.wait_for_function(f"() => document.querySelectorAll('#tree .node').length >= {shown}")
+        widths = page.eval_on_selector_all("#tree .node", "els => els.map(e => e.style.width)")
+        assert widths[0] == "100%"
+        assert "nodes" in page.text_content("#treesummary")
+        page.screenshot(path=str(shots / "dashboard.png"), full_page=True)
+
+
+def _sample_tree() -> dict[str, Any]:
+    """A real RadixCache's snapshot: a shared system prompt with three conversations under it."""
+    import torch
+
+    from radixserve.mem_cache.radix_cache import RadixCache
+    from radixserve.mem_cache.tree_snapshot import tree_snapshot
+
+    cache = RadixCache()
+    system = list(range(1, 41))
+    for i, tail in enumerate(([50] * 30, [60] * 12 + [61] * 8, [70] * 6)):
+        cache.insert(system + tail, torch.arange(i * 100, i * 100 + 40 + len(tail)))
+    cache.inc_lock_ref(cache.match_prefix(system + [60] * 12 + [61] * 8).last_node)
+    words = ["You", "are", "a", "helpful", "assistant", "who", "answers", "briefly"]
+    return tree_snapshot(cache.root, decode=lambda ids: " ".join(words[i % 8] for i in ids))

@@ -57,6 +57,8 @@ class SamplingExtensions(BaseModel):
     custom_params: dict[str, Any] | None = None
     rid: str | list[str] | None = None
     priority: int | None = None
+    # A loaded LoRA adapter's name (a list: one per prompt of a completions batch).
+    lora_path: str | list[str | None] | None = None
 
 
 class CompletionRequest(SamplingExtensions):
@@ -247,6 +249,10 @@ class GenerateReqInput(BaseModel):
     stream: bool = False
     rid: str | list[str] | None = None
     priority: int | None = None
+    # A loaded LoRA adapter's name, or one per prompt (None: the base model).
+    lora_path: str | list[str | None] | None = None
+    session_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    custom_logit_processor: str | list[str] | None = None
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateReqInput:

@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
 from radixserve.entrypoints.openai.errors import ApiError
+from radixserve.entrypoints.openai.lora_model import adapter_names
 from radixserve.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -42,13 +43,21 @@ def _model_card(ctx: ServingContext) -> dict[str, Any]:
     }
 
 
+def _adapter_card(ctx: ServingContext, name: str) -> dict[str, Any]:
+    """A loaded LoRA adapter, as SGLang lists it (its root is its name, not a host path)."""
+    return {**_model_card(ctx), "id": name, "root": name, "parent": ctx.model_name}
+
+
 async def list_models(request: Request) -> Response:
     ctx = get_ctx(request)
-    return JSONResponse({"object": "list", "data": [_model_card(ctx)]})
+    cards = [_model_card(ctx), *(_adapter_card(ctx, n) for n in adapter_names(ctx))]
+    return JSONResponse({"object": "list", "data": cards})
 
 
 async def retrieve_model(request: Request, model: str) -> Response:
     ctx = get_ctx(request)
+    if model != ctx.model_name and model in adapter_names(ctx):
+        return JSONResponse(_adapter_card(ctx, model))
     if model != ctx.model_name:
         raise ApiError(
             404, f"The model {model!r} does not exist.", param="model", err_type="not_found_error"

@@ -23,6 +23,7 @@ from radixserve.entrypoints.openai.common import (
 )
 from radixserve.entrypoints.openai.errors import ApiError
 from radixserve.entrypoints.openai.execute import start_generation
+from radixserve.entrypoints.openai.lora_model import resolve_model_and_adapter
 from radixserve.entrypoints.openai.protocol import ChatCompletionRequest
 from radixserve.entrypoints.openai.sampling import chat_param_names, chat_sampling_params
 from radixserve.entrypoints.request_body import read_model
@@ -54,7 +55,9 @@ def plan_chat(
 ) -> ChatPlan:
     """Validate and tokenize a chat request; `response_id` names it (the Responses route
     passes its own `resp_...` id)."""
-    ctx.check_model(req.model)
+    if isinstance(req.lora_path, list):
+        raise ApiError(400, "lora_path must be one adapter name for a chat.", param="lora_path")
+    adapter = resolve_model_and_adapter(ctx, req.model, req.lora_path)
     params = chat_sampling_params(req)
     try:
         output = plan_output(ctx.server_args, req)
@@ -71,7 +74,10 @@ def plan_chat(
         rids = [req.rid] if req.n == 1 else [f"{req.rid}-{k}" for k in range(req.n)]
     else:
         rids = [f"{rid}-{k}" for k in range(req.n)]
-    items = [GenItem(dict(params), None, list(prompt_ids), r) for r in rids]
+    items = [
+        GenItem(dict(params), None, list(prompt_ids), r, lora_path=adapter, priority=req.priority)
+        for r in rids
+    ]
     opts = LogprobOptions(return_logprob=req.logprobs, top_logprobs_num=req.top_logprobs or 0)
     return ChatPlan(req, rid, items, opts, output)
 

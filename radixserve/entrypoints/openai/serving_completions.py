@@ -22,6 +22,7 @@ from radixserve.entrypoints.openai.common import (
 )
 from radixserve.entrypoints.openai.errors import ApiError
 from radixserve.entrypoints.openai.execute import start_generation
+from radixserve.entrypoints.openai.lora_model import resolve_model_and_adapter
 from radixserve.entrypoints.openai.protocol import CompletionRequest
 from radixserve.entrypoints.openai.sampling import (
     COMPLETION_PARAM_NAMES,
@@ -71,7 +72,7 @@ def _item_rids(base: str, user_rid: str | list[str] | None, count: int) -> list[
 
 
 def plan_completion(ctx: ServingContext, req: CompletionRequest) -> _Plan:
-    ctx.check_model(req.model)
+    adapter = resolve_model_and_adapter(ctx, req.model, req.lora_path)
     texts, ids_list = _prompts(req)
     params = completion_sampling_params(req)
     rid = new_id("cmpl")
@@ -79,7 +80,14 @@ def plan_completion(ctx: ServingContext, req: CompletionRequest) -> _Plan:
     rids = _item_rids(rid, req.rid, count)
     items: list[GenItem] = []
     echo_texts: list[str] = []
-    for i in range(count // req.n):
+    num_prompts = count // req.n
+    if isinstance(adapter, list) and len(adapter) != num_prompts:
+        raise ApiError(
+            400,
+            f"lora_path has {len(adapter)} entries for {num_prompts} prompts.",
+            param="lora_path",
+        )
+    for i in range(num_prompts):
         text = texts[i] if texts is not None else None
         ids = ids_list[i] if ids_list is not None else None
         if req.echo and text is not None:
@@ -87,7 +95,12 @@ def plan_completion(ctx: ServingContext, req: CompletionRequest) -> _Plan:
         elif req.echo:
             echo_texts.append(ctx.require_tokenizer("echo of token ids").decode(ids or []))
         for _ in range(req.n):
-            items.append(GenItem(dict(params), text, ids, rids[len(items)]))
+            lora = adapter[i] if isinstance(adapter, list) else adapter
+            items.append(
+                GenItem(
+                    dict(params), text, ids, rids[len(items)], lora_path=lora, priority=req.priority
+                )
+            )
     want_logprobs = req.logprobs is not None
     opts = LogprobOptions(
         return_logprob=want_logprobs,

@@ -24,6 +24,11 @@ async def dashboard_state(request: Request) -> JSONResponse:
     except Exception:  # the dashboard should show "engine unreachable", not a 500 page
         logger.warning("Could not read engine state for the dashboard", exc_info=True)
         info = {}
+    try:
+        tree = await call_engine(ctx.engine.get_radix_tree) if info else None
+    except Exception:
+        logger.warning("Could not read the radix tree for the dashboard", exc_info=True)
+        tree = None
     hit_rate = ctx.metrics.cache_hit_rate() if ctx.metrics else 0.0
     body: dict[str, Any] = {
         "time": time.time(),
@@ -33,7 +38,7 @@ async def dashboard_state(request: Request) -> JSONResponse:
         "inflight_http_requests": ctx.state.inflight,
         "gauges": engine_gauges(info, hit_rate),
         "totals": ctx.metrics.totals() if ctx.metrics else {},
-        # The scheduler does not export its radix tree over the control channel yet.
-        "radix_tree": None,
+        # None when the radix cache is off (--disable-radix-cache) or the engine is unreachable.
+        "radix_tree": tree,
     }
     return JSONResponse(body)
