@@ -23,6 +23,7 @@ loads still spread.
 from __future__ import annotations
 
 import threading
+import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -108,11 +109,15 @@ class DataParallelController:
         self._lock = threading.Lock()
 
     # -- routing ----------------------------------------------------------------------------
-    def route(self, rid: str, input_ids: Sequence[int]) -> int:
-        """Choose the replica for a new request and count it there."""
+    def route(self, rid: str, input_ids: Sequence[int], session_id: str | None = None) -> int:
+        """Choose the replica for a new request and count it there. A session's requests all
+        go to one replica (its saved tokens live there), chosen by the session id."""
         with self._lock:
             chain = PrefixIndex.chain(input_ids) if self.method == "auto" else []
-            replica, by_prefix = self._choose(input_ids, chain)
+            if session_id is not None:
+                replica, by_prefix = zlib.crc32(session_id.encode()) % self.dp_size, False
+            else:
+                replica, by_prefix = self._choose(input_ids, chain)
             self._last = replica
             load = self.loads[replica]
             load.inflight_reqs += 1

@@ -270,7 +270,9 @@ class MultiProcessRuntime:
             sink(out)
 
         self.router.register(msg.rid, counted)  # a duplicate rid raises before routing
-        replica = controller.route(msg.rid, msg.input_ids)
+        session = msg.session_params or {}
+        session_id = None if session.get("id") is None else str(session["id"])
+        replica = controller.route(msg.rid, msg.input_ids, session_id)
         try:
             self._send(msg, replica)
         except BaseException:

@@ -160,3 +160,11 @@ def test_replica_layout_says_who_runs_where(monkeypatch: pytest.MonkeyPatch) -> 
     # Four ranks on two cores: replicas must share, and the description says so.
     crowded = ReplicaCpuLayout(tuple(tuple(p) for p in plan_replicas(2, 2, env={})))
     assert "replicas share CPUs 0,1" in crowded.describe()
+
+
+def test_a_sessions_requests_stay_on_one_replica() -> None:
+    ctl = DataParallelController(3, "round_robin")
+    replicas = {ctl.route(f"s{i}", [1, 2], session_id="chat-7") for i in range(5)}
+    assert len(replicas) == 1
+    others = {ctl.route(f"t{i}", [1, 2], session_id=f"chat-{i}") for i in range(20)}
+    assert len(others) > 1  # different sessions still spread
