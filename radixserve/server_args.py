@@ -97,6 +97,7 @@ class ServerArgs:
     node_rank: int = 0
     pp_size: int = 1
     dp_size: int = 1
+    load_balance_method: str = "auto"
     dist_init_addr: str | None = None
     dist_timeout: int | None = None
     nccl_port: int | None = None

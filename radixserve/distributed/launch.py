@@ -26,6 +26,8 @@ class DistConfig:
     world_size: int
     timeout_s: int
     backend: str  # "gloo" or "nccl"
+    # The GPU of rank 0 (with --dp-size, replica d's ranks start at GPU d * tp).
+    base_gpu: int = 0
 
 
 def free_local_port() -> int:
@@ -53,7 +55,7 @@ def init_tensor_parallel(config: DistConfig, rank: int) -> None:
     import torch.distributed as dist
 
     if config.backend == "nccl":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
+        torch.cuda.set_device((config.base_gpu + rank) % torch.cuda.device_count())
     dist.init_process_group(
         backend=config.backend,
         init_method=f"tcp://{config.init_addr}",

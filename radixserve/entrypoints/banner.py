@@ -10,12 +10,14 @@ def startup_banner(server_args: Any, ready: Any, cpu_plan: Any, url: str) -> str
     None when the model runs in this process)."""
     kv_dtype = getattr(server_args, "resolved_kv_cache_dtype", "") or server_args.kv_cache_dtype
     quant = getattr(server_args, "quantization", None) or "none"
+    dp = int(getattr(server_args, "dp_size", 1) or 1)
+    per_replica = f" per replica x {dp} replicas" if dp > 1 else ""
     rows = [
         ("model", f"{server_args.served_model_name} ({', '.join(ready.architectures)})"),
         ("weights", f"{server_args.resolved_dtype} on {server_args.device}, quantization {quant}"),
         ("attention", server_args.attention_backend),
         ("threads", cpu_plan.describe() if cpu_plan is not None else "in-process"),
-        ("KV cache", f"{ready.max_total_tokens:,} tokens ({kv_dtype})"),
+        ("KV cache", f"{ready.max_total_tokens:,} tokens{per_replica} ({kv_dtype})"),
         ("context", f"{ready.context_len:,} tokens"),
         (
             "batching",

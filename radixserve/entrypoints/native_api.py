@@ -142,10 +142,12 @@ async def server_info(request: Request) -> Response:
     if "cache_hit_rate" not in live:
         live["cache_hit_rate"] = ctx.metrics.cache_hit_rate() if ctx.metrics else 0.0
     live["num_inflight_http_reqs"] = ctx.state.inflight
+    # With --dp-size the engine answers one state per replica (SGLang: one per dp rank).
+    states = live.pop("internal_states", None) or [live]
     body = {
         **_args_dict(ctx.server_args),
         **live,
-        "internal_states": [live],
+        "internal_states": states,
         "version": radixserve.__version__,
     }
     return JSONResponse(body)

@@ -29,7 +29,7 @@ def run_detokenizer_process(
     manager: DetokenizerManager | None = None
     while True:
         msg: Any = receiver.recv_pyobj()
-        if isinstance(msg, SchedulerReady):
+        if isinstance(msg, SchedulerReady) and manager is None:  # one per dp replica
             manager = DetokenizerManager(_decoder_for(server_args, msg))
         elif isinstance(msg, BatchOutput) and manager is not None:
             manager.handle(msg.outputs)

@@ -5,6 +5,13 @@
 With --tp-size N the scheduler is tensor-parallel rank 0 and N - 1 worker processes (ranks 1..N-1)
 run the same forward steps, joined to it by torch.distributed (managers/tp_sync.py).
 
+With --dp-size D there are D such schedulers (replicas: each its own model copy, KV pool and
+radix cache, each with its own TP ranks and process group), all sending to the one detokenizer
+(as in SGLang: its work is light, and a process fewer on a small machine). The data-parallel
+controller (managers/dp_controller.py) picks each request's replica in this process, where
+every request and output passes anyway; aborts follow the request to its replica, control
+calls go to every replica and their answers are merged (managers/dp_info.py).
+
 Children die with this process (even on SIGKILL). If a child dies, every waiting request
 fails once with an error and `is_alive()` turns False (the server then answers /health with
 503 and exits non-zero).
@@ -12,6 +19,7 @@ fails once with an error and `is_alive()` turns False (the server then answers /
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing as mp
 import os
@@ -28,11 +36,22 @@ import zmq
 from radixserve.distributed.launch import DistConfig, dist_config_for
 from radixserve.distributed.nodes import node_layout
 from radixserve.managers.detokenizer_process import run_detokenizer_process
+from radixserve.managers.dp_controller import DataParallelController
+from radixserve.managers.dp_info import merge_replica_infos
 from radixserve.managers.process_utils import ipc_address
 from radixserve.managers.request_router import RequestRouter, RuntimeDeadError, Sink
 from radixserve.managers.scheduler_process import run_scheduler_process
 from radixserve.managers.tp_worker_process import run_tp_worker_process
-from radixserve.messages import AbortReq, SchedulerFailed, SchedulerReady, TokenizedGenerateReq
+from radixserve.messages import (
+    AbortReq,
+    FlushCacheReq,
+    GetInfoReq,
+    ReqOutput,
+    SchedulerFailed,
+    SchedulerReady,
+    TokenizedGenerateReq,
+)
+from radixserve.utils.cpu_threads import ReplicaCpuLayout, plan_replicas
 
 if TYPE_CHECKING:
     from radixserve.server_args import ServerArgs
@@ -67,73 +86,113 @@ class MultiProcessRuntime:
         self.router = RequestRouter()
         self._dead_reason: str | None = None
         self._stopping = False
+        self.dp_size = server_args.dp_size
+        self.controller = DataParallelController(self.dp_size, server_args.load_balance_method)
         self._folder = Path(tempfile.mkdtemp(prefix="radixserve-ipc-"))
-        sched_in = ipc_address(self._folder, "scheduler")
+        sched_ins = [ipc_address(self._folder, f"scheduler-{d}") for d in range(self.dp_size)]
         detok_in = ipc_address(self._folder, "detokenizer")
         api_in = ipc_address(self._folder, "api")
         self._ctx = zmq.Context()
         self._receiver = self._ctx.socket(zmq.PULL)
         self._receiver.bind(api_in)
-        self._sender = self._ctx.socket(zmq.PUSH)
-        self._sender.connect(sched_in)
+        self._senders = []
+        for address in sched_ins:
+            sender = self._ctx.socket(zmq.PUSH)
+            sender.connect(address)
+            self._senders.append(sender)
         self._send_lock = threading.Lock()
         spawn = mp.get_context("spawn")
         pid = os.getpid()
-        # This node's ranks (all of them on one node; rank 0 and its node's share with --nnodes).
-        layout = node_layout(server_args)
         # Decided here, before any process changes its affinity: the children inherit ours.
-        plans = {rank: layout.cpu_plan(rank) for rank in layout.local_ranks}
-        self.cpu_plan = plans[0]
-        dist = self._dist_config(server_args)
-        self.processes = [
-            spawn.Process(
-                target=run_scheduler_process,
-                args=(server_args, sched_in, detok_in, pid, self.cpu_plan, dist),
-                name="radixserve-scheduler",
-                daemon=True,
-            ),
+        if server_args.nnodes > 1:
+            # dp is 1 here (refused otherwise); this node runs rank 0 and its share of the
+            # other ranks, the other nodes the rest (distributed/nodes.py).
+            layout = node_layout(server_args)
+            plans = [
+                [
+                    layout.cpu_plan(rank) if rank in layout.local_ranks else None
+                    for rank in range(server_args.tp_size)
+                ]
+            ]
+        else:
+            plans = plan_replicas(self.dp_size, server_args.tp_size)
+        self.cpu_plan: Any = plans[0][0]
+        if self.dp_size > 1:
+            self.cpu_plan = ReplicaCpuLayout(tuple(tuple(p) for p in plans))
+            logger.info("CPU cores: %s", self.cpu_plan.describe())
+        self.processes = self._replica_processes(spawn, 0, sched_ins[0], detok_in, pid, plans[0])
+        # Index 1 is the detokenizer (after replica 0's scheduler, before its TP ranks).
+        self.processes.insert(
+            1,
             spawn.Process(
                 target=run_detokenizer_process,
-                args=(server_args, detok_in, api_in, pid, self.cpu_plan),
+                args=(server_args, detok_in, api_in, pid, plans[0][0]),
                 name="radixserve-detokenizer",
                 daemon=True,
             ),
-        ]
-        if dist is not None:
-            self.processes += [
-                spawn.Process(
-                    target=run_tp_worker_process,
-                    args=(server_args, rank, dist, pid, plans[rank]),
-                    name=f"radixserve-tp-rank-{rank}",
-                    daemon=True,
-                )
-                for rank in layout.local_ranks
-                if rank != 0
-            ]
+        )
+        for d in range(1, self.dp_size):
+            self.processes += self._replica_processes(
+                spawn, d, sched_ins[d], detok_in, pid, plans[d]
+            )
         for proc in self.processes:
             proc.start()
         try:
-            self.ready = self._wait_ready()
+            self.readies = self._wait_ready()
         except BaseException:
             self.shutdown()
             raise
+        self.ready = self.readies[0]
         self._reader = threading.Thread(target=self._read, name="radixserve-reader", daemon=True)
         self._reader.start()
         self._watcher = threading.Thread(target=self._watch, name="radixserve-watch", daemon=True)
         self._watcher.start()
 
     # -- startup ----------------------------------------------------------------------------
+    def _replica_processes(
+        self, spawn: Any, dp_rank: int, sched_in: str, detok_in: str, pid: int, plans: list[Any]
+    ) -> list[Any]:
+        """Replica `dp_rank`'s scheduler (its TP rank 0) and its TP ranks above 0."""
+        args = self.server_args
+        dist = self._dist_config(args, dp_rank)
+        suffix = f"-dp{dp_rank}" if self.dp_size > 1 else ""
+        procs = [
+            spawn.Process(
+                target=run_scheduler_process,
+                args=(args, sched_in, detok_in, pid, plans[0], dist, dp_rank if suffix else None),
+                name=f"radixserve-scheduler{suffix}",
+                daemon=True,
+            )
+        ]
+        if dist is not None:
+            procs += [
+                spawn.Process(
+                    target=run_tp_worker_process,
+                    args=(args, rank, dist, pid, plans[rank]),
+                    name=f"radixserve{suffix}-tp-rank-{rank}",
+                    daemon=True,
+                )
+                for rank in range(1, args.tp_size)
+                if plans[rank] is not None  # None: a rank another node runs (--nnodes)
+            ]
+        return procs
+
     @staticmethod
-    def _dist_config(server_args: ServerArgs) -> DistConfig | None:
+    def _dist_config(server_args: ServerArgs, dp_rank: int = 0) -> DistConfig | None:
         if server_args.tp_size == 1:
             return None
-        return dist_config_for(
-            server_args.tp_size,
-            server_args.device,
-            server_args.dist_init_addr,
-            server_args.nccl_port,
-            server_args.dist_timeout,
+        # Each replica is its own process group: its own rendezvous port (the given one plus
+        # the replica's rank, as SGLang offsets its ports per dp rank) and its own GPUs.
+        addr, port = server_args.dist_init_addr, server_args.nccl_port
+        if addr and dp_rank:
+            host, _, base = addr.rpartition(":")
+            addr = f"{host}:{int(base) + dp_rank}"
+        if port and dp_rank:
+            port += dp_rank
+        config = dist_config_for(
+            server_args.tp_size, server_args.device, addr, port, server_args.dist_timeout
         )
+        return dataclasses.replace(config, base_gpu=dp_rank * server_args.tp_size)
 
     def _startup_message(self, wait_s: float) -> SchedulerReady | None:
         """The scheduler's first message within `wait_s` (None if none came)."""
@@ -159,12 +218,17 @@ class MultiProcessRuntime:
                     self._startup_message(0.5)
                 return
 
-    def _wait_ready(self) -> SchedulerReady:
+    def _wait_ready(self) -> list[SchedulerReady]:
+        """Every replica's SchedulerReady (in arrival order: they are alike)."""
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        readies: list[SchedulerReady] = []
         while time.monotonic() < deadline:
             ready = self._startup_message(0.5)
             if ready is not None:
-                return ready
+                readies.append(ready)
+                if len(readies) == self.dp_size:
+                    return readies
+                continue
             for proc in self.processes:
                 if not proc.is_alive():
                     self._await_scheduler_reason()
@@ -207,32 +271,73 @@ class MultiProcessRuntime:
     def is_alive(self) -> bool:
         return self._dead_reason is None and all(p.is_alive() for p in self.processes)
 
-    def _send(self, msg: Any) -> None:
+    def _send(self, msg: Any, replica: int = 0) -> None:
         with self._send_lock:
-            self._sender.send_pyobj(msg)
+            self._senders[replica].send_pyobj(msg)
 
     def submit(self, msg: TokenizedGenerateReq, sink: Sink) -> None:
         if not self.is_alive():
             raise RuntimeDeadError(self._dead_reason or "The engine is not running.")
-        self.router.register(msg.rid, sink)
-        self._send(msg)
+        if self.dp_size == 1:
+            self.router.register(msg.rid, sink)
+            self._send(msg)
+            return
+        controller = self.controller
+
+        def counted(out: ReqOutput) -> None:
+            controller.on_output(out.rid, len(out.new_token_ids), out.finished is not None)
+            sink(out)
+
+        self.router.register(msg.rid, counted)  # a duplicate rid raises before routing
+        session = msg.session_params or {}
+        session_id = None if session.get("id") is None else str(session["id"])
+        replica = controller.route(msg.rid, msg.input_ids, session_id)
+        try:
+            self._send(msg, replica)
+        except BaseException:
+            controller.forget(msg.rid)
+            raise
 
     def abort(self, rid: str | None = None, abort_all: bool = False) -> None:
-        if self.is_alive():
-            self._send(AbortReq(rid=rid, abort_all=abort_all))
+        if not self.is_alive():
+            return
+        replica = None if abort_all or rid is None else self.controller.replica_of(rid)
+        if self.dp_size == 1 or replica is not None:
+            self._send(AbortReq(rid=rid, abort_all=abort_all), replica or 0)
+            return
+        # abort_all, or a rid not in flight (already finished): every replica, harmlessly.
+        for d in range(self.dp_size):
+            self._send(AbortReq(rid=rid, abort_all=abort_all), d)
 
     def call(self, request: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
         if not self.is_alive():
             raise RuntimeDeadError(self._dead_reason or "The engine is not running.")
-        call, reply = self.router.new_call(request)
-        self._send(call)
-        try:
-            result = reply.get(timeout=timeout)
-        except queue.Empty:
-            raise TimeoutError("The scheduler did not answer in time.") from None
-        if isinstance(result, Exception):
-            raise result
-        return result
+        replies = []
+        for d in range(self.dp_size):  # every replica at once, then the answers
+            call, reply = self.router.new_call(request)
+            self._send(call, d)
+            replies.append(reply)
+        deadline = time.monotonic() + timeout
+        results = []
+        for reply in replies:
+            try:
+                result = reply.get(timeout=max(deadline - time.monotonic(), 0.001))
+            except queue.Empty:
+                raise TimeoutError("The scheduler did not answer in time.") from None
+            if isinstance(result, Exception):
+                raise result
+            results.append(result)
+        if self.dp_size == 1:
+            return results[0]
+        if isinstance(request, FlushCacheReq):
+            return all(results)
+        if isinstance(request, GetInfoReq):
+            return merge_replica_infos(
+                [{**info, **self.controller.snapshot(d)} for d, info in enumerate(results)]
+            )
+        # Every other control call (pause, weights, memory, LoRA, ...) acts on every replica
+        # alike; their answers match, so replica 0's stands for all.
+        return results[0]
 
     def shutdown(self) -> None:
         if self._stopping:
@@ -251,7 +356,8 @@ class MultiProcessRuntime:
                 proc.join(timeout=5)
         self.router.fail_all("The engine is shutting down.", status_code=503)
         self._receiver.close(linger=0)
-        self._sender.close(linger=0)
+        for sender in self._senders:
+            sender.close(linger=0)
         self._ctx.term()
         for item in self._folder.iterdir():
             item.unlink(missing_ok=True)

@@ -30,15 +30,22 @@ def run_scheduler_process(
     parent_pid: int,
     cpu_plan: CpuPlan,
     dist: DistConfig | None = None,
+    dp_rank: int | None = None,
 ) -> None:
     """The scheduler; with `dist` (--tp-size > 1) also tensor-parallel rank 0, which
-    broadcasts each step to the other ranks (managers/tp_sync.py)."""
-    receiver, sender = start_child("scheduler", server_args, in_addr, out_addr, parent_pid)
+    broadcasts each step to the other ranks (managers/tp_sync.py); with `dp_rank`
+    (--dp-size > 1) one data-parallel replica's."""
+    name = "scheduler" if dp_rank is None else f"scheduler-dp{dp_rank}"
+    receiver, sender = start_child(name, server_args, in_addr, out_addr, parent_pid)
     leader = None
     try:
         claim_compute_cores(cpu_plan)
         if dist is not None:
             init_tensor_parallel(dist, 0)
+        elif dp_rank and server_args.device == "cuda":
+            import torch
+
+            torch.cuda.set_device(dp_rank % torch.cuda.device_count())  # a GPU per replica
         scheduler, _, ready = build_scheduler(server_args)
         if dist is not None:
             from radixserve.managers.tp_sync import TpLeader

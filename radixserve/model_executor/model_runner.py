@@ -196,8 +196,12 @@ class ModelRunner:
             self._kv_dtype(),
         )
         memory = device_memory_bytes(self.device.type) or 0
+        ranks = ps.get_tp_size() * args.dp_size
         if self.device.type == "cpu":
-            memory //= ps.get_tp_size()  # the ranks share the host's memory
+            memory //= ranks  # every rank of every data-parallel replica shares the host's
+        elif ranks > torch.cuda.device_count():
+            # More ranks than GPUs: they take turns on the GPUs (rank % count) and share them.
+            memory //= -(-ranks // torch.cuda.device_count())
         tensors = [*self.model.parameters(), *self.model.buffers()]
         weight_bytes = sum(t.numel() * t.element_size() for t in tensors)
         pool = plan_kv_pool(

@@ -77,12 +77,23 @@ class _EngineGauges(Collector):
         self.metrics = metrics
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        gauges = engine_gauges(self.metrics.snapshot, self.metrics.cache_hit_rate())
+        snapshot = self.metrics.snapshot
+        states = snapshot.get("internal_states") or []
+        if len(states) > 1:
+            # --dp-size: one series per replica, labelled dp_rank as SGLang's schedulers do.
+            yield from self._per_replica(states)
+        else:
+            yield from self._gauges(engine_gauges(snapshot, self.metrics.cache_hit_rate()))
+        yield from self._tiers(snapshot)
+
+    def _gauges(self, gauges: Mapping[str, float]) -> Iterator[GaugeMetricFamily]:
         for name, value in gauges.items():
             family = GaugeMetricFamily(f"sglang:{name}", GAUGE_DOCS[name], labels=["model_name"])
             family.add_metric([self.metrics.model_name], value)
             yield family
-        tiers = tier_hits(self.metrics.snapshot)
+
+    def _tiers(self, snapshot: Mapping[str, Any]) -> Iterator[CounterMetricFamily]:
+        tiers = tier_hits(snapshot)
         if tiers:
             family = CounterMetricFamily(
                 "sglang:hicache_cached_tokens",
@@ -91,6 +102,19 @@ class _EngineGauges(Collector):
             )
             for tier, value in tiers.items():
                 family.add_metric([self.metrics.model_name, tier], value)
+            yield family
+
+    def _per_replica(self, states: list[Mapping[str, Any]]) -> Iterator[GaugeMetricFamily]:
+        per_state = [engine_gauges(state, 0.0) for state in states]
+        for name in GAUGE_DOCS:
+            if not all(name in gauges for gauges in per_state):
+                continue  # a gauge only some configurations have (speculative decoding's)
+            family = GaugeMetricFamily(
+                f"sglang:{name}", GAUGE_DOCS[name], labels=["model_name", "dp_rank"]
+            )
+            for rank, (state, gauges) in enumerate(zip(states, per_state, strict=True)):
+                dp_rank = str(state.get("dp_rank", rank))
+                family.add_metric([self.metrics.model_name, dp_rank], gauges[name])
             yield family
 
 

@@ -92,7 +92,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--dp-size",
         INT,
         1,
-        "Data parallelism size (only 1 is supported yet).",
+        "Data parallelism size. Here: that many independent replicas (each its own scheduler "
+        "process, model copy, KV pool and radix cache, and --tp-size ranks) behind one API "
+        "process and one detokenizer; the CPU cores are split between all replicas' ranks.",
         support=IMPLEMENTED,
         aliases=("--data-parallel-size",),
     ),
@@ -100,8 +102,15 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--load-balance-method",
         STR,
         "auto",
-        "How requests are spread over data-parallel workers.",
+        "How requests are spread over data-parallel workers. Here: round_robin; "
+        "total_requests (fewest requests in flight); total_tokens (fewest tokens held by the "
+        "requests in flight); auto, which SGLang resolves to round_robin, is cache-aware here "
+        "(a prompt whose prefix went to a replica before goes there again unless that replica "
+        "is much busier, else the fewest requests in flight). follow_bootstrap_room needs "
+        "prefill/decode disaggregation and is refused.",
+        support=IMPLEMENTED,
         choices=("auto", "round_robin", "follow_bootstrap_room", "total_requests", "total_tokens"),
+        supported_choices=("auto", "round_robin", "total_requests", "total_tokens"),
     ),
     value(
         "--attn-cp-size",

@@ -37,7 +37,7 @@ _POSITIVE = (
     "max_payload_size",
 )
 _PARALLEL = {"tp_size": "tensor", "dp_size": "data", "pp_size": "pipeline"}
-_NOT_YET_PARALLEL = ("dp_size", "pp_size")
+_NOT_YET_PARALLEL = ("pp_size",)
 
 
 def _option(dest: str) -> str:

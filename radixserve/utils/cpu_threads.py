@@ -12,6 +12,11 @@ cores this process may use are split into one contiguous share per tensor-parall
 of them with --tp-size 1), each rank's process is kept on its share, and its threads are left
 to the OS to place within it (on a machine shared with other work, a pinned thread cannot
 move off a busy core).
+
+With --dp-size D every data-parallel replica has its own --tp-size T ranks: the D x T ranks
+split the cores (replica-major: replica 0's ranks first), and SGLANG_CPU_OMP_THREADS_BIND
+lists D x T core sets in that order. Replicas compute at the same time, so sharing cores would
+only make their threads fight.
 """
 
 from __future__ import annotations
@@ -90,14 +95,23 @@ def split_cores(usable: Sequence[int], tp_size: int) -> list[tuple[int, ...]]:
     return [(usable[rank % len(usable)],) for rank in range(tp_size)]
 
 
-def _rank_sets(spec: str, tp_size: int, usable: Sequence[int]) -> list[tuple[int, ...]]:
+def _rank_name(index: int, tp_size: int, dp_size: int) -> str:
+    if dp_size == 1:
+        return f"TP rank {index}"
+    return f"rank {index} (data-parallel replica {index // tp_size}, TP rank {index % tp_size})"
+
+
+def _rank_sets(
+    spec: str, count: int, usable: Sequence[int], tp_size: int = 1, dp_size: int = 1
+) -> list[tuple[int, ...]]:
     ranks = spec.split("|")
-    if len(ranks) < tp_size:
+    if len(ranks) < count:
+        missing = _rank_name(len(ranks), tp_size, dp_size)
         raise ValueError(
-            f"{BIND_ENV}={spec!r} lists {len(ranks)} core sets, none for TP rank {len(ranks)}: "
+            f"{BIND_ENV}={spec!r} lists {len(ranks)} core sets, none for {missing}: "
             "give one core list per rank, separated by '|'"
         )
-    sets = [tuple(parse_cpu_list(text)) for text in ranks[:tp_size]]
+    sets = [tuple(parse_cpu_list(text)) for text in ranks[:count]]
     outside = sorted({c for cpus in sets for c in cpus if c not in usable})
     if outside:
         raise ValueError(
@@ -112,21 +126,75 @@ def plan_cpus(
     env: Mapping[str, str] | None = None,
     allowed: Sequence[int] | None = None,
     tp_size: int = 1,
+    dp_rank: int = 0,
+    dp_size: int = 1,
 ) -> CpuPlan:
-    """The compute and light CPU sets for the scheduler (or TP worker) of `tp_rank`."""
+    """The compute and light CPU sets for the scheduler (or TP worker) of `tp_rank` in
+    data-parallel replica `dp_rank`."""
     env = os.environ if env is None else env
     if allowed is None:
         allowed = _allowed_cpus()
     usable = sorted(allowed)
     spec = env.get(BIND_ENV, "").strip()
+    index = dp_rank * tp_size + tp_rank
     if spec:
-        sets = _rank_sets(spec, max(tp_size, tp_rank + 1), usable)
+        sets = _rank_sets(spec, max(tp_size * dp_size, index + 1), usable, tp_size, dp_size)
     else:
-        sets = split_cores(usable, tp_size)
-    compute = sets[tp_rank]
+        sets = split_cores(usable, tp_size * dp_size)
+    compute = sets[index]
     taken = {c for cpus in sets for c in cpus}
     spare = tuple(c for c in usable if c not in taken)
     return CpuPlan(tuple(compute), spare or tuple(usable), pin_threads=bool(spec))
+
+
+@dataclass(frozen=True)
+class ReplicaCpuLayout:
+    """Every data-parallel replica's rank plans (replica-major); what the API process and the
+    startup banner need from them. Duck-types CpuPlan's `light` and `describe`."""
+
+    plans: tuple[tuple[CpuPlan, ...], ...]  # [dp_rank][tp_rank]
+
+    @property
+    def light(self) -> tuple[int, ...]:
+        return self.plans[0][0].light
+
+    def describe(self) -> str:
+        def ranks(plans: tuple[CpuPlan, ...]) -> str:
+            return " + ".join(_format(p.compute) for p in plans)
+
+        replicas = "; ".join(
+            f"replica {d}: CPUs {ranks(plans)} ({sum(len(p.compute) for p in plans)} threads)"
+            for d, plans in enumerate(self.plans)
+        )
+        first = self.plans[0][0]
+        spare = not set(first.light) & {c for ps in self.plans for p in ps for c in p.compute}
+        where = "spare cores " + _format(first.light) if spare else "shared"
+        shared = self._shared_cores()
+        warn = f" (replicas share CPUs {_format(shared)}: fewer cores than ranks)" if shared else ""
+        return (
+            f"{len(self.plans)} data-parallel replicas, {replicas}{warn}; "
+            f"API and detokenizer: 1 thread each ({where})"
+        )
+
+    def _shared_cores(self) -> list[int]:
+        seen: dict[int, int] = {}
+        for d, plans in enumerate(self.plans):
+            for cpu in {c for p in plans for c in p.compute}:
+                seen.setdefault(cpu, d)
+                if seen[cpu] != d:
+                    seen[cpu] = -1
+        return sorted(c for c, owner in seen.items() if owner == -1)
+
+
+def plan_replicas(
+    dp_size: int, tp_size: int, env: Mapping[str, str] | None = None
+) -> list[list[CpuPlan]]:
+    """Every rank's plan, [dp_rank][tp_rank], decided once in the parent (before any child
+    changes its affinity)."""
+    return [
+        [plan_cpus(r, env, tp_size=tp_size, dp_rank=d, dp_size=dp_size) for r in range(tp_size)]
+        for d in range(dp_size)
+    ]
 
 
 def claim_compute_cores(plan: CpuPlan) -> None:
