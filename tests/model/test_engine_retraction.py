@@ -46,6 +46,10 @@ def run_overloaded(gguf: Path, count: int, max_new: int, pool: int) -> None:
     assert info["available_kv_tokens"] + info["cached_tokens"] == info["max_total_num_tokens"]
 
 
+# Slow: ~90 s on 2 cores. The default run keeps retraction on the default model through HTTP
+# (tests/e2e/test_http_e2e_faults.py::test_kv_exhaustion_retracts_and_keeps_greedy_outputs) and
+# on tiny models (tests/unit/test_scheduler_engine.py).
+@pytest.mark.slow
 def test_small_pool_retracts_and_keeps_outputs(default_gguf: Path) -> None:
     run_overloaded(default_gguf, count=8, max_new=48, pool=256)
 

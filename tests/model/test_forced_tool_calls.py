@@ -54,6 +54,9 @@ def engine(default_gguf: Path) -> Iterator[Engine]:
         yield eng
 
 
+# Slow (~30 s): forced tool calls through the HTTP layer run on fakes in
+# tests/unit/test_http_chat_tools.py.
+@pytest.mark.slow
 def test_forced_tool_choice_outputs_always_parse(engine: Engine) -> None:
     prompts, params = [], []
     # Parallel calls are unbounded (as in SGLang), so a small model may keep adding calls until

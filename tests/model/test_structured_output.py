@@ -56,7 +56,16 @@ EBNF = 'root ::= greeting " " name "!"\ngreeting ::= "Hello" | "Hi"\nname ::= "A
 EBNF_LANGUAGE = r"(Hello|Hi) (Alice|Bob|Carol)!"
 
 
-@pytest.fixture(scope="module", params=["xgrammar", "llguidance", "outlines"])
+# The default run checks the default backend on the real model; the other two backends run on
+# the real tokenizer in tests/unit/test_grammar_backends.py, and here when slow tests run.
+@pytest.fixture(
+    scope="module",
+    params=[
+        "xgrammar",
+        pytest.param("llguidance", marks=pytest.mark.slow),
+        pytest.param("outlines", marks=pytest.mark.slow),
+    ],
+)
 def engine(request: pytest.FixtureRequest, default_gguf: Path) -> Iterator[Engine]:
     with Engine(
         model_path=str(default_gguf),
