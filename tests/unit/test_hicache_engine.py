@@ -14,7 +14,7 @@ import pytest
 from radixserve import Engine
 from radixserve.mem_cache.hicache.config import FILE_STORAGE_DIR_ENV
 from radixserve.options.errors import ServerArgsError
-from tests.unit.tiny_model import TINY_VOCAB, write_tiny_llama
+from tests.unit.tiny_model import TINY_VOCAB, tiny_engines, write_tiny_llama
 
 GREEDY = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
 DEVICE_TOKENS = 512  # one 300-token document fits on the device, two do not
@@ -27,27 +27,8 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def engine_factory(tiny_model_dir: Path) -> Iterator[Any]:
-    engines: list[Engine] = []
-
-    def factory(**kwargs: Any) -> Engine:
-        options: dict[str, Any] = {
-            "runtime": "thread",
-            "model_path": str(tiny_model_dir),
-            "load_format": "dummy",
-            "dtype": "float32",
-            "skip_tokenizer_init": True,
-            "max_total_tokens": DEVICE_TOKENS,
-            "random_seed": 0,
-        }
-        options.update(kwargs)
-        engine = Engine(**options)
-        engine.scheduler.check_kv_each_step = True
-        engines.append(engine)
-        return engine
-
-    yield factory
-    for engine in engines:
-        engine.shutdown()
+    with tiny_engines(tiny_model_dir, max_total_tokens=DEVICE_TOKENS) as factory:
+        yield factory
 
 
 def documents(count: int = 3, length: int = 300) -> list[list[int]]:

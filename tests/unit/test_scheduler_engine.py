@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from radixserve import Engine
-from tests.unit.tiny_model import TINY_VOCAB, write_tiny_llama
+from tests.unit.tiny_model import TINY_VOCAB, make_tiny_engine, tiny_engines, write_tiny_llama
 
 GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
 
@@ -21,34 +21,13 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
-def make_engine(model_dir: Path, **kwargs: Any) -> Engine:
-    options: dict[str, Any] = {
-        "runtime": "thread",
-        "model_path": str(model_dir),
-        "load_format": "dummy",
-        "dtype": "float32",
-        "skip_tokenizer_init": True,
-        "max_total_tokens": 4096,
-        "random_seed": 0,
-    }
-    options.update(kwargs)
-    engine = Engine(**options)
-    engine.scheduler.check_kv_each_step = True
-    return engine
+make_engine = make_tiny_engine
 
 
 @pytest.fixture
 def engine_factory(tiny_model_dir: Path) -> Iterator[Any]:
-    engines: list[Engine] = []
-
-    def factory(**kwargs: Any) -> Engine:
-        engine = make_engine(tiny_model_dir, **kwargs)
-        engines.append(engine)
-        return engine
-
-    yield factory
-    for engine in engines:
-        engine.shutdown()
+    with tiny_engines(tiny_model_dir) as factory:
+        yield factory
 
 
 def prompts(count: int, seed: int = 0) -> list[list[int]]:

@@ -14,7 +14,7 @@ import pytest
 from radixserve import Engine
 from radixserve.options.errors import ServerArgsError
 from radixserve.server_args import ServerArgs
-from tests.unit.tiny_model import TINY_VOCAB, write_tiny_llama
+from tests.unit.tiny_model import TINY_VOCAB, tiny_engines, write_tiny_llama
 
 NGRAM = {"speculative_algorithm": "NGRAM"}
 
@@ -26,27 +26,8 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def make(tiny_model_dir: Path) -> Iterator[Any]:
-    engines: list[Engine] = []
-
-    def factory(**kwargs: Any) -> Engine:
-        options: dict[str, Any] = {
-            "runtime": "thread",
-            "model_path": str(tiny_model_dir),
-            "load_format": "dummy",
-            "dtype": "float32",
-            "skip_tokenizer_init": True,
-            "max_total_tokens": 4096,
-            "random_seed": 0,
-        }
-        options.update(kwargs)
-        engine = Engine(**options)
-        engine.scheduler.check_kv_each_step = True
-        engines.append(engine)
-        return engine
-
-    yield factory
-    for engine in engines:
-        engine.shutdown()
+    with tiny_engines(tiny_model_dir) as factory:
+        yield factory
 
 
 def prompts() -> list[list[int]]:
@@ -218,24 +199,15 @@ def test_refused_settings(tiny_model_dir: Path, kwargs: dict[str, Any], message:
 
 def write_other_tiny_llama(folder: Path, vocab: int = TINY_VOCAB) -> Path:
     """A different tiny model (one layer, so other dummy weights) with the given vocabulary."""
-    from transformers import LlamaConfig
-
-    config = LlamaConfig(
+    return write_tiny_llama(
+        folder,
         vocab_size=vocab,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=1,
         num_attention_heads=2,
         num_key_value_heads=1,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-        architectures=["LlamaForCausalLM"],
     )
-    folder.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(folder)
-    return folder
 
 
 def draft_idle(engine: Engine) -> bool:
