@@ -42,10 +42,20 @@ def _source_dir() -> Path:
     return Path(__file__).resolve().parent / "csrc"
 
 
+def _torch_location() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    return str(Path(spec.origin).resolve().parent) if spec and spec.origin else ""
+
+
 def extension_name() -> str:
     import hashlib
 
     digest = hashlib.sha256(str(BUILD_VERSION).encode())
+    # The build compiles against one torch install (its include paths are in torch's build
+    # file): two environments on one machine get two builds instead of rebuilding in turn.
+    digest.update(_torch_location().encode())
     headers = sorted(path.name for path in _source_dir().glob("*.h"))  # every header counts
     for name in (*SOURCES, *headers):
         digest.update((_source_dir() / name).read_bytes())
