@@ -12,22 +12,12 @@ from fastapi.testclient import TestClient
 
 from radixserve import Engine
 from radixserve.entrypoints.http_server import create_app
+from tests.unit.tiny_model import make_tiny_engine
 
 
 def tiny_engine(model_dir: Path, **kwargs: Any) -> Engine:
-    options: dict[str, Any] = {
-        "runtime": "thread",
-        "model_path": str(model_dir),
-        "load_format": "dummy",
-        "dtype": "float32",
-        "skip_tokenizer_init": True,
-        "max_total_tokens": 4096,
-        "random_seed": 0,
-        "skip_server_warmup": True,
-    }
-    options.update(kwargs)
-    engine = Engine(**options)
-    engine.scheduler.check_kv_each_step = True
+    """make_tiny_engine, without the server warm-up (these tests drive the routes themselves)."""
+    engine: Engine = make_tiny_engine(model_dir, **{"skip_server_warmup": True, **kwargs})
     return engine
 
 
