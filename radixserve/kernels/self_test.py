@@ -105,6 +105,15 @@ def check_gguf(ext: object) -> None:
                     reference.gguf_linear(x, blocks, qtype, n),
                     1e-3,
                 )
+                if rows == 2:
+                    # One row runs the column-tiled kernel, two the row-tiled one: the same
+                    # arithmetic per output, so a request's logits do not depend on whether it
+                    # decodes alone or beside another.
+                    alone = ext.gguf_linear(x[:1].contiguous(), blocks, qtype, n)
+                    if not torch.equal(alone[0], ext.gguf_linear(x, blocks, qtype, n)[0]):
+                        raise AssertionError(
+                            "gguf_linear: one row differs from the same row of two"
+                        )
                 if rows >= 6:
                     _close(
                         "gguf_linear_tiled",
