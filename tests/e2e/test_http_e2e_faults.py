@@ -129,17 +129,25 @@ def aclient() -> httpx.AsyncClient:
 # -- streams closed by the client -------------------------------------------------------------
 async def _stream_and_close(
     client: httpx.AsyncClient, url: str, prompt: str, close_after: int
-) -> int:
-    body = {"prompt": prompt, "max_tokens": 48, "ignore_eos": True, "stream": True}
-    seen = 0
+) -> tuple[int, str]:
+    """Reads close_after events of a greedy stream, then closes it: (events seen, their text)."""
+    body = {
+        "prompt": prompt,
+        "max_tokens": 48,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
+    seen, text = 0, ""
     async with client.stream("POST", url, json=body) as r:
         assert r.status_code == 200
         async for line in r.aiter_lines():
             if line.startswith("data: {"):
                 seen += 1
+                text += json.loads(line[len("data: ") :])["choices"][0]["text"]
                 if seen >= close_after:
                     break  # leaving the block closes the connection mid-stream
-    return seen
+    return seen, text
 
 
 @pytest.mark.parametrize("count", [40, pytest.param(200, marks=pytest.mark.slow)])
@@ -147,23 +155,33 @@ def test_streams_closed_at_random_points_free_everything(server: ServerProcess, 
     wait_idle(server)
     url = f"{server.base_url}/v1/completions"
     rng = random.Random(count)
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(count)]
 
-    async def main() -> list[int]:
+    async def main() -> list[tuple[int, str]]:
         async with aclient() as client:
             return await _gather(
-                *(
-                    _stream_and_close(client, url, PROMPTS[i % len(PROMPTS)], rng.randint(1, 8))
-                    for i in range(count)
-                )
+                *(_stream_and_close(client, url, p, rng.randint(1, 8)) for p in prompts)
             )
 
-    seen = run_async(main())
-    assert len(seen) == count and all(s >= 1 for s in seen)
+    results = run_async(main())
+    assert len(results) == count and all(seen >= 1 for seen, _ in results)
     info = wait_idle(server)
     assert metric(server, "sglang:num_running_reqs") == 0
     assert info["available_kv_tokens"] + info["cached_tokens"] == POOL
-    r = httpx.post(url, json={"prompt": "Hi", "max_tokens": 4}, timeout=HANG_S)
-    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+    # What each client read before closing (at most 8 events) is the start of the same request's
+    # greedy answer (linears and attention are batch-invariant on this path, so concurrency
+    # changes nothing).
+    whole: dict[str, str] = {}
+    for prompt in sorted(set(prompts)):
+        r = httpx.post(
+            url,
+            json={"prompt": prompt, "max_tokens": 12, "ignore_eos": True, "temperature": 0},
+            timeout=HANG_S,
+        )
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+        whole[prompt] = r.json()["choices"][0]["text"]
+    for prompt, (_, text) in zip(prompts, results, strict=True):
+        assert whole[prompt].startswith(text), (prompt, text, whole[prompt])
 
 
 # -- tiny requests aborted as they finish -----------------------------------------------------
