@@ -64,6 +64,7 @@ class Req:
     # Speculative decoding (radixserve/speculative/): the drafter's per-request state, and
     # SGLang's per-request counters: verify rounds, drafts proposed, drafts accepted.
     spec_state: Any = None
+    spec_budget: Any = None  # speculative/adaptive.py's DraftBudget under --speculative-adaptive
     spec_verify_ct: int = 0
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0

@@ -141,7 +141,11 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "Skip the extra MLP sync with speculative decoding and DP attention.",
     ),
     flag("--enable-multi-layer-eagle", "Multi-layer EAGLE speculative decoding."),
-    flag("--speculative-adaptive", "Adapt the number of draft steps to the acceptance rate."),
+    flag(
+        "--speculative-adaptive",
+        "Adapt the number of draft steps to the acceptance rate (per request in radixserve).",
+        support=IMPLEMENTED,
+    ),
     value(
         "--speculative-adaptive-config",
         STR,

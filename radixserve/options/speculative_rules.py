@@ -24,6 +24,10 @@ def check_speculative(v: Mapping[str, Any]) -> None:
     """Raise ServerArgsError for an algorithm or setting that cannot run."""
     algo = v.get("speculative_algorithm")
     if algo is None:
+        if v.get("speculative_adaptive"):
+            raise ServerArgsError(
+                "--speculative-adaptive", "needs --speculative-algorithm NGRAM or STANDALONE"
+            )
         return
     name = str(algo).upper()
     if name in _HEAD_ALGORITHMS:

@@ -21,6 +21,7 @@ class SpecConfig:
     ngram_max_trie_depth: int = 18
     ngram_capacity: int = 10_000_000
     draft_model_path: str = ""
+    adaptive: bool = False  # --speculative-adaptive: per-request draft lengths (adaptive.py)
 
     @property
     def max_drafts(self) -> int:
@@ -42,4 +43,5 @@ class SpecConfig:
             ngram_max_trie_depth=args.speculative_ngram_max_trie_depth,
             ngram_capacity=args.speculative_ngram_capacity,
             draft_model_path=args.speculative_draft_model_path or "",
+            adaptive=bool(args.speculative_adaptive),
         )

@@ -25,6 +25,7 @@ from radixserve.managers.step_runner import TokenResult
 from radixserve.model_executor.model_runner import StepInputs
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 from radixserve.speculative.acceptance import accept_greedy, accept_sampled, target_probs
+from radixserve.speculative.adaptive import DraftBudget
 from radixserve.speculative.draft_model import DraftModel
 from radixserve.speculative.ngram_cache import NgramCache
 
@@ -94,7 +95,7 @@ class SpecWorker:
         context length. Also brings the shared n-gram cache up to date with verified tokens."""
         rooms = [
             min(
-                self.config.max_drafts,
+                self._draft_length(req),
                 req.remaining_new_tokens() - 1,
                 self.context_len - req.seq_len,
             )
@@ -111,10 +112,19 @@ class SpecWorker:
             drafts.append(self.ngram.propose(req.spec_state, room) if room > 0 else [])
         return drafts
 
+    def _draft_length(self, req: Req) -> int:
+        if not self.config.adaptive:
+            return self.config.max_drafts
+        if req.spec_budget is None:
+            req.spec_budget = DraftBudget(self.config.max_drafts)
+        return req.spec_budget.next_drafts()
+
     def committed(self, req: Req, num_drafts: int, num_kept: int) -> None:
         """The scheduler kept num_kept of the request's num_drafts drafts this round."""
         if self.draft is not None:
             self.draft.trim(req, num_drafts, num_kept)
+        if req.spec_budget is not None:
+            req.spec_budget.record(num_drafts, num_kept)
 
     def run(self, reqs: Sequence[Req], drafts: Sequence[list[int]]) -> list[SpecResult]:
         """Verify every request's drafts in one forward (their slots are already allocated at

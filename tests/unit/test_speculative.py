@@ -75,6 +75,7 @@ def baseline(tiny_model_dir: Path) -> list[list[int]]:
         {"disable_radix_cache": True},
         {"chunked_prefill_size": 16},
         {"speculative_num_draft_tokens": 3, "speculative_ngram_max_trie_depth": 4},
+        {"speculative_adaptive": True},
     ],
 )
 def test_greedy_ngram_equals_plain_decoding(
@@ -188,6 +189,7 @@ def test_no_spec_fields_without_speculation(make: Any) -> None:
         ({**NGRAM, "enable_lora": True}, "--enable-lora: is not supported with"),
         ({**NGRAM, "enable_hierarchical_cache": True}, "--enable-hierarchical-cache: is not"),
         ({**NGRAM, "enable_custom_logit_processor": True}, "--enable-custom-logit-processor"),
+        ({"speculative_adaptive": True}, "--speculative-adaptive: needs --speculative-algorithm"),
     ],
 )
 def test_refused_settings(tiny_model_dir: Path, kwargs: dict[str, Any], message: str) -> None:
@@ -195,6 +197,33 @@ def test_refused_settings(tiny_model_dir: Path, kwargs: dict[str, Any], message:
         ServerArgs.from_kwargs(model_path=str(tiny_model_dir), **kwargs)
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_adaptive_drafts_less_where_drafts_miss(
+    make: Any, baseline: list[list[int]], tmp_path: Path
+) -> None:
+    """A draft model unlike the target (few drafts accepted): with --speculative-adaptive each
+    request drafts fewer tokens for the same output. (The tiny models with tied embeddings
+    repeat their last token, so an untied LM head is what makes this draft guess differently.)"""
+    draft = write_tiny_llama(tmp_path / "draft", num_hidden_layers=1, tie_word_embeddings=False)
+    spec = {"speculative_algorithm": "STANDALONE", "speculative_draft_model_path": str(draft)}
+    fixed = make(**spec, speculative_num_steps=4)
+    adaptive = make(**spec, speculative_num_steps=4, speculative_adaptive=True)
+    counts = []
+    for engine in (fixed, adaptive):
+        results = engine.generate(input_ids=prompts(), sampling_params=greedy())
+        assert ids(results) == baseline
+        metas = [r["meta_info"] for r in results]
+        counts.append(
+            (
+                sum(m["spec_draft_token_num"] for m in metas),
+                sum(m["spec_accept_token_num"] for m in metas),
+            )
+        )
+        assert_idle(engine)
+    (fixed_drafts, fixed_accepted), (adaptive_drafts, _) = counts
+    assert fixed_accepted < fixed_drafts / 2  # the premise: most drafts miss
+    assert adaptive_drafts < fixed_drafts / 2
 
 
 def write_other_tiny_llama(folder: Path, vocab: int = TINY_VOCAB) -> Path:
