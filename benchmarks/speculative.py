@@ -2,21 +2,23 @@
 
     PYTHONPATH=. nice .venv/bin/python benchmarks/speculative.py --rounds 3
 
-Two engines on the same model (plain, and --speculative-algorithm NGRAM, or STANDALONE with
---draft-model-path) run the same workloads in turns (plain, spec, plain, spec, ...), so machine
-noise hits both alike; the table reports the median of the rounds and the spec / plain ratio.
+Three engines on the same model (plain; --speculative-algorithm NGRAM, or STANDALONE with
+--draft-model-path; the same with --speculative-adaptive, unless --no-adaptive) run the same
+workloads in turns (plain, spec, adaptive, plain, ...), so machine noise hits them alike; the
+table reports the median of the rounds and each one's ratio to plain.
 
 Workloads: "copy" asks the model to repeat a passage with one change (the output quotes the
 prompt, where n-gram drafts shine); "chat" asks short random questions. Each request runs
 alone (streamed, so its time to first token is known) and decode tok/s is
 (completion tokens - 1) / (time after the first token); "batch" rows run the workload's prompts
-together and report output tok/s over the whole batch. Greedy decoding, so both engines emit
+together and report output tok/s over the whole batch. Greedy decoding, so every engine emits
 the same tokens (checked).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import random
 import statistics
@@ -124,6 +126,9 @@ def main() -> None:
     parser.add_argument("--num-draft-tokens", type=int, default=8)
     parser.add_argument("--draft-model-path", default=None, help="STANDALONE instead of NGRAM")
     parser.add_argument("--quantization", default=None)
+    parser.add_argument(
+        "--no-adaptive", action="store_true", help="leave out the --speculative-adaptive engine"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -141,38 +146,52 @@ def main() -> None:
     else:
         spec_args["speculative_algorithm"] = "NGRAM"
     label = spec_args["speculative_algorithm"]
-    with Engine(**base) as plain, Engine(**base, **spec_args) as spec:
-        loads = Workloads(plain, seed=0)
+    variants = {"plain": {}, "spec": spec_args}
+    if not args.no_adaptive:
+        variants["adaptive"] = {**spec_args, "speculative_adaptive": True}
+    with contextlib.ExitStack() as stack:
+        engines = {
+            tag: stack.enter_context(Engine(**base, **extra)) for tag, extra in variants.items()
+        }
+        loads = Workloads(engines["plain"], seed=0)
         rows: dict[tuple[str, str], dict[str, list[float]]] = {}
-        accept: dict[str, list[int]] = {}  # workload -> [verify rounds, accepted drafts]
+        # (engine, workload) -> [verify rounds, accepted drafts]
+        accept: dict[tuple[str, str], list[int]] = {}
         for _ in range(args.rounds):
             for mode, runner in (("alone", run_alone), ("batch", run_batch)):
                 for name, (prompts, max_new) in loads.next().items():
-                    cell = rows.setdefault((name, mode), {"plain": [], "spec": []})
-                    want = got = None
-                    for tag, engine in (("plain", plain), ("spec", spec)):
-                        before = spec.get_server_info()
+                    cell = rows.setdefault((name, mode), {tag: [] for tag in engines})
+                    outputs_by_tag = {}
+                    for tag, engine in engines.items():
+                        before = engine.get_server_info()
                         rate, outputs = runner(engine, prompts, max_new)
-                        if tag == "spec":
-                            after = spec.get_server_info()
-                            totals = accept.setdefault(name, [0, 0])
+                        if tag != "plain":
+                            after = engine.get_server_info()
+                            totals = accept.setdefault((tag, name), [0, 0])
                             for k, key in enumerate(
                                 ("spec_verify_rounds_total", "spec_accepted_tokens_total")
                             ):
                                 totals[k] += after[key] - before[key]
                         cell[tag].append(rate)
-                        want, got = (outputs, got) if tag == "plain" else (want, outputs)
-                    if want != got:
-                        logging.warning("%s/%s: outputs differ with speculation", name, mode)
+                        outputs_by_tag[tag] = outputs
+                    for tag, outputs in outputs_by_tag.items():
+                        if outputs != outputs_by_tag["plain"]:
+                            logging.warning("%s/%s: %s outputs differ from plain", name, mode, tag)
     print(f"\n{label}, {args.num_draft_tokens} tokens per verify, median of {args.rounds} rounds")
-    print("| Workload | Mode | Plain decode tok/s | Spec decode tok/s | Spec / plain |")
-    print("| :--- | :--- | ---: | ---: | ---: |")
+    spec_tags = [t for t in variants if t != "plain"]
+    header = " | ".join(f"{t} tok/s | {t} / plain" for t in spec_tags)
+    print(f"| Workload | Mode | plain decode tok/s | {header} |")
+    print("| :--- | :--- | ---: |" + " ---: | ---: |" * len(spec_tags))
     for (name, mode), cell in rows.items():
-        p, s = statistics.median(cell["plain"]), statistics.median(cell["spec"])
-        print(f"| {name} | {mode} | {p:.1f} | {s:.1f} | {s / p:.2f}x |")
-    print("\nTokens per verify round (spec_accept_length), by workload:")
-    for name, (rounds, accepted) in accept.items():
-        print(f"  {name}: {(rounds + accepted) / rounds if rounds else 0.0:.2f}")
+        p = statistics.median(cell["plain"])
+        parts = []
+        for tag in spec_tags:
+            s = statistics.median(cell[tag])
+            parts.append(f"{s:.1f} | {s / p:.2f}x")
+        print(f"| {name} | {mode} | {p:.1f} | " + " | ".join(parts) + " |")
+    print("\nTokens per verify round (spec_accept_length), by engine and workload:")
+    for (tag, name), (rounds, accepted) in accept.items():
+        print(f"  {tag} {name}: {(rounds + accepted) / rounds if rounds else 0.0:.2f}")
 
 
 if __name__ == "__main__":
