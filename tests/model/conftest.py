@@ -21,6 +21,7 @@ from radixserve.models.loader import LoadedModel
 from radixserve.utils.tokenizer import get_tokenizer
 from tests.helpers.default_model import TimedLoad, timed_load
 from tests.helpers.hf_reference import default_gguf_path, hf_greedy, load_hf_from_gguf
+from tests.helpers.stored_reference import load_stored_reference
 from tests.helpers.vs_hf_prompts import VS_HF_MAX_NEW, vs_hf_prompt_ids
 
 
@@ -70,8 +71,17 @@ def vs_hf_prompts(default_tokenizer: Any) -> list[list[int]]:
 
 @pytest.fixture(scope="session")
 def vs_hf_reference(
-    hf_default_model: Any, vs_hf_prompts: list[list[int]], default_tokenizer: Any
+    default_gguf: Path, vs_hf_prompts: list[list[int]], default_tokenizer: Any
 ) -> list[list[int]]:
-    """HF transformers' float32 greedy continuations of vs_hf_prompts."""
-    eos = [default_tokenizer.eos_token_id]
-    return [hf_greedy(hf_default_model, p, VS_HF_MAX_NEW, stop_ids=eos) for p in vs_hf_prompts]
+    """HF transformers' float32 greedy continuations of vs_hf_prompts: the stored ones
+    (tests/helpers/stored_reference.py) when they were made from these exact inputs."""
+    stored = load_stored_reference(default_gguf, vs_hf_prompts, VS_HF_MAX_NEW)
+    if stored is not None:
+        return stored
+    return generate_hf_reference(default_gguf, vs_hf_prompts, default_tokenizer)
+
+
+def generate_hf_reference(gguf: Path, prompts: list[list[int]], tokenizer: Any) -> list[list[int]]:
+    model = load_hf_from_gguf(gguf)
+    eos = [tokenizer.eos_token_id]
+    return [hf_greedy(model, p, VS_HF_MAX_NEW, stop_ids=eos) for p in prompts]
