@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,16 +55,51 @@ def test_tp2_pp2_greedy_equals_one_rank(checkpoint: Path, expected: list[list[in
         assert greedy(engine) == expected
 
 
+def _logprobs(engine: Engine) -> list[Any]:
+    """Prompt and output logprobs of two requests (the prompt rows span micro-batches)."""
+    outs = engine.generate(
+        input_ids=[list(range(40, 60)), [7, 8, 9]],
+        sampling_params={"temperature": 0, "max_new_tokens": 4},
+        return_logprob=True,
+        logprob_start_len=0,
+        top_logprobs_num=2,
+    )
+    keys = ("input_token_logprobs", "output_token_logprobs", "input_top_logprobs")
+    return [[out["meta_info"][k] for k in keys] for out in outs]
+
+
+def _close(got: Any, want: Any) -> bool:
+    if isinstance(want, (list, tuple)):
+        return len(got) == len(want) and all(_close(g, w) for g, w in zip(got, want, strict=True))
+    if isinstance(want, float):
+        return abs(got - want) < 1e-4
+    return bool(got == want)
+
+
 @pytest.mark.slow
-def test_pp3_tied_head_greedy_equals_one_rank(tmp_path: Path) -> None:
+def test_pp3_tied_head_greedy_and_logprobs_equal_one_rank(tmp_path: Path) -> None:
     make_tiny_checkpoint(tmp_path, "qwen2", num_hidden_layers=3, tie_word_embeddings=True)
     kwargs = engine_kwargs(tmp_path)
     with Engine(runtime="thread", **kwargs) as single:
-        want = greedy(single)
+        want, want_lp = greedy(single), _logprobs(single)
     with Engine(
-        pp_size=3, pp_max_micro_batch_size=2, dist_timeout=DIST_TIMEOUT_S, **kwargs
+        pp_size=3, pp_max_micro_batch_size=1, dist_timeout=DIST_TIMEOUT_S, **kwargs
     ) as engine:
         assert greedy(engine) == want
+        assert _close(_logprobs(engine), want_lp)
+
+
+@pytest.mark.slow
+def test_pp2_embeddings_equal_one_rank(checkpoint: Path) -> None:
+    kwargs = {**engine_kwargs(checkpoint), "is_embedding": True}
+    prompts = [[5, 6, 7], list(range(30, 50)), [9]]
+    with Engine(runtime="thread", **kwargs) as single:
+        want = [r["embedding"] for r in single.encode(input_ids=prompts)]
+    with Engine(
+        pp_size=2, pp_max_micro_batch_size=1, dist_timeout=DIST_TIMEOUT_S, **kwargs
+    ) as engine:
+        got = [r["embedding"] for r in engine.encode(input_ids=prompts)]
+    assert _close(got, want)
 
 
 def test_thread_runtime_refuses_pp(checkpoint: Path) -> None:
