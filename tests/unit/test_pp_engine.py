@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from radixserve import Engine
+from radixserve.managers.multiprocess_runtime import EngineStartupError
 from tests.helpers.tiny_models import make_tiny_checkpoint
 from tests.unit.test_tp_engine import DIST_TIMEOUT_S, engine_kwargs, greedy
 
@@ -130,3 +131,15 @@ def test_killing_a_stage_ends_the_engine_within_the_timeout(checkpoint: Path) ->
         assert not engine.is_alive()
     finally:
         engine.shutdown()
+
+
+# Slow (ranks start and fail); the message itself is checked without processes in
+# tests/unit/test_pipeline_parallel.py::test_more_stages_than_layers_is_refused_with_the_reason.
+@pytest.mark.slow
+def test_more_stages_than_layers_fail_with_the_reason(
+    checkpoint: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(EngineStartupError) as info:
+        Engine(pp_size=4, dist_timeout=DIST_TIMEOUT_S, **engine_kwargs(checkpoint))
+    reason = "--pp-size 4 needs at least one decoder layer per stage; the model has 3"
+    assert reason in str(info.value) + capfd.readouterr().err
