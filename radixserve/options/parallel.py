@@ -13,8 +13,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
         INT,
         None,
         "Port for the distributed environment setup. Here: the port of torch.distributed's "
-        "rendezvous on 127.0.0.1 with --tp-size > 1 when --dist-init-addr is not given "
-        "(default: a free port).",
+        "rendezvous on 127.0.0.1 with --tp-size or --pp-size > 1 when --dist-init-addr is not "
+        "given (default: a free port).",
         support=IMPLEMENTED,
     ),
     value(
@@ -22,8 +22,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
         INT,
         None,
         "Timeout in seconds for torch.distributed initialisation. Here also every collective "
-        "between tensor-parallel ranks: a rank that stops answering takes the server down "
-        "after at most this long (default 600).",
+        "and point-to-point transfer between tensor-parallel ranks and pipeline stages: a rank "
+        "that stops answering takes the server down after "
+        "at most this long (default 600).",
         support=IMPLEMENTED,
     ),
     value(
