@@ -11,13 +11,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# SGLang's override of the split: layers per stage, e.g. "16,15,15,15".
+PARTITION_ENV = "SGLANG_PP_LAYER_PARTITION"
 
-def stage_layers(num_layers: int, pp_rank: int, pp_size: int) -> range:
+
+def parse_partition(text: str, num_layers: int, pp_size: int) -> list[int]:
+    """The layer counts of SGLANG_PP_LAYER_PARTITION; ValueError naming it when they do not
+    give every one of the pp_size stages at least one of the model's num_layers layers."""
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{PARTITION_ENV}={text!r}: expected layer counts like 16,15") from None
+    if len(counts) != pp_size or min(counts) < 1 or sum(counts) != num_layers:
+        raise ValueError(
+            f"{PARTITION_ENV}={text!r}: needs {pp_size} counts (one per --pp-size stage), each "
+            f">= 1, adding up to the model's {num_layers} layers"
+        )
+    return counts
+
+
+def stage_layers(
+    num_layers: int, pp_rank: int, pp_size: int, partition: str | None = None
+) -> range:
     """The decoder layers stage `pp_rank` of `pp_size` runs.
 
-    Near-equal contiguous shares; when they do not divide evenly the extra layers go to the
-    stages before the last (from the second-to-last backwards), as SGLang does: the last stage
-    also runs the LM head. Every stage gets at least one layer (ValueError otherwise).
+    `partition` (SGLANG_PP_LAYER_PARTITION) gives the count per stage. Otherwise near-equal
+    contiguous shares; when they do not divide evenly the extra layers go to the stages before
+    the last (from the second-to-last backwards), as SGLang does: the last stage also runs the
+    LM head. Every stage gets at least one layer (ValueError otherwise).
     """
     if not 0 <= pp_rank < pp_size:
         raise ValueError(f"pipeline stage {pp_rank} is not in 0..{pp_size - 1}")
@@ -26,9 +47,12 @@ def stage_layers(num_layers: int, pp_rank: int, pp_size: int) -> range:
             f"--pp-size {pp_size} needs at least one decoder layer per stage; the model has "
             f"{num_layers}"
         )
-    counts = [num_layers // pp_size] * pp_size
-    for i in range(num_layers - sum(counts)):
-        counts[-2 - i if pp_size > 1 else 0] += 1
+    if partition:
+        counts = parse_partition(partition, num_layers, pp_size)
+    else:
+        counts = [num_layers // pp_size] * pp_size
+        for i in range(num_layers - sum(counts)):
+            counts[-2 - i] += 1
     start = sum(counts[:pp_rank])
     return range(start, start + counts[pp_rank])
 

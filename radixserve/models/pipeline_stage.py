@@ -8,6 +8,7 @@ hold are skipped by name, so loading reads them but keeps nothing.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 from radixserve.distributed import parallel_state as ps
-from radixserve.distributed.pipeline_layout import stage_layers
+from radixserve.distributed.pipeline_layout import PARTITION_ENV, stage_layers
 
 
 class PPMissingLayer(nn.Module):
@@ -52,7 +53,8 @@ def stage_plan(num_layers: int) -> StagePlan:
     rank, size = ps.get_pp_rank(), ps.get_pp_size()
     if size == 1:
         return StagePlan(range(num_layers), num_layers, True, True)
-    return StagePlan(stage_layers(num_layers, rank, size), num_layers, rank == 0, rank == size - 1)
+    layers = stage_layers(num_layers, rank, size, os.environ.get(PARTITION_ENV))
+    return StagePlan(layers, num_layers, rank == 0, rank == size - 1)
 
 
 def stage_weights(

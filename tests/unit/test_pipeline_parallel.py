@@ -46,6 +46,13 @@ def test_more_stages_than_layers_is_refused_with_the_reason() -> None:
         stage_layers(2, 0, 3)
 
 
+def test_sglang_layer_partition_overrides_the_split() -> None:
+    assert [stage_layers(5, s, 2, "1,4") for s in range(2)] == [range(0, 1), range(1, 5)]
+    for bad in ("2,2", "1,2,2", "0,5", "a,b"):
+        with pytest.raises(ValueError, match="SGLANG_PP_LAYER_PARTITION"):
+            stage_layers(5, 0, 2, bad)
+
+
 def test_layout_pairs_each_rank_with_its_tp_peer_in_the_next_stage() -> None:
     layout = PipelineLayout(tp_size=2, pp_size=3)
     assert layout.world_size == 6
@@ -149,3 +156,15 @@ def test_pipeline_options_are_checked() -> None:
         with pytest.raises(ServerArgsError, match=message) as info:
             ServerArgs.from_kwargs(**kwargs)
         assert "\n" not in str(info.value)
+
+
+def test_stage_plan_reads_the_partition_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from radixserve.models.pipeline_stage import stage_plan
+
+    monkeypatch.setenv("SGLANG_PP_LAYER_PARTITION", "1,4")
+    _as_stage(monkeypatch, 1, 2)
+    plan = stage_plan(5)
+    assert (plan.layers, plan.first, plan.last) == (range(1, 5), False, True)
+    assert plan.skip_names(tie_word_embeddings=False) == ["model.layers.0.", "model.embed_tokens."]
