@@ -1,4 +1,5 @@
-"""Throughput of the scale-out layouts side by side: dp 1, dp 2 and tp 2 (or any list).
+"""Throughput of the scale-out layouts side by side: dp 1, dp 2 and tp 2 (or any list: pp2,
+tp2pp2, ...).
 
     .venv/bin/python benchmarks/scaling.py                        # a 135M-sized Llama, dummy weights
     .venv/bin/python benchmarks/scaling.py --layouts dp1 dp2 tp3 --model-path default
@@ -53,7 +54,8 @@ class Result(NamedTuple):
 
 
 def parse_layout(name: str) -> dict[str, int]:
-    """'dp2' -> {'dp_size': 2}; 'dp2tp2' -> both; 'dp1' is the single engine."""
+    """'dp2' -> {'dp_size': 2}; 'dp2tp2' -> both; 'pp2' pipeline stages, 'pp2mb4' with
+    micro-batches of at most 4 requests; 'dp1' is the single engine."""
     sizes: dict[str, int] = {}
     rest = name
     while rest:
@@ -61,9 +63,10 @@ def parse_layout(name: str) -> dict[str, int]:
         digits = ""
         while rest and rest[0].isdigit():
             digits, rest = digits + rest[0], rest[1:]
-        if kind not in ("dp", "tp") or not digits:
-            raise ValueError(f"layout {name!r}: expected e.g. dp1, dp2, tp2, dp2tp2")
-        sizes[f"{kind}_size"] = int(digits)
+        if kind not in ("dp", "tp", "pp", "mb") or not digits:
+            raise ValueError(f"layout {name!r}: expected e.g. dp1, dp2, tp2, pp2, pp2mb4, dp2tp2")
+        key = "pp_max_micro_batch_size" if kind == "mb" else f"{kind}_size"
+        sizes[key] = int(digits)
     return sizes
 
 

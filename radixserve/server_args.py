@@ -96,6 +96,7 @@ class ServerArgs:
     nnodes: int = 1
     node_rank: int = 0
     pp_size: int = 1
+    pp_max_micro_batch_size: int | None = None
     dp_size: int = 1
     load_balance_method: str = "auto"
     dist_init_addr: str | None = None

@@ -28,6 +28,8 @@ class DistConfig:
     backend: str  # "gloo" or "nccl"
     # The GPU of rank 0 (with --dp-size, replica d's ranks start at GPU d * tp).
     base_gpu: int = 0
+    # Pipeline stages (--pp-size): world_size = tp_size * pp_size (distributed/pipeline_layout.py).
+    pp_size: int = 1
 
 
 def free_local_port() -> int:
@@ -63,8 +65,12 @@ def init_tensor_parallel(config: DistConfig, rank: int) -> None:
         rank=rank,
         timeout=timedelta(seconds=config.timeout_s),
     )
+    if config.pp_size > 1:
+        from radixserve.distributed.pipeline_groups import join_pipeline_groups
+
+        join_pipeline_groups(config.world_size // config.pp_size, config.pp_size, rank)
     logger.info(
-        "TP rank %d of %d joined (%s via %s, timeout %d s)",
+        "Rank %d of %d joined (%s via %s, timeout %d s)",
         rank,
         config.world_size,
         config.backend,

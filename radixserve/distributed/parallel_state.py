@@ -1,8 +1,12 @@
-"""Tensor-parallel group state and the collectives the TP-aware layers need.
+"""Tensor- and pipeline-parallel group state and the collectives the TP-aware layers need.
 
 With torch.distributed not initialised everything is single-rank: rank 0, size 1, and the
 collectives are identities. Layers call these functions through the module (never import the
 names) so that tests can monkeypatch a fake tp size.
+
+Under pipeline parallelism (--pp-size) the world is pp_size stages of tp_size ranks each
+(global rank = stage * tp_size + tp rank); the TP group is the ranks of this rank's stage, and
+broadcast_object (rank 0's step plan) spans the whole world.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ logger = logging.getLogger(__name__)
 
 # None means "the default (WORLD) group when torch.distributed is initialised".
 _TP_GROUP: dist.ProcessGroup | None = None
+# This rank's pipeline stage and the number of stages (0 and 1 without pipeline parallelism).
+_PP_RANK = 0
+_PP_SIZE = 1
 
 
 def set_tp_group(group: dist.ProcessGroup | None) -> None:
@@ -26,6 +33,27 @@ def set_tp_group(group: dist.ProcessGroup | None) -> None:
 
 def get_tp_group() -> dist.ProcessGroup | None:
     return _TP_GROUP
+
+
+def set_pp(rank: int, size: int) -> None:
+    """This process is pipeline stage `rank` of `size` (distributed/pipeline_groups.py)."""
+    global _PP_RANK, _PP_SIZE
+    _PP_RANK, _PP_SIZE = rank, size
+
+
+def get_pp_rank() -> int:
+    return _PP_RANK
+
+
+def get_pp_size() -> int:
+    return _PP_SIZE
+
+
+def get_world_size() -> int:
+    """Every rank of this replica's process group (tp_size * pp_size); 1 when not distributed."""
+    if not _distributed_ready():
+        return 1
+    return dist.get_world_size()
 
 
 def _distributed_ready() -> bool:
@@ -81,9 +109,10 @@ def kv_heads_per_rank(total_num_kv_heads: int) -> int:
 
 
 def broadcast_object(obj: object, src: int = 0) -> object:
-    """Rank `src`'s `obj` on every TP rank (pickled by torch.distributed); identity on one rank."""
-    if get_tp_size() == 1:
+    """Global rank `src`'s `obj` on every rank of the world, all TP ranks of all pipeline stages
+    (pickled by torch.distributed); identity on one rank."""
+    if get_world_size() == 1:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src, group=_TP_GROUP)
+    dist.broadcast_object_list(box, src=src)
     return box[0]

@@ -26,6 +26,11 @@ class InProcessRuntime:
                 f"--tp-size {server_args.tp_size} needs one process per rank: use "
                 "runtime='process' (the default), not runtime='thread'"
             )
+        if server_args.pp_size > 1:
+            raise ValueError(
+                f"--pp-size {server_args.pp_size} needs one process per rank: use "
+                "runtime='process' (the default), not runtime='thread'"
+            )
         if server_args.dp_size > 1:
             raise ValueError(
                 f"--dp-size {server_args.dp_size} runs one scheduler process per replica: use "

@@ -3,7 +3,9 @@
     API process --PUSH--> scheduler --PUSH--> detokenizer --PUSH--> API process (reader thread)
 
 With --tp-size N the scheduler is tensor-parallel rank 0 and N - 1 worker processes (ranks 1..N-1)
-run the same forward steps, joined to it by torch.distributed (managers/tp_sync.py).
+run the same forward steps, joined to it by torch.distributed (managers/tp_sync.py). With
+--pp-size P there are N x P ranks: P pipeline stages of N tensor-parallel ranks each, rank 0
+(the scheduler) being stage 0's first (model_executor/pipeline.py).
 
 With --dp-size D there are D such schedulers (replicas: each its own model copy, KV pool and
 radix cache, each with its own TP ranks and process group), all sending to the one detokenizer
@@ -71,6 +73,14 @@ class EngineStartupError(RuntimeError):
     pass
 
 
+def rank_label(server_args: ServerArgs, rank: int) -> str:
+    """A rank process's name: tp-rank-R, or pp-S-tp-T-rank-R under pipeline parallelism."""
+    if server_args.pp_size == 1:
+        return f"tp-rank-{rank}"
+    tp = server_args.tp_size
+    return f"pp-{rank // tp}-tp-{rank % tp}-rank-{rank}"
+
+
 class MultiProcessRuntime:
     def __init__(
         self, server_args: ServerArgs, on_death: Callable[[str], None] | None = None
@@ -115,7 +125,7 @@ class MultiProcessRuntime:
                 ]
             ]
         else:
-            plans = plan_replicas(self.dp_size, server_args.tp_size)
+            plans = plan_replicas(self.dp_size, server_args.tp_size * server_args.pp_size)
         self.cpu_plan: Any = plans[0][0]
         if self.dp_size > 1:
             self.cpu_plan = ReplicaCpuLayout(tuple(tuple(p) for p in plans))
@@ -169,17 +179,18 @@ class MultiProcessRuntime:
                 spawn.Process(
                     target=run_tp_worker_process,
                     args=(args, rank, dist, pid, plans[rank]),
-                    name=f"radixserve{suffix}-tp-rank-{rank}",
+                    name=f"radixserve{suffix}-{rank_label(args, rank)}",
                     daemon=True,
                 )
-                for rank in range(1, args.tp_size)
+                for rank in range(1, args.tp_size * args.pp_size)
                 if plans[rank] is not None  # None: a rank another node runs (--nnodes)
             ]
         return procs
 
     @staticmethod
     def _dist_config(server_args: ServerArgs, dp_rank: int = 0) -> DistConfig | None:
-        if server_args.tp_size == 1:
+        world = server_args.tp_size * server_args.pp_size
+        if world == 1:
             return None
         # Each replica is its own process group: its own rendezvous port (the given one plus
         # the replica's rank, as SGLang offsets its ports per dp rank) and its own GPUs.
@@ -189,10 +200,8 @@ class MultiProcessRuntime:
             addr = f"{host}:{int(base) + dp_rank}"
         if port and dp_rank:
             port += dp_rank
-        config = dist_config_for(
-            server_args.tp_size, server_args.device, addr, port, server_args.dist_timeout
-        )
-        return dataclasses.replace(config, base_gpu=dp_rank * server_args.tp_size)
+        config = dist_config_for(world, server_args.device, addr, port, server_args.dist_timeout)
+        return dataclasses.replace(config, base_gpu=dp_rank * world, pp_size=server_args.pp_size)
 
     def _startup_message(self, wait_s: float) -> SchedulerReady | None:
         """The scheduler's first message within `wait_s` (None if none came)."""

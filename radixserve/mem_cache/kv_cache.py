@@ -23,6 +23,7 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        owned_layers: range | None = None,
     ) -> None:
         self.size = size
         self.num_layers = num_layers
@@ -34,11 +35,20 @@ class KVCache:
         # uninitialised: every slot is written before it is read, and not touching a large pool
         # keeps a CPU process's resident memory proportional to what is used.
         self.pad_slot = size
+        # Under --pp-size a stage stores only its own layers (`owned_layers`); the others get
+        # empty buffers, so layer ids stay global.
+        owned = range(num_layers) if owned_layers is None else owned_layers
         shape = (size + 1, num_kv_heads, head_dim)
-        self.k_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+        def buffer(layer: int) -> torch.Tensor:
+            rows = shape if layer in owned else (0, num_kv_heads, head_dim)
+            return torch.empty(rows, dtype=dtype, device=device)
+
+        self.k_buffers = [buffer(i) for i in range(num_layers)]
+        self.v_buffers = [buffer(i) for i in range(num_layers)]
         for buf in (*self.k_buffers, *self.v_buffers):
-            buf[size].zero_()
+            if len(buf):
+                buf[size].zero_()
 
     @staticmethod
     def bytes_per_token(

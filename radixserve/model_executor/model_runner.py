@@ -25,6 +25,7 @@ from radixserve.options.hardware import device_memory_bytes
 
 if TYPE_CHECKING:
     from radixserve.lora.manager import LoRAManager
+    from radixserve.model_executor.pipeline import PipelineExecutor
     from radixserve.models.config import ModelConfig
     from radixserve.server_args import ServerArgs
 
@@ -67,6 +68,8 @@ class ModelRunner:
     step_broadcaster: Callable[[StepInputs, torch.Tensor], None] | None = None
     # --enable-lora: the adapters and the hooks in the model's linear layers.
     lora: LoRAManager | None = None
+    # --pp-size > 1: runs each step as this rank's pipeline stage (model_executor/pipeline.py).
+    pipeline: PipelineExecutor | None = None
 
     def __init__(self, server_args: ServerArgs) -> None:
         from radixserve.models.loader import load_model
@@ -110,7 +113,12 @@ class ModelRunner:
             head_dim=cfg.head_dim,
             dtype=self._kv_dtype(),
             device=self.device,
+            owned_layers=self.model.model.stage.layers,
         )
+        if ps.get_pp_size() > 1:
+            from radixserve.model_executor.pipeline import PipelineExecutor
+
+            self.pipeline = PipelineExecutor(self)
         # Extend batches (prefill, mixed) use the prefill backend, decode batches the decode
         # one; both default to --attention-backend.
         self.extend_backend = create_attention_backend(server_args.prefill_attention_backend)
@@ -190,13 +198,13 @@ class ModelRunner:
         cfg = self.model_config
         args = self.server_args
         per_token = KVCache.bytes_per_token(
-            cfg.num_hidden_layers,
+            len(self.model.model.stage.layers),  # this pipeline stage's layers (all without pp)
             ps.kv_heads_per_rank(cfg.num_key_value_heads),
             cfg.head_dim,
             self._kv_dtype(),
         )
         memory = device_memory_bytes(self.device.type) or 0
-        ranks = ps.get_tp_size() * args.dp_size
+        ranks = ps.get_world_size() * args.dp_size
         if self.device.type == "cpu":
             memory //= ranks  # every rank of every data-parallel replica shares the host's
         elif ranks > torch.cuda.device_count():
@@ -237,6 +245,19 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _forward(self, step: StepInputs, req_to_token: torch.Tensor) -> ForwardOutput:
+        if self.pipeline is not None:
+            return self.pipeline.forward(step, req_to_token)
+        fb = self.forward_batch(step, req_to_token)
+        hidden = self.model(fb.input_ids, fb.positions, fb)
+        logits = self.model.compute_logits(hidden[fb.logits_indices]).float()
+        pooled = None
+        if step.hidden_rows:
+            rows = torch.tensor(step.hidden_rows, dtype=torch.int64, device=self.device)
+            pooled = hidden[rows].float()
+        return ForwardOutput(logits, pooled)
+
+    def forward_batch(self, step: StepInputs, req_to_token: torch.Tensor) -> ForwardBatch:
+        """The ForwardBatch of `step`, its attention metadata (and LoRA batch) prepared."""
         dev = self.device
         backend = self.decode_backend if step.is_decode else self.extend_backend
         seq_lens = [p + e for p, e in zip(step.prefix_lens, step.extend_lens, strict=True)]
@@ -261,10 +282,4 @@ class ModelRunner:
         backend.init_forward_metadata(fb)
         if self.lora is not None:
             self.lora.prepare(step.lora_ids, step.extend_lens)
-        hidden = self.model(fb.input_ids, fb.positions, fb)
-        logits = self.model.compute_logits(hidden[fb.logits_indices]).float()
-        pooled = None
-        if step.hidden_rows:
-            rows = torch.tensor(step.hidden_rows, dtype=torch.int64, device=dev)
-            pooled = hidden[rows].float()
-        return ForwardOutput(logits, pooled)
+        return fb

@@ -30,8 +30,10 @@ MEMORY_TAGS = ("kv_cache", "weights")
 
 def _check_replaceable(runner: ModelRunner) -> None:
     args = runner.server_args
-    if args.tp_size > 1:
-        raise InvalidRequestError("Changing weights or memory at runtime needs --tp-size 1.")
+    if args.tp_size > 1 or args.pp_size > 1:
+        raise InvalidRequestError(
+            "Changing weights or memory at runtime needs --tp-size 1 and --pp-size 1."
+        )
     if args.quantization is not None:
         raise InvalidRequestError(
             f"Changing weights at runtime is not supported with --quantization {args.quantization}."

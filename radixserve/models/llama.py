@@ -25,6 +25,7 @@ from radixserve.layers.logits_processor import LogitsProcessor
 from radixserve.layers.radix_attention import RadixAttention
 from radixserve.layers.rotary_embedding import RotaryEmbedding, get_rope
 from radixserve.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+from radixserve.models.pipeline_stage import PPMissingLayer, stage_plan, stage_weights
 from radixserve.models.weight_utils import StackedParam, load_weights_into
 
 if TYPE_CHECKING:
@@ -148,7 +149,13 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, options: AttentionOptions) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        # Under --pp-size only this stage's parts are built (models/pipeline_stage.py).
+        self.stage = stage_plan(config.num_hidden_layers)
+        self.embed_tokens: nn.Module = (
+            VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+            if self.stage.first
+            else PPMissingLayer()
+        )
         # One table for all layers: it can be large (context_len x head_dim floats).
         self.rotary_emb = get_rope(
             config.head_dim,
@@ -160,9 +167,15 @@ class LlamaModel(nn.Module):
         )
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, self.rotary_emb, options)
+            if self.stage.owns(i)
+            else PPMissingLayer()
             for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm: nn.Module = (
+            RMSNorm(config.hidden_size, config.rms_norm_eps)
+            if self.stage.last
+            else PPMissingLayer()
+        )
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
@@ -192,8 +205,12 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = LlamaModel(config, self.attention_options(config))
-        if config.tie_word_embeddings:
-            self.lm_head: VocabParallelEmbedding = self.model.embed_tokens
+        stage = self.model.stage
+        self.lm_head: nn.Module
+        if not stage.last:
+            self.lm_head = PPMissingLayer()
+        elif config.tie_word_embeddings and stage.first:
+            self.lm_head = self.model.embed_tokens
         else:
             self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.logits_processor = LogitsProcessor(config.vocab_size)
@@ -215,7 +232,9 @@ class LlamaForCausalLM(nn.Module):
         skip = ["rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached"]
         if self.config.tie_word_embeddings:
             skip.append("lm_head.weight")  # some tied checkpoints still store a copy
-        load_weights_into(self, weights, self.stacked_params, skip)
+        tied = self.config.tie_word_embeddings
+        weights = stage_weights(weights, self.model.stage, tied, skip)
+        load_weights_into(self, weights, self.stacked_params)
 
 
 class MistralForCausalLM(LlamaForCausalLM):

@@ -142,4 +142,5 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 def _is_first_rank() -> bool:
     from radixserve.distributed import parallel_state
 
-    return parallel_state.get_tp_rank() == 0
+    # One progress bar per server: TP rank 0 of pipeline stage 0.
+    return parallel_state.get_tp_rank() == 0 and parallel_state.get_pp_rank() == 0

@@ -13,8 +13,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
         INT,
         None,
         "Port for the distributed environment setup. Here: the port of torch.distributed's "
-        "rendezvous on 127.0.0.1 with --tp-size > 1 when --dist-init-addr is not given "
-        "(default: a free port).",
+        "rendezvous on 127.0.0.1 with --tp-size or --pp-size > 1 when --dist-init-addr is not "
+        "given (default: a free port).",
         support=IMPLEMENTED,
     ),
     value(
@@ -22,8 +22,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
         INT,
         None,
         "Timeout in seconds for torch.distributed initialisation. Here also every collective "
-        "between tensor-parallel ranks: a rank that stops answering takes the server down "
-        "after at most this long (default 600).",
+        "and point-to-point transfer between tensor-parallel ranks and pipeline stages: a rank "
+        "that stops answering takes the server down after "
+        "at most this long (default 600).",
         support=IMPLEMENTED,
     ),
     value(
@@ -77,7 +78,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--pp-size",
         INT,
         1,
-        "Pipeline parallelism size (only 1 is supported yet).",
+        "Pipeline parallelism size. Here: the decoder layers split into that many contiguous "
+        "stages (stage 0 also the embedding, the last the final norm and LM head), each stage "
+        "--tp-size ranks (tp x pp processes in all, over torch.distributed: gloo on CPU), "
+        "hidden states passed by point-to-point send/recv; a stage loads and caches only its "
+        "layers. Not with --dp-size, --nnodes, speculative decoding, LoRA, the hierarchical "
+        "cache or --quantization gguf / w8a8_int8.",
         support=IMPLEMENTED,
         aliases=("--pipeline-parallel-size",),
     ),
@@ -85,7 +91,11 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--pp-max-micro-batch-size",
         INT,
         None,
-        "Maximum micro batch size under pipeline parallelism.",
+        "Maximum micro batch size under pipeline parallelism. Here: each scheduler step's "
+        "batch is split into micro-batches of at most this many requests, which flow through "
+        "the stages one after another (stage k runs micro-batch i while stage k + 1 runs "
+        "i - 1); default: the batch in --pp-size near-equal parts. Only with --pp-size > 1.",
+        support=IMPLEMENTED,
     ),
     value("--pp-async-batch-depth", INT, 0, "Async batch depth under pipeline parallelism."),
     value(

@@ -12,6 +12,7 @@ from radixserve.options import hardware
 from radixserve.options.errors import ServerArgsError
 from radixserve.options.hicache_rules import check_hicache
 from radixserve.options.node_rules import check_nodes
+from radixserve.options.pipeline_rules import check_pipeline
 from radixserve.options.registry import dest_table
 from radixserve.options.spec import Support
 from radixserve.options.speculative_rules import check_speculative
@@ -37,7 +38,7 @@ _POSITIVE = (
     "max_payload_size",
 )
 _PARALLEL = {"tp_size": "tensor", "dp_size": "data", "pp_size": "pipeline"}
-_NOT_YET_PARALLEL = ("pp_size",)
+_NOT_YET_PARALLEL: tuple[str, ...] = ()
 
 
 def _option(dest: str) -> str:
@@ -84,6 +85,7 @@ def _check_parallel(v: Mapping[str, Any]) -> None:
             "not sharded); use --tp-size 1, or leave out --quantization",
         )
     check_nodes(v)
+    check_pipeline(v)
     timeout = v.get("dist_timeout")
     if timeout is not None and timeout <= 0:
         raise _fail("dist_timeout", f"must be > 0 seconds, got {timeout}")

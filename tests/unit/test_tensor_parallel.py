@@ -45,8 +45,7 @@ def test_tp_options_are_accepted_and_checked() -> None:
         ServerArgs(tp_size=2, dist_timeout=0)
     with pytest.raises(ServerArgsError, match="--dist-init-addr: expected HOST:PORT"):
         ServerArgs(tp_size=2, dist_init_addr="localhost")
-    with pytest.raises(ServerArgsError, match="pipeline parallelism is not supported yet"):
-        ServerArgs(pp_size=2)
+    assert ServerArgs(tp_size=2, pp_size=2).pp_size == 2  # tests/unit/test_pipeline_parallel.py
 
 
 def test_dist_config_address_choice() -> None:
