@@ -158,6 +158,7 @@ class ServerArgs:
     speculative_ngram_match_type: str = "BFS"
     speculative_ngram_max_trie_depth: int = 18
     speculative_ngram_capacity: int = 10000000
+    speculative_adaptive: bool = False
     # Every other `sglang serve` option, by dest.
     other: Mapping[str, Any] = field(default_factory=ReadOnlyMapping)
     # Derived during construction; not arguments.
