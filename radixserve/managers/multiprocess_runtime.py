@@ -98,6 +98,8 @@ class MultiProcessRuntime:
         self._stopping = False
         self.dp_size = server_args.dp_size
         self.controller = DataParallelController(self.dp_size, server_args.load_balance_method)
+        # --use-ray: the ranks become Ray actors (distributed/ray_launch.py); None otherwise.
+        self._ray = self._connect_ray(server_args)
         self._folder = Path(tempfile.mkdtemp(prefix="radixserve-ipc-"))
         sched_ins = [ipc_address(self._folder, f"scheduler-{d}") for d in range(self.dp_size)]
         detok_in = ipc_address(self._folder, "detokenizer")
@@ -167,28 +169,66 @@ class MultiProcessRuntime:
         dist = self._dist_config(args, dp_rank)
         suffix = f"-dp{dp_rank}" if self.dp_size > 1 else ""
         procs = [
-            spawn.Process(
-                target=run_scheduler_process,
-                args=(args, sched_in, detok_in, pid, plans[0], dist, dp_rank if suffix else None),
-                name=f"radixserve-scheduler{suffix}",
-                daemon=True,
+            self._rank_process(
+                spawn,
+                run_scheduler_process,
+                (args, sched_in, detok_in, pid, plans[0], dist, dp_rank if suffix else None),
+                f"radixserve-scheduler{suffix}",
+                rank0=True,
             )
         ]
         if dist is not None:
             procs += [
-                spawn.Process(
-                    target=run_tp_worker_process,
-                    args=(args, rank, dist, pid, plans[rank]),
-                    name=f"radixserve{suffix}-{rank_label(args, rank)}",
-                    daemon=True,
+                self._rank_process(
+                    spawn,
+                    run_tp_worker_process,
+                    (args, rank, dist, pid, plans[rank]),
+                    f"radixserve{suffix}-{rank_label(args, rank)}",
                 )
                 for rank in range(1, args.tp_size * args.pp_size)
                 if plans[rank] is not None  # None: a rank another node runs (--nnodes)
             ]
         return procs
 
+    def _rank_process(
+        self, spawn: Any, target: Any, args: tuple[Any, ...], name: str, rank0: bool = False
+    ) -> Any:
+        """A rank's process: a multiprocessing child, or under --use-ray a Ray actor holding
+        the same process (both take the parent pid as their 4th argument)."""
+        if self._ray is None:
+            return spawn.Process(target=target, args=args, name=name, daemon=True)
+        from radixserve.distributed.ray_launch import RayRankProcess
+
+        return RayRankProcess(target, args, name, pid_index=3, on_this_node=rank0)
+
     @staticmethod
-    def _dist_config(server_args: ServerArgs, dp_rank: int = 0) -> DistConfig | None:
+    def _connect_ray(server_args: ServerArgs) -> Any:
+        if not server_args.use_ray:
+            return None
+        from radixserve.distributed.ray_launch import connect
+
+        try:
+            return connect(server_args.tp_size * server_args.pp_size)
+        except Exception as exc:
+            raise EngineStartupError(f"--use-ray: could not get a Ray cluster: {exc}") from exc
+
+    def _dist_config(self, server_args: ServerArgs, dp_rank: int = 0) -> DistConfig | None:
+        config = self._group_config(server_args, dp_rank)
+        ray = self._ray
+        if (
+            config is not None
+            and ray is not None
+            and ray.nodes > 1
+            and not server_args.dist_init_addr
+        ):
+            # Ranks may land on other machines: meet at this machine's address (rank 0,
+            # which hosts the rendezvous store, is pinned here), not 127.0.0.1.
+            port = config.init_addr.rpartition(":")[2]
+            config = dataclasses.replace(config, init_addr=f"{ray.node_ip}:{port}")
+        return config
+
+    @staticmethod
+    def _group_config(server_args: ServerArgs, dp_rank: int = 0) -> DistConfig | None:
         world = server_args.tp_size * server_args.pp_size
         if world == 1:
             return None
@@ -363,6 +403,10 @@ class MultiProcessRuntime:
             if proc.is_alive():
                 proc.kill()
                 proc.join(timeout=5)
+        if self._ray is not None:
+            from radixserve.distributed.ray_launch import release
+
+            release(self.processes, self._ray)
         self.router.fail_all("The engine is shutting down.", status_code=503)
         self._receiver.close(linger=0)
         for sender in self._senders:

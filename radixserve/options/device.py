@@ -34,7 +34,11 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "Seconds after which a slow forward step dumps debug information.",
     ),
     flag("--sleep-on-idle", "Reduce CPU usage while idle.", support=NOT_APPLICABLE),
-    flag("--use-ray", "Manage scheduler processes with Ray actors."),
+    flag(
+        "--use-ray",
+        "Manage scheduler processes with Ray actors.",
+        support=IMPLEMENTED,
+    ),
     value(
         "--numa-node",
         INT,

@@ -13,6 +13,7 @@ from radixserve.options.errors import ServerArgsError
 from radixserve.options.hicache_rules import check_hicache
 from radixserve.options.node_rules import check_nodes
 from radixserve.options.pipeline_rules import check_pipeline
+from radixserve.options.ray_rules import check_ray
 from radixserve.options.registry import dest_table
 from radixserve.options.spec import Support
 from radixserve.options.speculative_rules import check_speculative
@@ -130,6 +131,7 @@ def validate(values: Mapping[str, Any]) -> None:
     _check_misc(values)
     check_hicache(values)
     check_speculative(values)
+    check_ray(values)
 
 
 def valid_tp_sizes(num_attention_heads: int, num_kv_heads: int) -> list[int]:
