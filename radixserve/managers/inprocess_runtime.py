@@ -36,6 +36,11 @@ class InProcessRuntime:
                 f"--dp-size {server_args.dp_size} runs one scheduler process per replica: use "
                 "runtime='process' (the default), not runtime='thread'"
             )
+        if server_args.use_ray:
+            raise ValueError(
+                "--use-ray runs the scheduler as a Ray actor: use runtime='process' (the "
+                "default), not runtime='thread'"
+            )
         self.scheduler, self.tokenizer, self.ready = build_scheduler(server_args)
         self.runner = self.scheduler.runner
         self.router = RequestRouter()

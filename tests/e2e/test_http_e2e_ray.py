@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
 import time
 import uuid
@@ -78,9 +79,20 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def _ray_server(model_dir: Path, tmp_path: Path, tag: str) -> ServerProcess:
+def _ray_tmp(tag: str) -> Path:
     # A short temp dir: Ray puts unix sockets there (their paths are limited to ~107 bytes).
-    ray_tmp = Path("/tmp") / f"rs-ray-{tag[:8]}"
+    return Path("/tmp") / f"rs-ray-{tag[:8]}"
+
+
+def _cleanup(server: ServerProcess, tag: str) -> None:
+    server.stop(signal.SIGKILL)
+    for pid in _marked(tag):
+        os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(_ray_tmp(tag), ignore_errors=True)  # Ray's session logs
+
+
+def _ray_server(model_dir: Path, tmp_path: Path, tag: str) -> ServerProcess:
+    ray_tmp = _ray_tmp(tag)
     env = {MARKER: tag, "RAY_TMPDIR": str(ray_tmp), "RAY_USAGE_STATS_ENABLED": "0"}
     os.environ.pop("RAY_ADDRESS", None)  # a local cluster of its own, not the caller's
     return start_server(*_args(model_dir), "--use-ray", "--log-level", "info", env=env)
@@ -122,9 +134,7 @@ def test_ray_tp2_answers_like_multiprocessing_and_leaves_nothing(
         assert server.stop() == 0, server.logs()
         _wait_none_marked(tag)
     finally:
-        server.stop(signal.SIGKILL)
-        for pid in _marked(tag):
-            os.kill(pid, signal.SIGKILL)
+        _cleanup(server, tag)
 
 
 def test_ray_rank_actor_killed_takes_the_server_down(model_dir: Path, tmp_path: Path) -> None:
@@ -143,6 +153,4 @@ def test_ray_rank_actor_killed_takes_the_server_down(model_dir: Path, tmp_path: 
         assert "its Ray actor died" in server.logs() or "exited unexpectedly" in server.logs()
         _wait_none_marked(tag)
     finally:
-        server.stop(signal.SIGKILL)
-        for pid in _marked(tag):
-            os.kill(pid, signal.SIGKILL)
+        _cleanup(server, tag)
