@@ -9,8 +9,9 @@ rendezvous address, and rank 0 talks to the API process and the detokenizer over
 which is why rank 0's actor is pinned to this machine. Ray only places and supervises.
 
 Cluster: `ray.init(address="auto")` joins a running cluster (RAY_ADDRESS, or one started with
-`ray start` on this machine); when there is none, a local one is started for this server
-(logical CPUs = the rank count, a small object store, no dashboard) and stopped at shutdown.
+`ray start` on this machine); when RAY_ADDRESS is unset and there is none, a local one is
+started for this server (logical CPUs = the rank count, a small object store, no dashboard)
+and stopped at shutdown.
 
 Lifetime: a rank process dies with its actor (PR_SET_PDEATHSIG), and the actors are owned by
 this process, so Ray removes them when it exits. A rank that ends, or an actor that dies, shows
@@ -41,39 +42,47 @@ class RayCluster:
     started: bool
     node_ip: str
     nodes: int
+    # False when the program had called ray.init itself (an Engine in a Ray program): its
+    # connection is left alone.
+    connected_here: bool = True
 
     def shutdown(self) -> None:
         import ray
 
         # Stops the local cluster's processes (GCS, raylet, workers) when ray.init started
         # them; otherwise only disconnects, and the actors this process owned are removed.
-        ray.shutdown()
+        if self.connected_here:
+            ray.shutdown()
 
 
 def connect(num_ranks: int) -> RayCluster:
     """Join the running cluster, or start a local one sized for `num_ranks` rank actors."""
     import ray
 
-    if ray.is_initialized():  # an Engine in a program that already uses Ray
-        started = False
-    else:
+    # Rank actors import the radixserve this server runs (its folder first on their path:
+    # the same path on every machine of the cluster, or an installed radixserve there).
+    runtime_env = {"env_vars": {"PYTHONPATH": _python_path()}}
+    connected_here = not ray.is_initialized()  # else: an Engine in a Ray program
+    started = False
+    if connected_here:
         try:
-            ray.init(address="auto", logging_level=logging.WARNING)
-            started = False
+            ray.init(address="auto", runtime_env=runtime_env, logging_level=logging.WARNING)
         except ConnectionError:
+            if os.environ.get("RAY_ADDRESS"):
+                raise  # the cluster asked for is unreachable: not a reason to start another
             ray.init(
+                address="local",  # a new cluster, even if a stale one is recorded on disk
                 num_cpus=num_ranks,
                 num_gpus=0,
                 object_store_memory=LOCAL_OBJECT_STORE_BYTES,
                 include_dashboard=False,
+                runtime_env=runtime_env,
                 logging_level=logging.WARNING,
-                # Rank actors must import this radixserve, wherever the server was run from.
-                runtime_env={"env_vars": {"PYTHONPATH": _python_path()}},
             )
             started = True
     nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
     free = ray.available_resources().get("CPU", 0.0)
-    cluster = RayCluster(started, ray.util.get_node_ip_address(), nodes)
+    cluster = RayCluster(started, ray.util.get_node_ip_address(), nodes, connected_here)
     logger.info(
         "Ray: %s cluster, %d node(s), %g CPUs free; this node %s",
         "started a local" if started else "joined the running",
@@ -84,7 +93,7 @@ def connect(num_ranks: int) -> RayCluster:
     if free < num_ranks:
         cluster.shutdown()
         raise RuntimeError(
-            f"--use-ray: the Ray cluster has {free:g} free CPUs, and each of the {num_ranks} "
+            f"the Ray cluster has {free:g} free CPUs, and each of the {num_ranks} "
             "ranks asks for one; add nodes or CPUs, or use fewer ranks"
         )
     return cluster

@@ -15,6 +15,8 @@ import importlib.util
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -22,7 +24,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.e2e.e2e_server import ServerProcess, start_server
+from tests.e2e.e2e_server import ServerProcess, free_port, start_server
 from tests.helpers.tiny_models import save_word_tokenizer
 from tests.unit.tiny_model import TINY_VOCAB, write_tiny_llama
 
@@ -91,7 +93,7 @@ def _cleanup(server: ServerProcess, tag: str) -> None:
     shutil.rmtree(_ray_tmp(tag), ignore_errors=True)  # Ray's session logs
 
 
-def _ray_server(model_dir: Path, tmp_path: Path, tag: str) -> ServerProcess:
+def _ray_server(model_dir: Path, tag: str) -> ServerProcess:
     ray_tmp = _ray_tmp(tag)
     env = {MARKER: tag, "RAY_TMPDIR": str(ray_tmp), "RAY_USAGE_STATS_ENABLED": "0"}
     os.environ.pop("RAY_ADDRESS", None)  # a local cluster of its own, not the caller's
@@ -113,7 +115,7 @@ def _args(model_dir: Path) -> tuple[str, ...]:
 
 
 def test_ray_tp2_answers_like_multiprocessing_and_leaves_nothing(
-    model_dir: Path, tmp_path: Path
+    model_dir: Path,
 ) -> None:
     plain = start_server(*_args(model_dir))
     try:
@@ -121,7 +123,7 @@ def test_ray_tp2_answers_like_multiprocessing_and_leaves_nothing(
     finally:
         assert plain.stop() == 0, plain.logs()
     tag = uuid.uuid4().hex
-    server = _ray_server(model_dir, tmp_path, tag)
+    server = _ray_server(model_dir, tag)
     try:
         running = _marked(tag)
         # The ranks are Ray actors (Ray names its worker processes after the actor class),
@@ -137,15 +139,15 @@ def test_ray_tp2_answers_like_multiprocessing_and_leaves_nothing(
         _cleanup(server, tag)
 
 
-def test_ray_rank_actor_killed_takes_the_server_down(model_dir: Path, tmp_path: Path) -> None:
+def test_ray_rank_actor_killed_takes_the_server_down(model_dir: Path) -> None:
     tag = uuid.uuid4().hex
-    server = _ray_server(model_dir, tmp_path, tag)
+    server = _ray_server(model_dir, tag)
     try:
         actors = sorted(
             pid for pid, cmd in _marked(tag).items() if cmd.startswith("ray::RankActor")
         )
         assert len(actors) == 2
-        os.kill(actors[-1], signal.SIGKILL)  # the later one: tensor-parallel rank 1's actor
+        os.kill(actors[-1], signal.SIGKILL)  # either rank's actor: losing any rank is fatal
         deadline = time.monotonic() + 120
         while server.proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -154,3 +156,59 @@ def test_ray_rank_actor_killed_takes_the_server_down(model_dir: Path, tmp_path: 
         _wait_none_marked(tag)
     finally:
         _cleanup(server, tag)
+
+
+def test_ray_joins_a_running_cluster_and_leaves_it_running(model_dir: Path) -> None:
+    """`ray start --head` first, then the server with RAY_ADDRESS: it joins that cluster (no
+    cluster of its own), and SIGTERM removes its actors and rank processes but not the
+    cluster, which belongs to whoever started it."""
+    cluster_tag, server_tag = uuid.uuid4().hex, uuid.uuid4().hex
+    ray_tmp = _ray_tmp(cluster_tag)
+    gcs = f"127.0.0.1:{free_port()}"
+    # A cluster started with `ray start` authenticates with a token its drivers must share.
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex + uuid.uuid4().hex}
+    env = {**os.environ, MARKER: cluster_tag, "RAY_TMPDIR": str(ray_tmp), **auth}
+    env.pop("RAY_ADDRESS", None)
+    ray_cli = Path(sys.executable).with_name("ray")
+    head = [
+        str(ray_cli), "start", "--head", "--node-ip-address", "127.0.0.1",
+        "--port", gcs.rpartition(":")[2], "--num-cpus", "2", "--num-gpus", "0",
+        "--object-store-memory", str(100 * 1024 * 1024), "--include-dashboard", "false",
+        "--disable-usage-stats", "--temp-dir", str(ray_tmp),
+    ]  # fmt: skip
+    server = None
+    try:
+        subprocess.run(head, env=env, check=True, capture_output=True, timeout=180)
+        server = start_server(
+            *_args(model_dir),
+            "--use-ray",
+            "--log-level",
+            "info",
+            env={MARKER: server_tag, "RAY_ADDRESS": gcs, "RAY_TMPDIR": str(ray_tmp), **auth},
+        )
+        # The rank actors are workers of the running cluster (they carry its marker).
+        in_cluster = _marked(cluster_tag)
+        assert sum(cmd.startswith("ray::RankActor") for cmd in in_cluster.values()) == 2
+        assert not any("raylet" in cmd for cmd in _marked(server_tag).values())
+        assert len(_complete(server)) == len(PROMPTS)
+        assert "Ray: joined the running cluster" in Path(server.log.name).read_text(
+            errors="replace"
+        )
+        assert server.stop() == 0, server.logs()
+        _wait_none_marked(server_tag)
+        deadline = time.monotonic() + 30
+        while True:
+            left = _marked(cluster_tag).values()
+            ranks = [c for c in left if c.startswith("ray::RankActor") or "spawn_main" in c]
+            if not ranks or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert not ranks, ranks
+        assert any("raylet" in cmd for cmd in left)  # the cluster itself still runs
+    finally:
+        if server is not None:
+            server.stop(signal.SIGKILL)
+        # `ray stop` would stop every Ray cluster on the machine: end only this one's processes.
+        for pid in list(_marked(cluster_tag)) + list(_marked(server_tag)):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
