@@ -158,6 +158,19 @@ def test_ray_rank_actor_killed_takes_the_server_down(model_dir: Path) -> None:
         _cleanup(server, tag)
 
 
+def test_ray_server_killed_leaves_nothing(model_dir: Path) -> None:
+    """SIGKILL on the API process: Ray's processes (started with it) and the rank actors with
+    their rank processes all end on their own."""
+    tag = uuid.uuid4().hex
+    server = _ray_server(model_dir, tag)
+    try:
+        assert any(cmd.startswith("ray::RankActor") for cmd in _marked(tag).values())
+        os.kill(server.proc.pid, signal.SIGKILL)
+        _wait_none_marked(tag)
+    finally:
+        _cleanup(server, tag)
+
+
 def test_ray_joins_a_running_cluster_and_leaves_it_running(model_dir: Path) -> None:
     """`ray start --head` first, then the server with RAY_ADDRESS: it joins that cluster (no
     cluster of its own), and SIGTERM removes its actors and rank processes but not the
