@@ -20,8 +20,10 @@ _KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _ext(t: torch.Tensor) -> object | None:
-    """The extension when it can take `t` (CPU, float32 or bfloat16), else None."""
-    if t.device.type != "cpu" or t.dtype not in _KERNEL_DTYPES:
+    """The extension when it can take `t` (CPU, float32 or bfloat16), else None. None while
+    torch.compile traces (the extension's calls are opaque to dynamo: the traced model uses the
+    PyTorch reference ops, and attention and GGUF matmuls go through layers/compile_ops.py)."""
+    if t.device.type != "cpu" or t.dtype not in _KERNEL_DTYPES or torch.compiler.is_compiling():
         return None
     return load_extension()
 
@@ -153,6 +155,8 @@ def paged_attention(
 def gguf_linear(
     x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_features: int
 ) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        return torch.ops.radixserve.gguf_linear(x, blocks, qtype, out_features)
     ext = _ext(x)
     if ext is not None and x.dim() == 2 and x.stride(1) == 1:
         return ext.gguf_linear(x, blocks, qtype, out_features)
