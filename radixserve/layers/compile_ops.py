@@ -6,6 +6,8 @@ module by module on plain PyTorch ops that inductor fuses, except for two calls:
   (how many keys each request reads) is data the op reads at run time, never a shape dynamo
   specialises on, and a decode step does not recompile as sequences grow (SGLang registers its
   CPU attention as an opaque op for the same reason);
+- the float matmuls of the decoder (ops.float_linear: radixserve's packed AVX2 kernel where it
+  measured faster than torch's BLAS, which inductor would call; the LM head stays inductor's);
 - the GGUF block GEMV: inductor would otherwise dequantize the blocks (and, with freezing,
   constant-fold them into float weights four to eight times their size).
 register_fake gives dynamo each op's output shape without running it.
@@ -74,3 +76,17 @@ def gguf_linear(
 @gguf_linear.register_fake
 def _(x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_features: int) -> torch.Tensor:
     return x.new_empty((x.shape[0], out_features))
+
+
+@torch.library.custom_op("radixserve::float_linear", mutates_args=())
+def float_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., in] @ weight^T (+ bias) through ops.float_linear (eager: the packed kernel)."""
+    return ops.float_linear(x, weight, bias)
+
+
+@float_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+ops.COMPILED_FLOAT_LINEAR = ops.using_cpp_kernels()

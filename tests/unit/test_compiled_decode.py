@@ -4,6 +4,7 @@ inductor takes ~15-25 s per batch-size bucket even for a tiny model on 2 cores).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -98,6 +99,9 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelRunner]:
     from radixserve.models.dummy import init_dummy_weights
 
     folder = write_tiny_llama(tmp_path_factory.mktemp("tiny") / "llama")
+    monkeypatch = pytest.MonkeyPatch()
+    # Inductor's cache in a per-run folder, not the user's radixserve cache.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
     args = ServerArgs.from_kwargs(
         model_path=str(folder),
         load_format="dummy",
@@ -114,6 +118,7 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelRunner]:
         init_dummy_weights(runner.model, seed=0, std=WEIGHT_STD)
     use_fast_kernels(runner.model, True)
     yield runner
+    monkeypatch.undo()
 
 
 def _greedy(
@@ -216,3 +221,17 @@ def test_compiled_decode_matches_eager(runner: ModelRunner) -> None:
         assert alone == [seq]
     # Contexts grew every step, yet each bucket compiled once: attention is opaque.
     assert counters["stats"]["unique_graphs"] == 2
+
+
+def test_new_weights_drop_the_compiled_graphs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Freezing bakes the weights into the graphs: a new model object (update_weights_from_disk,
+    resume_memory) gets fresh ones (compiled again on first use)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    compiled = CompiledDecode((1,))
+    first, second = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    fn = compiled._function(first)
+    compiled._compiled.add(1)
+    assert compiled._function(first) is fn and compiled._compiled == {1}
+    assert compiled._function(second) is not fn and not compiled._compiled
