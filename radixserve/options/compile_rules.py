@@ -63,3 +63,10 @@ def check_torch_compile(v: Mapping[str, Any]) -> None:
     bs = v.get("cuda_graph_bs_decode")
     if bs and min(bs) < 1:
         raise ServerArgsError("--cuda-graph-bs-decode", f"batch sizes must be >= 1, got {bs}")
+    max_bs = v.get("torch_compile_max_bs", 32)
+    if bs and min(bs) > max_bs:
+        raise ServerArgsError(
+            "--cuda-graph-bs-decode",
+            f"no batch size is <= --torch-compile-max-bs {max_bs} (got {list(bs)}): nothing "
+            "would be compiled",
+        )

@@ -70,6 +70,7 @@ def test_padded_rows_attend_nothing_and_store_in_the_spare_slot() -> None:
         ({"quantization": "w8a8_int8"}, "--enable-torch-compile", "w8a8_int8"),
         ({"attention_backend": "torch_native"}, "--enable-torch-compile", "intel_amx"),
         ({"cuda_graph_bs_decode": [1, 0]}, "--cuda-graph-bs-decode", ">= 1"),
+        ({"cuda_graph_bs_decode": [64]}, "--cuda-graph-bs-decode", "nothing would be compiled"),
     ],
 )
 def test_combinations_compile_cannot_run_are_refused(
@@ -93,15 +94,10 @@ def test_compile_options_resolve() -> None:
     assert tuple(args.cuda_graph_bs_decode) == (1, 3)
 
 
-@pytest.fixture(scope="module")
-def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelRunner]:
+def _tiny_runner(folder: Path, **options: Any) -> ModelRunner:
     from radixserve.layers.fast_path import use_fast_kernels
     from radixserve.models.dummy import init_dummy_weights
 
-    folder = write_tiny_llama(tmp_path_factory.mktemp("tiny") / "llama")
-    monkeypatch = pytest.MonkeyPatch()
-    # Inductor's cache in a per-run folder, not the user's radixserve cache.
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
     args = ServerArgs.from_kwargs(
         model_path=str(folder),
         load_format="dummy",
@@ -109,15 +105,28 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelRunner]:
         skip_tokenizer_init=True,
         max_total_tokens=8 * ROW_LEN,
         random_seed=0,
-        enable_torch_compile=True,
-        torch_compile_max_bs=4,
         attention_backend="intel_amx",
+        **options,
     )
     runner = ModelRunner(args)
     with torch.no_grad():
         init_dummy_weights(runner.model, seed=0, std=WEIGHT_STD)
     use_fast_kernels(runner.model, True)
-    yield runner
+    return runner
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "llama")
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelRunner]:
+    """A runner with --enable-torch-compile (buckets 1, 2, 4)."""
+    monkeypatch = pytest.MonkeyPatch()
+    # Inductor's cache in a per-run folder, not the user's radixserve cache.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
+    yield _tiny_runner(tiny_folder, enable_torch_compile=True, torch_compile_max_bs=4)
     monkeypatch.undo()
 
 
@@ -186,11 +195,21 @@ class _EagerPadded(CompiledDecode):
         return model.compute_logits(model(fb.input_ids, fb.positions, fb)).float()
 
 
-def test_padded_rows_do_not_touch_real_requests(runner: ModelRunner) -> None:
+def test_padded_rows_do_not_touch_real_requests(tiny_folder: Path) -> None:
+    # Without torch.compile itself (fast): the runner pads as the compiled path does and runs
+    # the padded batch eagerly; the spare KV slot is allocated as --enable-torch-compile would.
+    from radixserve.mem_cache.kv_cache import KVCache
+
+    runner = _tiny_runner(tiny_folder)
+    padded = _EagerPadded((1, 4))
+    runner.compiled_decode = padded
+    kv = runner.kv_cache
+    runner.kv_cache = KVCache(
+        runner.kv_cache_size, kv.num_layers, kv.num_kv_heads, kv.head_dim, kv.dtype, kv.device
+    )
     rows = [0, 1, 2]
     want, want_logits = _greedy(runner, rows, PROMPTS, None)
     assert len({tuple(seq) for seq in want}) == 3 and any(len(set(s)) > 2 for s in want)
-    padded = _EagerPadded((1, 4))
     got, got_logits = _greedy(runner, rows, PROMPTS, padded)
     assert padded.runs == [4] * STEPS  # 3 requests ran padded to 4
     assert got == want
@@ -223,6 +242,7 @@ def test_compiled_decode_matches_eager(runner: ModelRunner) -> None:
     assert counters["stats"]["unique_graphs"] == 2
 
 
+@pytest.mark.slow  # importing dynamo and inductor alone takes seconds
 def test_new_weights_drop_the_compiled_graphs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
