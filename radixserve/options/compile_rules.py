@@ -45,8 +45,9 @@ def check_torch_compile(v: Mapping[str, Any]) -> None:
     for dest, name in _NOT_WITH_COMPILE:
         if v.get(dest):
             raise ServerArgsError(_COMPILE, f"cannot be combined with {name} yet")
-    if v.get("tp_size", 1) > 1:
-        raise ServerArgsError(_COMPILE, f"runs with --tp-size 1 only (got {v['tp_size']})")
+    for dest, name in (("tp_size", "--tp-size"), ("pp_size", "--pp-size")):
+        if v.get(dest, 1) > 1:
+            raise ServerArgsError(_COMPILE, f"runs with {name} 1 only (got {v[dest]})")
     if v.get("quantization") not in (None, "gguf"):
         raise ServerArgsError(
             _COMPILE,

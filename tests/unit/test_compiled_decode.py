@@ -65,6 +65,7 @@ def test_padded_rows_attend_nothing_and_store_in_the_spare_slot() -> None:
     ("kwargs", "option", "message"),
     [
         ({"tp_size": 2}, "--enable-torch-compile", "--tp-size 1 only"),
+        ({"pp_size": 2}, "--enable-torch-compile", "--pp-size 1 only"),
         ({"enable_lora": True}, "--enable-torch-compile", "--enable-lora"),
         ({"speculative_algorithm": "NGRAM"}, "--enable-torch-compile", "--speculative-algorithm"),
         ({"quantization": "w8a8_int8"}, "--enable-torch-compile", "w8a8_int8"),
