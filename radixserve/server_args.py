@@ -142,6 +142,11 @@ class ServerArgs:
     prefill_attention_backend: str | None = None
     sampling_backend: str | None = None
     config: str | None = None
+    # torch.compile of CPU decode steps (model_executor/compiled_decode.py)
+    enable_torch_compile: bool = False
+    enable_torch_compile_debug_mode: bool = False
+    torch_compile_max_bs: int = 32
+    cuda_graph_bs_decode: tuple[int, ...] | None = None
     # LoRA adapters (radixserve/lora/config.py turns these into a LoRAConfig)
     enable_lora: bool | None = None
     max_lora_rank: int | None = None

@@ -25,6 +25,23 @@ start_kernel_build() {
     kernel_pid=$!
 }
 
+# The browser tests (tests/unit/test_web_ui_browser.py) drive Debian's chromium through
+# Playwright (no browser download at test time). With --test, as root on a Debian-like system
+# without it, it is installed from the system's packages in the background (mostly download
+# time, beside the pip steps); elsewhere those tests skip and this says so.
+browser_log="$(mktemp)"
+browser_pid=""
+if [[ -n "$extras" ]] && ! command -v chromium >/dev/null 2>&1; then
+    if [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null 2>&1; then
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            --no-install-recommends chromium) >"$browser_log" 2>&1 &
+        browser_pid=$!
+    else
+        echo "chromium not found and not installable here (needs root and apt-get):" \
+            "the browser tests will skip"
+    fi
+fi
+
 step 1 "creating .venv and upgrading pip"
 python3 -m venv .venv
 pip=".venv/bin/python -m pip"
@@ -66,4 +83,12 @@ else
     echo "C++ kernels unavailable; the PyTorch kernels will run"
 fi
 rm -f "$kernel_log"
+if [[ -n "$browser_pid" ]]; then
+    echo "[install] waiting for chromium (for the browser tests)"
+    if ! wait "$browser_pid"; then
+        tail -5 "$browser_log"
+        echo "chromium could not be installed: the browser tests will skip"
+    fi
+fi
+rm -f "$browser_log"
 echo "radixserve installed in .venv"

@@ -20,8 +20,10 @@ _KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _ext(t: torch.Tensor) -> object | None:
-    """The extension when it can take `t` (CPU, float32 or bfloat16), else None."""
-    if t.device.type != "cpu" or t.dtype not in _KERNEL_DTYPES:
+    """The extension when it can take `t` (CPU, float32 or bfloat16), else None. None while
+    torch.compile traces (the extension's calls are opaque to dynamo: the traced model uses the
+    PyTorch reference ops, and attention and GGUF matmuls go through layers/compile_ops.py)."""
+    if t.device.type != "cpu" or t.dtype not in _KERNEL_DTYPES or torch.compiler.is_compiling():
         return None
     return load_extension()
 
@@ -153,6 +155,8 @@ def paged_attention(
 def gguf_linear(
     x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_features: int
 ) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        return torch.ops.radixserve.gguf_linear(x, blocks, qtype, out_features)
     ext = _ext(x)
     if ext is not None and x.dim() == 2 and x.stride(1) == 1:
         return ext.gguf_linear(x, blocks, qtype, out_features)
@@ -164,7 +168,13 @@ def float_linear(
 ) -> torch.Tensor:
     """x @ W^T (+ bias) for a float weight on the fast path: the extension's float_linear (the
     packed kernel from the row count tune_float_gemm chose, else at::linear), as the fused layer
-    computes it; F.linear without the extension."""
+    computes it; F.linear without the extension. Under torch.compile: the same kernel as the
+    opaque op radixserve::float_linear (layers/compile_ops.py sets COMPILED_FLOAT_LINEAR), since
+    the BLAS inductor would call runs 2.5-3.5x slower at decode's 2-16 rows on AMD CPUs."""
+    if torch.compiler.is_compiling():
+        if COMPILED_FLOAT_LINEAR and x.dtype == weight.dtype and x.dtype in _KERNEL_DTYPES:
+            return torch.ops.radixserve.float_linear(x, weight, bias)
+        return F.linear(x, weight, bias)
     ext = _ext(x)
     if ext is None or x.dtype != weight.dtype:
         return F.linear(x, weight, bias)
@@ -177,6 +187,9 @@ def float_linear(
 
 
 _EMPTY: dict[torch.dtype, torch.Tensor] = {}
+# Set by layers/compile_ops.py where the C++ kernels are built: compiled graphs call
+# float_linear as an opaque op instead of inductor's matmul.
+COMPILED_FLOAT_LINEAR = False
 
 
 def _packed_gain(ext: object, rows: int, rounds: int = 3) -> float:

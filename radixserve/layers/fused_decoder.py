@@ -117,7 +117,8 @@ def run_fused_layer(
     the fused path (the caller then runs the layer module by module)."""
     backend = forward_batch.attn_backend
     if (
-        not isinstance(backend, CpuPagedAttnBackend)
+        torch.compiler.is_compiling()  # traced module by module (model_executor/compiled_decode.py)
+        or not isinstance(backend, CpuPagedAttnBackend)
         or hidden.device.type != "cpu"
         or hidden.dim() != 2
         or not hidden.is_contiguous()

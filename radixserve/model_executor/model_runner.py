@@ -25,6 +25,7 @@ from radixserve.options.hardware import device_memory_bytes
 
 if TYPE_CHECKING:
     from radixserve.lora.manager import LoRAManager
+    from radixserve.model_executor.compiled_decode import CompiledDecode
     from radixserve.model_executor.pipeline import PipelineExecutor
     from radixserve.models.config import ModelConfig
     from radixserve.server_args import ServerArgs
@@ -70,6 +71,8 @@ class ModelRunner:
     lora: LoRAManager | None = None
     # --pp-size > 1: runs each step as this rank's pipeline stage (model_executor/pipeline.py).
     pipeline: PipelineExecutor | None = None
+    # --enable-torch-compile: decode steps of up to --torch-compile-max-bs requests.
+    compiled_decode: CompiledDecode | None = None
 
     def __init__(self, server_args: ServerArgs) -> None:
         from radixserve.models.loader import load_model
@@ -106,8 +109,9 @@ class ModelRunner:
         assert isinstance(plan, MemoryPlan)
         self.plan = plan
         cfg = self.model_config
+        self.compiled_decode = self._init_compile()
         self.kv_cache = KVCache(
-            size=self.plan.max_total_tokens,
+            size=self.kv_cache_size,
             num_layers=cfg.num_hidden_layers,
             num_kv_heads=ps.kv_heads_per_rank(cfg.num_key_value_heads),
             head_dim=cfg.head_dim,
@@ -145,6 +149,24 @@ class ModelRunner:
             self.kv_pool_reason,
             self.plan.max_running_requests,
         )
+
+    def _init_compile(self) -> CompiledDecode | None:
+        """--enable-torch-compile: the compiled decode graphs (model_executor/compiled_decode.py),
+        whose padded rows store their KV in one spare slot past the allocator's range."""
+        args = self.server_args
+        if not args.enable_torch_compile:
+            return None
+        from radixserve.model_executor.compiled_decode import CompiledDecode, decode_buckets
+
+        # As SGLang on the CPU: --torch-compile-max-bs is the largest compiled batch, and
+        # --cuda-graph-bs (when given) lists the buckets.
+        buckets = decode_buckets(args.torch_compile_max_bs, args.cuda_graph_bs_decode)
+        return CompiledDecode(buckets, debug=args.enable_torch_compile_debug_mode)
+
+    @property
+    def kv_cache_size(self) -> int:
+        """KV slots: the allocator's, plus the compiled decode's spare slot."""
+        return self.plan.max_total_tokens + (1 if self.compiled_decode is not None else 0)
 
     def _init_lora(self) -> LoRAManager | None:
         from radixserve.lora.config import lora_config_from_args
@@ -247,6 +269,9 @@ class ModelRunner:
     def _forward(self, step: StepInputs, req_to_token: torch.Tensor) -> ForwardOutput:
         if self.pipeline is not None:
             return self.pipeline.forward(step, req_to_token)
+        bucket = self._compiled_bucket(step)
+        if bucket is not None:
+            return self._forward_compiled(step, req_to_token, bucket)
         fb = self.forward_batch(step, req_to_token)
         hidden = self.model(fb.input_ids, fb.positions, fb)
         logits = self.model.compute_logits(hidden[fb.logits_indices]).float()
@@ -255,6 +280,44 @@ class ModelRunner:
             rows = torch.tensor(step.hidden_rows, dtype=torch.int64, device=self.device)
             pooled = hidden[rows].float()
         return ForwardOutput(logits, pooled)
+
+    def _compiled_bucket(self, step: StepInputs) -> int | None:
+        """The compiled graph's batch size for this step, None to run it eagerly (not a plain
+        decode step, or more requests than the largest bucket)."""
+        if self.compiled_decode is None or not step.is_decode or step.hidden_rows:
+            return None
+        return self.compiled_decode.bucket(len(step.input_ids))
+
+    def _forward_compiled(
+        self, step: StepInputs, req_to_token: torch.Tensor, bucket: int
+    ) -> ForwardOutput:
+        from radixserve.model_executor.compiled_decode import pad_decode
+
+        assert self.compiled_decode is not None
+        padded = pad_decode(
+            step.input_ids,
+            step.positions,
+            step.req_pool_indices,
+            step.prefix_lens,
+            step.out_cache_loc,
+            bucket,
+            spare_slot=self.plan.max_total_tokens,
+        )
+        fb = self.forward_batch(
+            step._replace(
+                input_ids=padded.input_ids,
+                positions=padded.positions,
+                req_pool_indices=padded.req_pool_indices,
+                prefix_lens=padded.prefix_lens,
+                extend_lens=padded.extend_lens,
+                out_cache_loc=padded.out_cache_loc,
+                logits_rows=list(range(bucket)),
+            ),
+            req_to_token,
+        )
+        logits = self.compiled_decode.run(self.model, fb)
+        rows = torch.tensor(step.logits_rows, dtype=torch.int64, device=self.device)
+        return ForwardOutput(logits[rows], None)
 
     def forward_batch(self, step: StepInputs, req_to_token: torch.Tensor) -> ForwardBatch:
         """The ForwardBatch of `step`, its attention metadata (and LoRA batch) prepared."""

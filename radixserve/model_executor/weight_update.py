@@ -178,7 +178,7 @@ def resume_memory(runner: ModelRunner, tags: tuple[str, ...]) -> None:
     if "kv_cache" in tags and runner.kv_cache is None:
         cfg = runner.model_config
         runner.kv_cache = KVCache(
-            size=runner.plan.max_total_tokens,
+            size=runner.kv_cache_size,
             num_layers=cfg.num_hidden_layers,
             num_kv_heads=cfg.num_key_value_heads,
             head_dim=cfg.head_dim,

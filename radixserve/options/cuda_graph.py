@@ -1,9 +1,10 @@
-"""Options: CUDA graph capture (not applicable: radixserve captures no graphs)."""
+"""Options: CUDA graph capture (radixserve captures no CUDA graphs; the decode batch-size
+list also sets --enable-torch-compile's buckets on the CPU)."""
 
 from __future__ import annotations
 
 from radixserve.options.choices import CUDA_GRAPH_BACKEND_CHOICES
-from radixserve.options.spec import NOT_APPLICABLE, OptionSpec, flag, value
+from radixserve.options.spec import IMPLEMENTED, NOT_APPLICABLE, OptionSpec, flag, value
 from radixserve.options.value_types import INT, JSON_OBJECT, STR
 
 AREA = "CUDA graphs"
@@ -50,8 +51,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--cuda-graph-bs-decode",
         INT,
         None,
-        "Decode batch sizes to capture.",
-        support=NOT_APPLICABLE,
+        "Decode batch sizes to capture. radixserve (CPU): the batch sizes "
+        "--enable-torch-compile compiles; a batch is padded to the next one.",
+        support=IMPLEMENTED,
         nargs="+",
     ),
     value(

@@ -254,12 +254,23 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "Enable AITER all-reduce fusion (ROCm).",
         support=NOT_APPLICABLE,
     ),
-    flag("--enable-torch-compile", "Compile the model with torch.compile."),
-    flag("--enable-torch-compile-debug-mode", "Debug mode for torch.compile."),
+    flag(
+        "--enable-torch-compile",
+        "Compile the model with torch.compile. radixserve: CPU decode batches, one graph per "
+        "batch-size bucket, compiled on first use and cached on disk.",
+        support=IMPLEMENTED,
+    ),
+    flag(
+        "--enable-torch-compile-debug-mode",
+        "Debug mode for torch.compile. radixserve: logs graph breaks and recompiles, and a "
+        "graph break is an error.",
+        support=IMPLEMENTED,
+    ),
     value(
         "--torch-compile-max-bs",
         INT,
         32,
         "Largest batch size compiled with torch.compile.",
+        support=IMPLEMENTED,
     ),
 )

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from radixserve.options import hardware
+from radixserve.options.compile_rules import check_torch_compile
 from radixserve.options.errors import ServerArgsError
 from radixserve.options.hicache_rules import check_hicache
 from radixserve.options.node_rules import check_nodes
@@ -131,6 +132,7 @@ def validate(values: Mapping[str, Any]) -> None:
     _check_misc(values)
     check_hicache(values)
     check_speculative(values)
+    check_torch_compile(values)
     check_ray(values)
 
 

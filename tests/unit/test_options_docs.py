@@ -33,6 +33,9 @@ def test_support_table_is_honest_about_key_options() -> None:
     assert levels["--mem-fraction-static"] is Support.IMPLEMENTED
     assert levels["--cuda-graph-max-bs-decode"] is Support.NOT_APPLICABLE
     assert levels["--cuda-graph-max-bs"] is Support.NOT_APPLICABLE
+    # On the CPU the decode batch-size list is --enable-torch-compile's buckets.
+    assert levels["--cuda-graph-bs-decode"] is Support.IMPLEMENTED
+    assert levels["--enable-torch-compile"] is Support.IMPLEMENTED
     assert levels["--enable-nccl-nvls"] is Support.NOT_APPLICABLE
     assert levels["--lora-paths"] is Support.IMPLEMENTED
     assert levels["--enable-lora-overlap-loading"] is Support.UNSUPPORTED

@@ -4,9 +4,6 @@ dead stage takes the engine down."""
 
 from __future__ import annotations
 
-import os
-import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +11,7 @@ import pytest
 
 from radixserve import Engine
 from radixserve.managers.multiprocess_runtime import EngineStartupError
+from tests.helpers.rank_kill import assert_rank_kill_ends_engine
 from tests.helpers.tiny_models import make_tiny_checkpoint
 from tests.unit.test_tp_engine import DIST_TIMEOUT_S, engine_kwargs, greedy
 
@@ -112,23 +110,7 @@ def test_thread_runtime_refuses_pp(checkpoint: Path) -> None:
 def test_killing_a_stage_ends_the_engine_within_the_timeout(checkpoint: Path) -> None:
     engine = Engine(pp_size=2, dist_timeout=DIST_TIMEOUT_S, **engine_kwargs(checkpoint))
     try:
-        scheduler, stage1 = engine.runtime.processes[0], engine.runtime.processes[2]
-        assert stage1.name == "radixserve-pp-1-tp-0-rank-1"
-        stream = engine.generate(
-            input_ids=[5, 6, 7],
-            sampling_params={"max_new_tokens": 500, "ignore_eos": True},  # the context is 512
-            stream=True,
-        )
-        next(stream)
-        os.kill(stage1.pid, signal.SIGKILL)
-        chunks = list(stream)
-        assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "abort"
-        scheduler.join(timeout=DIST_TIMEOUT_S + 10)
-        assert scheduler.exitcode not in (None, 0)
-        deadline = time.monotonic() + 5
-        while engine.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not engine.is_alive()
+        assert_rank_kill_ends_engine(engine, 2, "radixserve-pp-1-tp-0-rank-1", DIST_TIMEOUT_S)
     finally:
         engine.shutdown()
 

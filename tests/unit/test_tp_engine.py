@@ -3,15 +3,13 @@ a clear error for heads that do not split, and a dead rank that takes the engine
 
 from __future__ import annotations
 
-import os
-import signal
-import time
 from pathlib import Path
 
 import pytest
 
 from radixserve import Engine
 from radixserve.managers.multiprocess_runtime import EngineStartupError
+from tests.helpers.rank_kill import assert_rank_kill_ends_engine
 from tests.helpers.tiny_models import make_tiny_checkpoint
 
 GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
@@ -91,23 +89,6 @@ def test_thread_runtime_refuses_tp(checkpoints: dict[int, Path]) -> None:
 def test_killing_a_rank_ends_the_engine_within_the_timeout(checkpoints: dict[int, Path]) -> None:
     engine = Engine(tp_size=2, dist_timeout=DIST_TIMEOUT_S, **engine_kwargs(checkpoints[2]))
     try:
-        scheduler, rank1 = engine.runtime.processes[0], engine.runtime.processes[2]
-        assert rank1.name == "radixserve-tp-rank-1"
-        stream = engine.generate(
-            input_ids=[5, 6, 7],
-            sampling_params={"max_new_tokens": 500, "ignore_eos": True},  # the context is 512
-            stream=True,
-        )
-        next(stream)
-        os.kill(rank1.pid, signal.SIGKILL)
-        chunks = list(stream)
-        assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "abort"
-        # Rank 0 notices on its own (a failed collective), well within --dist-timeout.
-        scheduler.join(timeout=DIST_TIMEOUT_S + 10)
-        assert scheduler.exitcode not in (None, 0)
-        deadline = time.monotonic() + 5
-        while engine.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not engine.is_alive()
+        assert_rank_kill_ends_engine(engine, 2, "radixserve-tp-rank-1", DIST_TIMEOUT_S)
     finally:
         engine.shutdown()

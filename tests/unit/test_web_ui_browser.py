@@ -23,7 +23,6 @@ import uvicorn
 from radixserve.entrypoints.http_server import create_app
 from tests.unit.test_http_fakes import REPLY, FakeEngine, server_args
 
-pytestmark = pytest.mark.slow
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 
 KEY = "browser-test-key"

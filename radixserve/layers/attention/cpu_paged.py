@@ -42,6 +42,31 @@ class CpuPagedAttnBackend(AttentionBackend):
     ) -> torch.Tensor:
         """q [T, H*D], k and v [T, Hkv*D] (views of the fused qkv are fine) -> [T, H*D]."""
         k_buf, v_buf = forward_batch.kv_cache.get_kv(layer.layer_id)
+        if torch.compiler.is_compiling():
+            # Under --enable-torch-compile: one opaque op (layers/compile_ops.py).
+            from radixserve.layers.compile_ops import rope_paged_attention
+
+            meta = self.paged_meta
+            return rope_paged_attention(
+                q,
+                k,
+                v,
+                positions,
+                rotary.cos_sin_cache,
+                k_buf,
+                v_buf,
+                forward_batch.out_cache_loc,
+                forward_batch.req_to_token,
+                meta.req_pool_indices,
+                meta.prefix_lens,
+                meta.extend_lens,
+                meta.q_starts,
+                layer.head_dim,
+                rotary.rotary_dim,
+                rotary.is_neox_style,
+                layer.num_heads,
+                layer.scaling,
+            )
         ops.rope_store_kv(
             q,
             k,

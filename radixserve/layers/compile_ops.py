@@ -1,0 +1,92 @@
+"""The C++ kernels that torch.compile must not look inside, as opaque torch custom ops.
+
+Under torch.compile (--enable-torch-compile, model_executor/compiled_decode.py) the decoder runs
+module by module on plain PyTorch ops that inductor fuses, except for two calls:
+- attention with its RoPE and KV store: one opaque op per layer, so a changing context length
+  (how many keys each request reads) is data the op reads at run time, never a shape dynamo
+  specialises on, and a decode step does not recompile as sequences grow (SGLang registers its
+  CPU attention as an opaque op for the same reason);
+- the float matmuls of the decoder (ops.float_linear: radixserve's packed AVX2 kernel where it
+  measured faster than torch's BLAS, which inductor would call; the LM head stays inductor's);
+- the GGUF block GEMV: inductor would otherwise dequantize the blocks (and, with freezing,
+  constant-fold them into float weights four to eight times their size).
+register_fake gives dynamo each op's output shape without running it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixserve.kernels import ops
+
+
+@torch.library.custom_op("radixserve::rope_paged_attention", mutates_args=("k_cache", "v_cache"))
+def rope_paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    q_starts: torch.Tensor,
+    head_dim: int,
+    rot_dim: int,
+    neox: bool,
+    heads: int,
+    scale: float,
+) -> torch.Tensor:
+    """q [T, H*D], k and v [T, Hkv*D] -> attention output [T, H*D]. Stores the rotated k and v
+    at `slots`; q and k are not modified (the eager kernel rotates in place, so it gets copies:
+    a custom op may not mutate its non-declared inputs)."""
+    q = q.clone()
+    k = k.clone()
+    ops.rope_store_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots, head_dim, rot_dim, neox)
+    meta = ops.PagedMeta(
+        req_pool_indices,
+        prefix_lens,
+        extend_lens,
+        q_starts,
+        req_pool_indices.tolist(),
+        prefix_lens.tolist(),
+        extend_lens.tolist(),
+        q_starts.tolist(),
+    )
+    return ops.paged_attention(q, k_cache, v_cache, req_to_token, meta, heads, scale)
+
+
+@rope_paged_attention.register_fake
+def _(q: torch.Tensor, *args: object) -> torch.Tensor:
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("radixserve::gguf_linear", mutates_args=())
+def gguf_linear(
+    x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_features: int
+) -> torch.Tensor:
+    """x [T, in] @ dequantized(blocks)^T -> [T, out_features]."""
+    return ops.gguf_linear(x.contiguous(), blocks, qtype, out_features)
+
+
+@gguf_linear.register_fake
+def _(x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_features: int) -> torch.Tensor:
+    return x.new_empty((x.shape[0], out_features))
+
+
+@torch.library.custom_op("radixserve::float_linear", mutates_args=())
+def float_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., in] @ weight^T (+ bias) through ops.float_linear (eager: the packed kernel)."""
+    return ops.float_linear(x, weight, bias)
+
+
+@float_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+ops.COMPILED_FLOAT_LINEAR = ops.using_cpp_kernels()
