@@ -20,6 +20,7 @@ as a dead "process" to the runtime's watcher, which takes the server down as for
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -107,8 +108,10 @@ def _python_path() -> str:
     return root if not rest else f"{root}{os.pathsep}{rest}"
 
 
+@functools.cache
 def _rank_actor_class() -> Any:
-    """The actor class, built on first use so that importing this module needs no Ray."""
+    """The actor class, built on first use (importing this module needs no Ray), once: Ray
+    exports a class to the cluster each time one is made."""
     import ray
 
     # Two calls at once: `run` waits on the process while `stop` may arrive.
@@ -196,7 +199,7 @@ class RayRankProcess:
 
     @property
     def exitcode(self) -> int | None:
-        return self._exitcode if self._finished() else None
+        return self._exitcode if self.done is not None and self._finished() else None
 
     def terminate(self) -> None:
         if self.actor is not None:
