@@ -20,6 +20,8 @@ import pytest
 from tests.e2e.e2e_server import ServerProcess, start_server
 
 LONG = {"prompt": "Once upon a time", "max_tokens": 100, "ignore_eos": True, "temperature": 0}
+# Long enough to still be queued when the third request comes (a few seconds of decode).
+QUEUED = {**LONG, "max_tokens": 40}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,7 @@ def _post_in_thread(url: str, body: dict[str, Any], out: list[int]) -> threading
 def test_queue_limit(server: ServerProcess) -> None:
     url = f"{server.base_url}/v1/completions"
     statuses: list[int] = []
-    threads = [_post_in_thread(url, LONG, statuses) for _ in range(2)]
+    threads = [_post_in_thread(url, QUEUED, statuses) for _ in range(2)]
     deadline = time.monotonic() + 60
     while server.info()["num_inflight_http_reqs"] < 2:
         assert time.monotonic() < deadline

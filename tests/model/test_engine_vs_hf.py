@@ -89,6 +89,9 @@ def test_greedy_matches_hf_across_cache_and_chunking(
     reference: list[list[int]],
     hf_default_model: Any,
 ) -> None:
+    # Every other prompt (chats and plain texts alike): the cache and chunking paths do not
+    # depend on the text, and 6-token chunks of all 20 prompts cost a minute on 2 cores.
+    prompt_ids, reference = prompt_ids[::2], reference[::2]
     with Engine(
         model_path=str(default_gguf), dtype="float32", max_total_tokens=16384, **options
     ) as eng:
