@@ -139,6 +139,9 @@ GENERATE_CASES = [
     ({"text": ["a", "b"], "rid": ["x", "x"]}, "rid"),
     ({"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params"),
     ({"text": "Hi", "image_data": "abc"}, None),
+    ({"text": "Hi", "routed_dp_rank": 0}, None),
+    ({"text": "Hi", "return_hidden_states": True}, None),
+    ({"text": "Hi", "token_ids_logprob": [5]}, None),
 ]
 
 
@@ -146,6 +149,31 @@ GENERATE_CASES = [
 def test_generate_bad_input(client: TestClient, body: dict, param: str | None) -> None:
     assert_error(client.post("/generate", json=body), 400, param)
     assert_error(client.post("/generate", json={**body, "stream": True}), 400, param)
+    assert_still_serving(client)
+
+
+UNIMPLEMENTED = [
+    ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 2}}, "return_hidden_states"),
+    ("/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 2}}, "routed_dp_rank"),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 2}, "routed_dp_rank"),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 2}, "session_params"),
+    ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 2}, "return_hidden_states"),
+    ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 2}, "input_ids"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "field"), UNIMPLEMENTED)
+def test_unimplemented_sglang_fields_are_refused_not_ignored(
+    client: TestClient, path: str, body: dict, field: str
+) -> None:
+    """SGLang's fields that would change the request are refused by name when set; sent back
+    at their defaults (null, false, empty) they are accepted, and unknown fields are ignored."""
+    value = [5] if field in ("input_ids",) else {"id": "s"} if field == "session_params" else 1
+    err = assert_error(client.post(path, json={**body, field: value}), 400)
+    assert field in err["message"]
+    for default in (None, False, []):
+        r = client.post(path, json={**body, field: default, "some_other_client_field": 1})
+        assert r.status_code == 200, r.text
     assert_still_serving(client)
 
 

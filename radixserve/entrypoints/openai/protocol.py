@@ -2,7 +2,8 @@
 
 Only shapes and simple ranges are checked here; sampling ranges are checked by the engine's
 SamplingParams (one source of truth), and the serving code maps its parameter names back to
-the names the client used. Unknown fields are ignored, as in SGLang.
+the names the client used. Unknown fields are ignored, as in SGLang; SGLang's own fields that
+this server does not implement are refused (unimplemented_fields.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ from pydantic import (
     model_validator,
 )
 
+from radixserve.entrypoints.openai.unimplemented_fields import (
+    CHAT_FIELDS,
+    COMPLETION_FIELDS,
+    GENERATE_FIELDS,
+    refuse_unimplemented,
+)
 from radixserve.sampling.sampling_params import MAX_N
 
 TokenIds = list[StrictInt]
@@ -62,6 +69,12 @@ class SamplingExtensions(BaseModel):
 
 
 class CompletionRequest(SamplingExtensions):
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unimplemented(cls, body: Any) -> Any:
+        refuse_unimplemented(body, COMPLETION_FIELDS)
+        return body
+
     model: str | None = None
     prompt: str | list[str] | TokenIds | list[TokenIds]
     best_of: int | None = None
@@ -150,6 +163,12 @@ class ResponseFormat(BaseModel):
 
 
 class ChatCompletionRequest(SamplingExtensions):
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unimplemented(cls, body: Any) -> Any:
+        refuse_unimplemented(body, CHAT_FIELDS)
+        return body
+
     messages: list[ChatMessage] = Field(json_schema_extra={"minItems": 1})
     model: str | None = None
     frequency_penalty: float | None = 0.0
@@ -223,9 +242,6 @@ class DetokenizeRequest(BaseModel):
 
 
 # -- native routes ------------------------------------------------------------------------
-_UNSUPPORTED_INPUTS = ("input_embeds", "image_data", "video_data", "audio_data")
-
-
 class GenerateReqInput(BaseModel):
     """POST /generate (SGLang's GenerateReqInput, the fields this server implements)."""
 
@@ -254,12 +270,14 @@ class GenerateReqInput(BaseModel):
     session_params: dict[str, Any] | list[dict[str, Any]] | None = None
     custom_logit_processor: str | list[str] | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unimplemented(cls, body: Any) -> Any:
+        refuse_unimplemented(body, GENERATE_FIELDS)
+        return body
+
     @model_validator(mode="after")
     def _one_input(self) -> GenerateReqInput:
-        extra = self.model_extra or {}
-        for name in _UNSUPPORTED_INPUTS:
-            if extra.get(name) is not None:
-                raise ValueError(f"{name} is not supported by this server")
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("exactly one of text and input_ids must be given")
         return self
