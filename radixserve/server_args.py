@@ -102,6 +102,7 @@ class ServerArgs:
     dist_init_addr: str | None = None
     dist_timeout: int | None = None
     nccl_port: int | None = None
+    use_ray: bool = False
     device: str | None = None
     random_seed: int | None = None
     gc_threshold: tuple[int, ...] | None = None
