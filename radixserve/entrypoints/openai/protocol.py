@@ -24,7 +24,7 @@ from radixserve.entrypoints.openai.unimplemented_fields import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
     GENERATE_FIELDS,
-    refuse_unimplemented,
+    RefusesUnimplementedFields,
 )
 from radixserve.sampling.sampling_params import MAX_N
 
@@ -45,7 +45,7 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool | None = False
 
 
-class SamplingExtensions(BaseModel):
+class SamplingExtensions(RefusesUnimplementedFields):
     """SGLang's extra sampling fields (sent by the openai client through `extra_body`)."""
 
     top_k: int | None = None
@@ -69,11 +69,7 @@ class SamplingExtensions(BaseModel):
 
 
 class CompletionRequest(SamplingExtensions):
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_unimplemented(cls, body: Any) -> Any:
-        refuse_unimplemented(body, COMPLETION_FIELDS)
-        return body
+    unimplemented_fields = COMPLETION_FIELDS
 
     model: str | None = None
     prompt: str | list[str] | TokenIds | list[TokenIds]
@@ -163,11 +159,7 @@ class ResponseFormat(BaseModel):
 
 
 class ChatCompletionRequest(SamplingExtensions):
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_unimplemented(cls, body: Any) -> Any:
-        refuse_unimplemented(body, CHAT_FIELDS)
-        return body
+    unimplemented_fields = CHAT_FIELDS
 
     messages: list[ChatMessage] = Field(json_schema_extra={"minItems": 1})
     model: str | None = None
@@ -242,7 +234,7 @@ class DetokenizeRequest(BaseModel):
 
 
 # -- native routes ------------------------------------------------------------------------
-class GenerateReqInput(BaseModel):
+class GenerateReqInput(RefusesUnimplementedFields):
     """POST /generate (SGLang's GenerateReqInput, the fields this server implements)."""
 
     # The schema says what _one_input checks: text or input_ids, never both.
@@ -269,12 +261,7 @@ class GenerateReqInput(BaseModel):
     lora_path: str | list[str | None] | None = None
     session_params: dict[str, Any] | list[dict[str, Any]] | None = None
     custom_logit_processor: str | list[str] | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_unimplemented(cls, body: Any) -> Any:
-        refuse_unimplemented(body, GENERATE_FIELDS)
-        return body
+    unimplemented_fields = GENERATE_FIELDS
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateReqInput:

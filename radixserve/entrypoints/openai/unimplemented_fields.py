@@ -9,7 +9,9 @@ and so do SGLang's logging-only fields (`log_metrics`, `no_logs`, `custom_labels
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, model_validator
 
 # Both the OpenAI routes and /generate.
 _COMMON = (
@@ -75,3 +77,15 @@ def refuse_unimplemented(body: Any, fields: Iterable[str]) -> None:
     for name in fields:
         if name in body and _is_set(body[name]):
             raise ValueError(f"{name} is not supported by this server")
+
+
+class RefusesUnimplementedFields(BaseModel):
+    """A request body that refuses the SGLang fields in its `unimplemented_fields`."""
+
+    unimplemented_fields: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unimplemented(cls, body: Any) -> Any:
+        refuse_unimplemented(body, cls.unimplemented_fields)
+        return body
