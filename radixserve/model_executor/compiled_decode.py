@@ -27,7 +27,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from radixserve.model_executor.forward_batch import ForwardBatch
+    from radixserve.model_executor.model_runner import StepInputs
 
 logger = logging.getLogger(__name__)
 
@@ -73,45 +74,28 @@ def bucket_for(batch_size: int, buckets: Sequence[int]) -> int | None:
     return None
 
 
-class PaddedDecode(NamedTuple):
-    """A decode step's per-request lists padded to a bucket (see pad_decode)."""
-
-    input_ids: list[int]
-    positions: list[int]
-    req_pool_indices: list[int]
-    prefix_lens: list[int]
-    extend_lens: list[int]
-    out_cache_loc: torch.Tensor
-
-
-def pad_decode(
-    input_ids: list[int],
-    positions: list[int],
-    req_pool_indices: list[int],
-    prefix_lens: list[int],
-    out_cache_loc: torch.Tensor,
-    bucket: int,
-    spare_slot: int,
-) -> PaddedDecode:
-    """Pad a decode step of n requests (one new token each) to `bucket` rows. A padded row is
-    token 0 at position 0 of a request that attends over nothing (zero new tokens, zero prefix:
-    the attention kernel skips it) and stores its KV in `spare_slot`; it borrows the first
-    request's req_to_token row only as a valid index, which is never read."""
-    n = len(input_ids)
+def pad_decode(step: StepInputs, bucket: int, spare_slot: int) -> StepInputs:
+    """Pad a decode step of n requests (one new token each) to `bucket` rows, with logits for
+    every row. A padded row is token 0 at position 0 of a request that attends over nothing
+    (zero new tokens, zero prefix: the attention kernel skips it) and stores its KV in
+    `spare_slot`; it borrows the first request's req_to_token row only as a valid index, which
+    is never read."""
+    n = len(step.input_ids)
     if not 0 < n <= bucket:
         raise ValueError(f"cannot pad a decode batch of {n} to {bucket}")
     pad = bucket - n
-    slots = out_cache_loc.to(torch.int64)
+    slots = step.out_cache_loc.to(torch.int64)
     if pad:
         spare = torch.full((pad,), spare_slot, dtype=torch.int64, device=slots.device)
         slots = torch.cat([slots, spare])
-    return PaddedDecode(
-        input_ids=[*input_ids, *[0] * pad],
-        positions=[*positions, *[0] * pad],
-        req_pool_indices=[*req_pool_indices, *[req_pool_indices[0]] * pad],
-        prefix_lens=[*prefix_lens, *[0] * pad],
+    return step._replace(
+        input_ids=[*step.input_ids, *[0] * pad],
+        positions=[*step.positions, *[0] * pad],
+        req_pool_indices=[*step.req_pool_indices, *[step.req_pool_indices[0]] * pad],
+        prefix_lens=[*step.prefix_lens, *[0] * pad],
         extend_lens=[1] * n + [0] * pad,
         out_cache_loc=slots,
+        logits_rows=list(range(bucket)),
     )
 
 

@@ -294,27 +294,8 @@ class ModelRunner:
         from radixserve.model_executor.compiled_decode import pad_decode
 
         assert self.compiled_decode is not None
-        padded = pad_decode(
-            step.input_ids,
-            step.positions,
-            step.req_pool_indices,
-            step.prefix_lens,
-            step.out_cache_loc,
-            bucket,
-            spare_slot=self.plan.max_total_tokens,
-        )
-        fb = self.forward_batch(
-            step._replace(
-                input_ids=padded.input_ids,
-                positions=padded.positions,
-                req_pool_indices=padded.req_pool_indices,
-                prefix_lens=padded.prefix_lens,
-                extend_lens=padded.extend_lens,
-                out_cache_loc=padded.out_cache_loc,
-                logits_rows=list(range(bucket)),
-            ),
-            req_to_token,
-        )
+        padded = pad_decode(step, bucket, spare_slot=self.plan.max_total_tokens)
+        fb = self.forward_batch(padded, req_to_token)
         logits = self.compiled_decode.run(self.model, fb)
         rows = torch.tensor(step.logits_rows, dtype=torch.int64, device=self.device)
         return ForwardOutput(logits[rows], None)

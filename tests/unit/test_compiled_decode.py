@@ -47,18 +47,32 @@ def test_batches_pad_to_the_next_bucket_or_run_eagerly() -> None:
     assert bucket_for(9, buckets) is None
 
 
-def test_padded_rows_attend_nothing_and_store_in_the_spare_slot() -> None:
-    padded = pad_decode(
-        [7, 8, 9], [4, 3, 6], [2, 0, 5], [4, 3, 6], torch.tensor([40, 41, 42]), 4, 999
+def _decode_step(n: int) -> StepInputs:
+    ids, positions, rows = [7, 8, 9, 10, 11][:n], [4, 3, 6, 2, 5][:n], [2, 0, 5, 1, 3][:n]
+    return StepInputs(
+        is_decode=True,
+        input_ids=ids,
+        positions=positions,
+        req_pool_indices=rows,
+        prefix_lens=positions,
+        extend_lens=[1] * n,
+        out_cache_loc=torch.tensor([40 + i for i in range(n)]),
+        logits_rows=list(range(n)),
     )
+
+
+def test_padded_rows_attend_nothing_and_store_in_the_spare_slot() -> None:
+    padded = pad_decode(_decode_step(3), 4, 999)
+    assert padded.is_decode
     assert padded.input_ids == [7, 8, 9, 0]
     assert padded.positions == [4, 3, 6, 0]
     assert padded.req_pool_indices == [2, 0, 5, 2]
     assert padded.prefix_lens == [4, 3, 6, 0]
     assert padded.extend_lens == [1, 1, 1, 0]
     assert padded.out_cache_loc.tolist() == [40, 41, 42, 999]
+    assert padded.logits_rows == [0, 1, 2, 3]
     with pytest.raises(ValueError):
-        pad_decode([1] * 5, [0] * 5, [0] * 5, [0] * 5, torch.zeros(5), 4, 999)
+        pad_decode(_decode_step(5), 4, 999)
 
 
 @pytest.mark.parametrize(
