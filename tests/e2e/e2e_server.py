@@ -104,3 +104,32 @@ def start_server(
         server.stop(signal.SIGKILL)
         raise
     return server
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of process `pid` (Linux /proc), in the order the kernel lists them."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found.extend(int(p) for p in (task / "children").read_text().split())
+    return found
+
+
+def engine_children(pid: int) -> list[int]:
+    """The server's engine processes (scheduler, detokenizer, other ranks or replicas): the
+    children multiprocessing spawned."""
+    return [c for c in child_pids(pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+
+def assert_last_child_kill_ends_server(
+    server: ServerProcess, count: int, name: str, within_s: float
+) -> None:
+    """SIGKILL the last of the server's `count` engine processes (named `name`): the server
+    must exit non-zero within `within_s`, logging that `name` exited unexpectedly."""
+    spawned = engine_children(server.proc.pid)
+    assert len(spawned) == count, spawned
+    os.kill(spawned[-1], signal.SIGKILL)
+    deadline = time.monotonic() + within_s
+    while server.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert server.proc.returncode not in (None, 0), server.logs()
+    assert f"{name} exited unexpectedly" in server.logs()

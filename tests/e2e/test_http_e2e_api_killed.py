@@ -18,18 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.e2e_server import start_server
+from tests.e2e.e2e_server import child_pids, start_server
 from tests.helpers.tiny_models import save_word_tokenizer
 from tests.unit.tiny_model import TINY_VOCAB, write_tiny_llama
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
-
-
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found.extend(int(c) for c in (task / "children").read_text().split())
-    return found
 
 
 def _alive(pid: int) -> bool:
@@ -61,7 +54,7 @@ def test_killed_api_process_leaves_no_orphans_and_drops_every_client(tmp_path: P
     save_word_tokenizer(model_dir, TINY_VOCAB)
     server = start_server("--model-path", str(model_dir), "--load-format", "dummy")
     try:
-        children = _children(server.proc.pid)
+        children = child_pids(server.proc.pid)
         assert len(children) >= 2, children  # scheduler and detokenizer
 
         async def main() -> list[str]:
@@ -93,5 +86,5 @@ def test_killed_api_process_leaves_no_orphans_and_drops_every_client(tmp_path: P
             sock.listen()
     finally:
         server.stop(signal.SIGKILL)
-        for child in _children(server.proc.pid) if server.proc.poll() is None else []:
+        for child in child_pids(server.proc.pid) if server.proc.poll() is None else []:
             os.kill(child, signal.SIGKILL)

@@ -5,9 +5,7 @@ server non-zero."""
 
 from __future__ import annotations
 
-import os
 import signal
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,16 +13,9 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.e2e_server import start_server
+from tests.e2e.e2e_server import assert_last_child_kill_ends_server, start_server
 
 PROMPTS = [f"Count from {i} to {i + 5}:" for i in range(6)]
-
-
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found.extend(int(p) for p in (task / "children").read_text().split())
-    return found
 
 
 def _complete(client: openai.OpenAI, prompt: str) -> str:
@@ -59,17 +50,7 @@ def test_dp2_server_spreads_requests_answers_like_dp1_and_dies_with_a_replica() 
         assert 'dp_rank="1"' in metrics
         startup = Path(server.log.name).read_text(errors="replace")
         assert "CPU cores: 2 data-parallel replicas, replica 0: CPUs" in startup
-        spawned = [
-            pid
-            for pid in _children(server.proc.pid)
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
-        ]
-        assert len(spawned) == 3  # scheduler dp0, detokenizer, scheduler dp1
-        os.kill(spawned[-1], signal.SIGKILL)  # the last spawned: replica 1's scheduler
-        deadline = time.monotonic() + 60
-        while server.proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert server.proc.returncode not in (None, 0), server.logs()
-        assert "radixserve-scheduler-dp1 exited unexpectedly" in server.logs()
+        # scheduler dp0, detokenizer, scheduler dp1: the last spawned is replica 1's scheduler
+        assert_last_child_kill_ends_server(server, 3, "radixserve-scheduler-dp1", 60)
     finally:
         server.stop(signal.SIGKILL)

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.e2e_server import ServerProcess, start_server
+from tests.e2e.e2e_server import ServerProcess, engine_children, start_server
 
 LONG = {"prompt": "Once upon a time", "max_tokens": 100, "ignore_eos": True, "temperature": 0}
 # Long enough to still be queued when the third request comes (a few seconds of decode).
@@ -92,14 +92,6 @@ def test_sigterm_drains_then_exits_zero(server: ServerProcess) -> None:
     assert server.proc.wait(timeout=60) == 0, server.logs()
 
 
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
-        found.extend(int(p) for p in text)
-    return found
-
-
 def _self_signed_cert(folder: Path) -> tuple[Path, Path]:
     key, cert = folder / "key.pem", folder / "cert.pem"
     subprocess.run(
@@ -138,13 +130,9 @@ def test_https_then_engine_death_gives_503_and_exit_1(tmp_path: Path) -> None:
             timeout=60,
         )
         assert r.status_code == 200 and r.json()["choices"][0]["text"]
-        engine_children = [
-            pid
-            for pid in _children(proc.proc.pid)
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
-        ]
-        assert engine_children, "the engine runs no child process to kill"
-        os.kill(engine_children[0], signal.SIGKILL)
+        spawned = engine_children(proc.proc.pid)
+        assert spawned, "the engine runs no child process to kill"
+        os.kill(spawned[0], signal.SIGKILL)
         saw_503 = False
         deadline = time.monotonic() + 30
         while proc.proc.poll() is None and time.monotonic() < deadline:

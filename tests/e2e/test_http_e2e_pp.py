@@ -4,17 +4,15 @@ the server non-zero within --dist-timeout."""
 
 from __future__ import annotations
 
-import os
 import signal
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from radixserve import Engine
-from tests.e2e.e2e_server import start_server
-from tests.e2e.test_http_e2e_tp import DIST_TIMEOUT_S, GREEDY, PROMPT, _children, _generate
+from tests.e2e.e2e_server import assert_last_child_kill_ends_server, start_server
+from tests.e2e.test_http_e2e_tp import DIST_TIMEOUT_S, GREEDY, PROMPT, _generate
 from tests.helpers.tiny_models import make_tiny_checkpoint, save_word_tokenizer
 
 
@@ -51,17 +49,9 @@ def test_pp2_server_answers_like_one_rank_and_dies_with_a_stage(tiny_dir: Path) 
             timeout=120,
         )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
-        ranks = [
-            pid
-            for pid in _children(server.proc.pid)
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
-        ]
-        assert len(ranks) == 3  # scheduler (stage 0), detokenizer, stage 1
-        os.kill(ranks[-1], signal.SIGKILL)  # the last spawned: stage 1
-        deadline = time.monotonic() + DIST_TIMEOUT_S + 30
-        while server.proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert server.proc.returncode not in (None, 0), server.logs()
-        assert "radixserve-pp-1-tp-0-rank-1 exited unexpectedly" in server.logs()
+        # scheduler (stage 0), detokenizer, stage 1: the last spawned is stage 1
+        assert_last_child_kill_ends_server(
+            server, 3, "radixserve-pp-1-tp-0-rank-1", DIST_TIMEOUT_S + 30
+        )
     finally:
         server.stop(signal.SIGKILL)

@@ -3,16 +3,14 @@ two tensor-parallel ranks, answers like one rank; killing a rank ends the server
 
 from __future__ import annotations
 
-import os
 import signal
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from radixserve import Engine
-from tests.e2e.e2e_server import start_server
+from tests.e2e.e2e_server import assert_last_child_kill_ends_server, start_server
 from tests.helpers.tiny_models import make_tiny_checkpoint, save_word_tokenizer
 
 DIST_TIMEOUT_S = 20
@@ -26,13 +24,6 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     make_tiny_checkpoint(folder, "llama")
     save_word_tokenizer(folder)
     return folder
-
-
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found.extend(int(p) for p in (task / "children").read_text().split())
-    return found
 
 
 def _generate(base_url: str) -> list[int]:
@@ -61,17 +52,7 @@ def test_tp2_server_answers_like_tp1_and_dies_with_a_rank(tiny_dir: Path) -> Non
             timeout=120,
         )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
-        ranks = [
-            pid
-            for pid in _children(server.proc.pid)
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
-        ]
-        assert len(ranks) == 3  # scheduler (rank 0), detokenizer, rank 1
-        os.kill(ranks[-1], signal.SIGKILL)  # the last spawned: TP rank 1
-        deadline = time.monotonic() + DIST_TIMEOUT_S + 30
-        while server.proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert server.proc.returncode not in (None, 0), server.logs()
-        assert "radixserve-tp-rank-1 exited unexpectedly" in server.logs()
+        # scheduler (rank 0), detokenizer, rank 1: the last spawned is TP rank 1
+        assert_last_child_kill_ends_server(server, 3, "radixserve-tp-rank-1", DIST_TIMEOUT_S + 30)
     finally:
         server.stop(signal.SIGKILL)
