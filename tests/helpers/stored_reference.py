@@ -48,21 +48,17 @@ def write_stored_reference(
 ) -> None:
     import transformers
 
-    data = {
+    header = {
         "about": "HF transformers float32 greedy continuations of tests/helpers/vs_hf_prompts.py "
         "(see tests/helpers/stored_reference.py)",
         "transformers": transformers.__version__,
         "gguf_file": gguf.name,
         "gguf_sha256": file_sha256(gguf),
         "max_new_tokens": max_new,
-        "prompts": prompts,
-        "reference": reference,
     }
     # One line per sequence, so a change shows as a readable diff.
-    text = json.dumps(data, indent=1)
-    for key in ("prompts", "reference"):
-        rows = ",\n  ".join(json.dumps(row) for row in data[key])
-        text = text.replace(
-            json.dumps(data[key], indent=1).replace("\n", "\n "), f"[\n  {rows}\n ]"
-        )
-    STORED_REFERENCE.write_text(text + "\n")
+    fields = [f" {json.dumps(key)}: {json.dumps(value)}" for key, value in header.items()]
+    for key, rows in (("prompts", prompts), ("reference", reference)):
+        lines = ",\n  ".join(json.dumps(row) for row in rows)
+        fields.append(f" {json.dumps(key)}: [\n  {lines}\n ]")
+    STORED_REFERENCE.write_text("{\n" + ",\n".join(fields) + "\n}\n")
