@@ -16,9 +16,12 @@ from tests.model.conftest import generate_hf_reference
 
 @pytest.mark.slow  # about a minute of HF generation on 2 cores
 def test_stored_hf_reference_is_current(
-    default_gguf: Path, vs_hf_prompts: list[list[int]], default_tokenizer: Any
+    default_gguf: Path,
+    hf_default_model: Any,
+    vs_hf_prompts: list[list[int]],
+    default_tokenizer: Any,
 ) -> None:
-    fresh = generate_hf_reference(default_gguf, vs_hf_prompts, default_tokenizer)
+    fresh = generate_hf_reference(hf_default_model, vs_hf_prompts, default_tokenizer)
     if os.environ.get(WRITE_ENV):
         write_stored_reference(default_gguf, vs_hf_prompts, VS_HF_MAX_NEW, fresh)
     stored = load_stored_reference(default_gguf, vs_hf_prompts, VS_HF_MAX_NEW)
