@@ -9,9 +9,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.distributed import parallel_state as ps
-from radixserve.layers.linear import copy_checked
+from radixserve.kernels.reference import dequantize_blocks
+from radixserve.layers.linear import GGUFWeight, copy_checked
 
 logger = logging.getLogger(__name__)
+
+
+def gguf_rows(weight: GGUFWeight, ids: torch.Tensor) -> torch.Tensor:
+    """Float32 rows `ids` of a weight kept as GGUF blocks, shaped [*ids.shape, K]."""
+    flat = ids.reshape(-1)
+    rows = dequantize_blocks(weight.blocks.index_select(0, flat), weight.qtype, flat.numel())
+    return rows.reshape(*ids.shape, rows.shape[-1])
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -56,6 +64,12 @@ class VocabParallelEmbedding(nn.Module):
         param.data[owned:].zero_()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        blocks: GGUFWeight | None = getattr(self, "gguf", None)
+        if blocks is not None:
+            # --quantization gguf (one rank only) dropped the float table: dequantize the rows
+            # looked up. Q8_0 and Q4_1 dequantize exactly as the table was made, so the result
+            # is bitwise the float lookup's.
+            return gguf_rows(blocks, input_ids).to(self.weight.dtype)
         if self.tp_size == 1:
             return F.embedding(input_ids, self.weight)
         owned = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)

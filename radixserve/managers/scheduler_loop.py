@@ -37,6 +37,7 @@ from radixserve.messages import (
     UnloadLoRAReq,
     UpdateWeightsFromDiskReq,
 )
+from radixserve.utils.heap import IdleHeapRelease
 
 if TYPE_CHECKING:
     from radixserve.managers.detokenizer_manager import DetokenizerManager
@@ -63,6 +64,8 @@ class SchedulerLoop:
         self.emit = emit
         self.detokenizer = detokenizer
         self.stop_event = threading.Event()
+        # Idle RSS: the model load and each burst of work leave freed memory in the heap.
+        self.heap_release = IdleHeapRelease()
 
     def run(self) -> None:
         while not self.stop_event.is_set():
@@ -71,9 +74,11 @@ class SchedulerLoop:
                 self.handle(msg)
             if self.stop_event.is_set():
                 break
-            if self.scheduler.has_work():
+            busy = self.scheduler.has_work()
+            if busy:
                 self._step()
             self._flush_outputs()
+            self.heap_release.observe(busy)
             if self.scheduler.weights.update_ready():
                 self._finish_weight_update()
 

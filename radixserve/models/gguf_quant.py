@@ -4,7 +4,7 @@ The model is first loaded as usual (dequantised float weights from the converted
 each linear layer whose GGUF tensors are of a supported block type (Q4_1, Q8_0) takes the
 file's blocks instead, and its float weight is freed. Fused layers concatenate their parts'
 rows (q|k|v, gate|up); llama.cpp's q/k row order is undone on whole rows of blocks, which is
-exact. A tied LM head runs on the token embedding's blocks while lookups keep the float table.
+exact. A tied LM head runs on the token embedding's blocks, and lookups dequantize its rows.
 Layers whose tensors use other block types stay in float, and the log says how many.
 """
 
@@ -64,8 +64,9 @@ def apply_gguf_quantization(
     head_name = "token_embd.weight" if tied_lm_head else "output.weight"
     head = _row_blocks([raw.get(head_name)], ("lm_head",), {})
     if head is not None:
-        # The tied table still serves embedding lookups, so its float copy stays.
-        attach_gguf_weight(model.lm_head, *head, free_float=not tied_lm_head)
+        # A tied table's lookups dequantize the rows they read (vocab_embedding.gguf_rows), so
+        # its float copy goes too (113 MB for the default model).
+        attach_gguf_weight(model.lm_head, *head)
         quantized += 1
         nbytes += head[0].numel()
     else:

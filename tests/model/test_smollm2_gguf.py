@@ -99,3 +99,24 @@ def test_greedy_decode_equals_transformers_generate(
         reference = hf_greedy(hf_default_model, ids, max_new_tokens=20, stop_ids=stop)
     assert ours == reference
     assert len(ours) >= 5  # a real continuation, not an immediate stop
+
+
+def test_embedding_rows_dequantized_from_blocks_equal_the_float_table(
+    default_gguf: Path, default_model: LoadedModel
+) -> None:
+    """--quantization gguf drops the float embedding table and dequantizes the rows it looks
+    up from the token_embd blocks (Q8_0 here): every row must be bitwise the converted table's."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    from radixserve.layers.linear import GGUFWeight
+    from radixserve.layers.vocab_embedding import gguf_rows
+
+    tensor = next(t for t in GGUFReader(default_gguf).tensors if t.name == "token_embd.weight")
+    table = default_model.model.model.embed_tokens.weight
+    blocks = torch.from_numpy(np.asarray(tensor.data).copy())
+    weight = GGUFWeight(blocks, int(tensor.tensor_type), table.shape[0])
+    ids = torch.arange(table.shape[0])
+    assert torch.equal(gguf_rows(weight, ids), table)
+    # Any ids shape, as F.embedding takes.
+    assert torch.equal(gguf_rows(weight, ids[:6].reshape(2, 3)), table[:6].reshape(2, 3, -1))
