@@ -153,6 +153,12 @@ def get_weights_by_name(runner: ModelRunner, name: str, truncate_size: int) -> l
     param = params.get(name)
     if param is None:
         raise InvalidRequestError(f"No parameter named {name!r}.", "name")
+    if param.numel() == 0:  # dropped for its quantized blocks
+        raise InvalidRequestError(
+            f"Parameter {name!r} has no float values on this server: --quantization "
+            f"{runner.server_args.quantization} keeps it as quantized blocks.",
+            "name",
+        )
     return param.detach()[:truncate_size].to(torch.float32).cpu().tolist()
 
 

@@ -154,3 +154,15 @@ def test_weight_routes_need_the_admin_key(dirs: dict[str, Path]) -> None:
             headers={"Authorization": "Bearer adm"},
         )
         assert r.status_code == 200 and len(r.json()) == 1
+
+
+def test_get_weights_of_a_quantized_layer_is_a_clear_400(dirs: dict[str, Path]) -> None:
+    # w8a8_int8 keeps the projections as int8 blocks and frees their float weights: the route
+    # must say so instead of answering an empty list.
+    with tiny_client(dirs["real"], dtype="float32", quantization="w8a8_int8") as (client, _):
+        name = "model.layers.0.mlp.down_proj.weight"
+        r = client.post("/get_weights_by_name", json={"name": name, "truncate_size": 2})
+        assert r.status_code == 400, r.text
+        assert "w8a8_int8" in r.json()["error"]["message"]
+        rows = client.post("/get_weights_by_name", json={"name": EMBED, "truncate_size": 2})
+        assert rows.status_code == 200 and len(rows.json()) == 2
