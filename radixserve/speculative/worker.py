@@ -8,8 +8,10 @@ scheduler appends them one by one (finish checks after each), then `KVManager.tr
 slots of the positions that were not kept, so KV and the radix cache only ever hold verified
 tokens.
 
-Requests that cannot be speculated exactly (grammar constrained, logprobs, penalties, seeded,
-min_new_tokens pending) get no drafts and are sampled by the plain sampler in the same pass.
+Requests that cannot be speculated exactly (logprobs, penalties, seeded, min_new_tokens
+pending) get no drafts and are sampled by the plain sampler in the same pass. Grammar-
+constrained requests are drafted: each verify row is masked by the grammar state after the
+drafts before it (grammar_drafts.py).
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ import torch
 
 from radixserve.managers.step_runner import TokenResult
 from radixserve.model_executor.model_runner import StepInputs
+from radixserve.sampling.constrained.bitmask import allocate_bitmask
+from radixserve.sampling.constrained.mask_apply import PackedVocabMask
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 from radixserve.speculative.acceptance import accept_greedy, accept_sampled, target_probs
 from radixserve.speculative.adaptive import DraftBudget
 from radixserve.speculative.draft_model import DraftModel
+from radixserve.speculative.grammar_drafts import fill_verify_masks, grammar_prefix
 from radixserve.speculative.ngram_cache import NgramCache
 
 if TYPE_CHECKING:
@@ -51,8 +56,7 @@ def speculable(req: Req) -> bool:
     """Whether drafts for `req` can be verified exactly by this module's acceptance rules."""
     p = req.sampling_params
     return not (
-        req.grammar is not None
-        or req.return_logprob
+        req.return_logprob
         or p.repetition_penalty != 1.0
         or p.frequency_penalty != 0.0
         or p.presence_penalty != 0.0
@@ -109,7 +113,10 @@ class SpecWorker:
         drafts: list[list[int]] = []
         for req, room in zip(reqs, rooms, strict=True):
             req.spec_state = self.ngram.sync(req.spec_state, req.fill_ids)
-            drafts.append(self.ngram.propose(req.spec_state, room) if room > 0 else [])
+            draft = self.ngram.propose(req.spec_state, room) if room > 0 else []
+            if draft and req.grammar is not None:
+                draft = grammar_prefix(req.grammar, draft)
+            drafts.append(draft)
         return drafts
 
     def _draft_length(self, req: Req) -> int:
@@ -162,7 +169,8 @@ class SpecWorker:
         ]
         block = logits[rows]
         params = [reqs[i].sampling_params for i in drafted for _ in range(len(drafts[i]) + 1)]
-        if all(p.is_greedy and not p.logit_bias for p in params):
+        mask = self._verify_grammar_mask(reqs, drafts, drafted, block.shape[-1])
+        if mask is None and all(p.is_greedy and not p.logit_bias for p in params):
             argmax = block.argmax(dim=-1).tolist()
             probs = None
         else:
@@ -173,6 +181,7 @@ class SpecWorker:
                 vocab_size=block.shape[-1],
                 device=block.device,
                 eos_token_ids=self.step_runner.eos_token_ids,
+                grammar_mask=mask,
             )
             argmax = info.process_logits(block).argmax(dim=-1).tolist()
             probs = target_probs(block, info).cpu()
@@ -186,6 +195,30 @@ class SpecWorker:
                 out.append(accept_sampled(probs[offset : offset + width], drafts[i]))
             offset += width
         return out
+
+    @staticmethod
+    def _verify_grammar_mask(
+        reqs: Sequence[Req], drafts: Sequence[list[int]], drafted: list[int], vocab_size: int
+    ) -> PackedVocabMask | None:
+        """The packed grammar mask of the verify rows (drafted requests' rows, in order); None
+        when no drafted request is constrained."""
+        if all(reqs[i].grammar is None for i in drafted):
+            return None
+        bitmask = allocate_bitmask(sum(len(drafts[i]) + 1 for i in drafted), vocab_size)
+        masked: list[int] = []
+        offset = 0
+        for i in drafted:
+            matcher = reqs[i].grammar
+            if matcher is not None:
+                if matcher.vocab_size != vocab_size:
+                    raise ValueError(
+                        f"the grammar's vocabulary ({matcher.vocab_size}) differs from the "
+                        f"logits width ({vocab_size})."
+                    )
+                filled = fill_verify_masks(matcher, drafts[i], bitmask, offset)
+                masked.extend(range(offset, offset + filled))
+            offset += len(drafts[i]) + 1
+        return PackedVocabMask(bitmask, tuple(masked), vocab_size)
 
     def _build_inputs(
         self, reqs: Sequence[Req], drafts: Sequence[list[int]]

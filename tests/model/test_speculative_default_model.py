@@ -1,7 +1,7 @@
 """NGRAM speculative decoding on the real default model (float32): greedy output equals plain
 decoding token for token, drafts really are accepted on a copy-the-prompt request, stop strings
-end inside drafts exactly as without speculation, and grammar-constrained requests run without
-drafts (their output is unchanged and valid)."""
+end inside drafts exactly as without speculation, and grammar-constrained requests are drafted
+under their grammar's masks (output unchanged and valid, drafts accepted)."""
 
 from __future__ import annotations
 
@@ -88,27 +88,53 @@ def test_stop_strings_inside_drafts(engines: tuple[Engine, Engine]) -> None:
         assert got["meta_info"]["spec_accept_token_num"] > 0
 
 
-def test_grammar_requests_run_without_drafts(engines: tuple[Engine, Engine]) -> None:
+def test_grammar_requests_are_drafted_and_equal_plain_decoding(
+    engines: tuple[Engine, Engine],
+) -> None:
     plain, spec = engines
+    record = {"name": "Ada Lovelace", "born": 1815, "fields": ["mathematics", "computing"]}
     schema = {
         "type": "object",
-        "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
-        "required": ["name", "age"],
+        "properties": {
+            "name": {"type": "string"},
+            "born": {"type": "integer"},
+            "fields": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["name", "born", "fields"],
         "additionalProperties": False,
     }
-    prompts = [chat(plain, "Describe a person as JSON."), chat(plain, QUESTIONS[0])]
+    prompts = [
+        chat(plain, f"Repeat this JSON exactly:\n{json.dumps(record)}"),
+        chat(plain, "Describe a person as JSON."),
+        chat(plain, QUESTIONS[0]),
+        chat(plain, "Count from 1 to 12, separated by commas."),
+    ]
     params = [
         {"temperature": 0, "max_new_tokens": 60, "json_schema": json.dumps(schema)},
+        {"temperature": 0, "max_new_tokens": 60, "json_schema": json.dumps(schema)},
         {"temperature": 0, "max_new_tokens": 40},
+        {"temperature": 0, "max_new_tokens": 40, "regex": r"(\d{1,2}, ){11}\d{1,2}"},
     ]
     want = plain.generate(prompt=prompts, sampling_params=params)
     got = spec.generate(prompt=prompts, sampling_params=params)
     assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
-    parsed = json.loads(got[0]["text"])
-    assert set(parsed) == {"name", "age"}
-    assert got[0]["meta_info"]["spec_draft_token_num"] == 0
-    assert got[0]["meta_info"]["spec_verify_ct"] > 0
-    assert got[1]["meta_info"]["spec_accept_token_num"] > 0  # its neighbour still speculates
+    assert json.loads(got[0]["text"]) == record
+    # The copied JSON is drafted from the prompt and mostly accepted under the grammar's masks.
+    copy = got[0]["meta_info"]
+    assert copy["spec_accept_token_num"] > copy["spec_draft_token_num"] // 2 > 0
+    assert got[3]["text"].count(",") == 11
+    # Sampled constrained requests: rejection sampling over masked rows stays inside the grammar.
+    sampled = spec.generate(
+        prompt=[prompts[0]] * 3,
+        sampling_params={
+            "temperature": 0.7,
+            "max_new_tokens": 60,
+            "json_schema": json.dumps(schema),
+        },
+    )
+    for result in sampled:
+        assert set(json.loads(result["text"])) == set(record)
+    assert sum(r["meta_info"]["spec_accept_token_num"] for r in sampled) > 0
 
 
 def test_standalone_with_the_same_model_as_draft(
