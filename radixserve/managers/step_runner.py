@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from radixserve.managers.kv_manager import KVManager
     from radixserve.managers.schedule_batch import Req, ScheduledBatch
     from radixserve.model_executor.model_runner import ModelRunner
+    from radixserve.sampling.sampling_params import SamplingParams
 
 
 @dataclass
@@ -193,17 +194,22 @@ class StepRunner:
 def _plain_greedy(reqs: Sequence[Req]) -> bool:
     """Greedy, without logprobs, grammar, penalties, logit bias or a pending min_new_tokens:
     the next token is the argmax of the raw logits."""
-    for req in reqs:
-        p = req.sampling_params
-        if (
-            not p.is_greedy
-            or req.return_logprob
-            or req.grammar is not None
-            or p.logit_bias
-            or p.repetition_penalty != 1.0
-            or p.frequency_penalty != 0.0
-            or p.presence_penalty != 0.0
-            or len(req.output_ids) < p.min_new_tokens
-        ):
-            return False
-    return True
+    return all(
+        not req.return_logprob
+        and req.grammar is None
+        and argmax_of_raw_logits(req.sampling_params, len(req.output_ids))
+        for req in reqs
+    )
+
+
+def argmax_of_raw_logits(p: SamplingParams, num_output_tokens: int) -> bool:
+    """Whether a row with these parameters, after num_output_tokens generated tokens, samples
+    the argmax of its raw logits (greedy; no penalty, logit bias or pending min_new_tokens)."""
+    return (
+        p.is_greedy
+        and not p.logit_bias
+        and p.repetition_penalty == 1.0
+        and p.frequency_penalty == 0.0
+        and p.presence_penalty == 0.0
+        and num_output_tokens >= p.min_new_tokens
+    )

@@ -63,6 +63,25 @@ def compute_logprobs(logits: torch.Tensor, info: SamplingBatchInfo | None = None
     return torch.log_softmax(x, dim=-1).clamp_(min=_LOGPROB_FLOOR)
 
 
+def chosen_logprobs(
+    scaled: torch.Tensor, next_ids: torch.Tensor, top_logprobs_num: int
+) -> SampleOutput:
+    """The reported logprob of each row's chosen token (and the row's top-k), from the
+    processed, temperature-scaled logits the row was sampled from."""
+    # Only the chosen (and top-k) entries are needed, so avoid materialising [B, V]
+    # log-probs: logprob = logit - logsumexp(row).
+    lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
+    chosen = scaled.gather(-1, next_ids.unsqueeze(-1)) - lse
+    logprobs = torch.nan_to_num(chosen.squeeze(-1), nan=_LOGPROB_FLOOR, neginf=_LOGPROB_FLOOR)
+    top = None
+    if top_logprobs_num > 0:
+        k = min(top_logprobs_num, scaled.shape[-1])
+        values, ids = scaled.topk(k, dim=-1)
+        values = torch.nan_to_num(values - lse, nan=_LOGPROB_FLOOR, neginf=_LOGPROB_FLOOR)
+        top = (values, ids)
+    return SampleOutput(next_ids.to(torch.int64), logprobs, top)
+
+
 def _filter_sorted(probs_sorted: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     """Zero the tail that top-k, top-p and min-p exclude; rows are sorted descending.
 
@@ -151,24 +170,7 @@ class Sampler:
             next_ids = torch.where(dead, logits.argmax(dim=-1), next_ids)
         if not need_logprobs and not top_logprobs_num:
             return SampleOutput(next_ids.to(torch.int64), torch.zeros(len(info)), None)
-        return self._with_logprobs(scaled, next_ids, top_logprobs_num)
-
-    @staticmethod
-    def _with_logprobs(
-        scaled: torch.Tensor, next_ids: torch.Tensor, top_logprobs_num: int
-    ) -> SampleOutput:
-        # Only the chosen (and top-k) entries are needed, so avoid materialising [B, V]
-        # log-probs: logprob = logit - logsumexp(row).
-        lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
-        chosen = scaled.gather(-1, next_ids.unsqueeze(-1)) - lse
-        logprobs = torch.nan_to_num(chosen.squeeze(-1), nan=_LOGPROB_FLOOR, neginf=_LOGPROB_FLOOR)
-        top = None
-        if top_logprobs_num > 0:
-            k = min(top_logprobs_num, scaled.shape[-1])
-            values, ids = scaled.topk(k, dim=-1)
-            values = torch.nan_to_num(values - lse, nan=_LOGPROB_FLOOR, neginf=_LOGPROB_FLOOR)
-            top = (values, ids)
-        return SampleOutput(next_ids.to(torch.int64), logprobs, top)
+        return chosen_logprobs(scaled, next_ids, top_logprobs_num)
 
     @staticmethod
     def compute_logprobs(

@@ -8,10 +8,12 @@ scheduler appends them one by one (finish checks after each), then `KVManager.tr
 slots of the positions that were not kept, so KV and the radix cache only ever hold verified
 tokens.
 
-Requests that cannot be speculated exactly (logprobs, penalties, seeded, min_new_tokens
-pending) get no drafts and are sampled by the plain sampler in the same pass. Grammar-
-constrained requests are drafted: each verify row is masked by the grammar state after the
-drafts before it (grammar_drafts.py).
+Each verify row is processed as plain decoding would process that position: penalties and
+min_new_tokens see the request's output plus the drafts before the row, and a grammar-
+constrained request's row is masked by the grammar state after those drafts
+(grammar_drafts.py), and a logprob request gets each emitted token's logprob from its row.
+Seeded requests (whose draw depends on the step) get no drafts and are sampled by the plain
+sampler in the same pass, so their output is the same with and without speculation.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixserve.managers.step_runner import TokenResult
+from radixserve.managers.step_runner import TokenResult, argmax_of_raw_logits
 from radixserve.model_executor.model_runner import StepInputs
 from radixserve.sampling.constrained.bitmask import allocate_bitmask
 from radixserve.sampling.constrained.mask_apply import PackedVocabMask
+from radixserve.sampling.sampler import _scale, chosen_logprobs
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 from radixserve.speculative.acceptance import accept_greedy, accept_sampled, target_probs
 from radixserve.speculative.adaptive import DraftBudget
@@ -54,15 +57,7 @@ class SpecResult:
 
 def speculable(req: Req) -> bool:
     """Whether drafts for `req` can be verified exactly by this module's acceptance rules."""
-    p = req.sampling_params
-    return not (
-        req.return_logprob
-        or p.repetition_penalty != 1.0
-        or p.frequency_penalty != 0.0
-        or p.presence_penalty != 0.0
-        or p.sampling_seed is not None
-        or len(req.output_ids) < p.min_new_tokens
-    )
+    return req.sampling_params.sampling_seed is None
 
 
 class SpecWorker:
@@ -151,9 +146,7 @@ class SpecWorker:
             accepted = self._accept(reqs, drafts, drafted, logits, first_rows)
             for i, tokens in zip(drafted, accepted, strict=True):
                 # Every token but the last is an accepted draft.
-                results[i] = SpecResult(
-                    [TokenResult(t, 0.0) for t in tokens], len(drafts[i]), len(tokens) - 1
-                )
+                results[i] = SpecResult(tokens, len(drafts[i]), len(tokens) - 1)
         return [r for r in results if r is not None]
 
     def _accept(
@@ -163,18 +156,31 @@ class SpecWorker:
         drafted: list[int],
         logits: torch.Tensor,
         first_rows: list[int],
-    ) -> list[list[int]]:
+    ) -> list[list[TokenResult]]:
         rows = [
             r for i in drafted for r in range(first_rows[i], first_rows[i] + len(drafts[i]) + 1)
         ]
         block = logits[rows]
         params = [reqs[i].sampling_params for i in drafted for _ in range(len(drafts[i]) + 1)]
         mask = self._verify_grammar_mask(reqs, drafts, drafted, block.shape[-1])
-        if mask is None and all(p.is_greedy and not p.logit_bias for p in params):
+        raw = all(
+            argmax_of_raw_logits(reqs[i].sampling_params, len(reqs[i].output_ids) + j)
+            for i in drafted
+            for j in range(len(drafts[i]) + 1)
+        )
+        want_logprobs = any(reqs[i].return_logprob for i in drafted)
+        probs = None
+        scaled = None
+        if mask is None and raw and not want_logprobs:
             argmax = block.argmax(dim=-1).tolist()
-            probs = None
         else:
-            outputs = [reqs[i].output_ids for i in drafted for _ in range(len(drafts[i]) + 1)]
+            # Row j of a request sees its output plus drafts 1..j (penalty counts,
+            # min_new_tokens), as plain decoding would at that position.
+            outputs = [
+                reqs[i].output_ids + drafts[i][:j]
+                for i in drafted
+                for j in range(len(drafts[i]) + 1)
+            ]
             info = SamplingBatchInfo.from_requests(
                 params,
                 outputs,
@@ -183,16 +189,25 @@ class SpecWorker:
                 eos_token_ids=self.step_runner.eos_token_ids,
                 grammar_mask=mask,
             )
-            argmax = info.process_logits(block).argmax(dim=-1).tolist()
-            probs = target_probs(block, info).cpu()
-        out: list[list[int]] = []
+            processed = info.process_logits(block)
+            argmax = processed.argmax(dim=-1).tolist()
+            if not all(p.is_greedy for p in params):
+                probs = target_probs(block, info).cpu()
+            if want_logprobs:
+                scaled = _scale(processed, info)
+        out: list[list[TokenResult]] = []
         offset = 0
         for i in drafted:
             width = len(drafts[i]) + 1
             if reqs[i].sampling_params.is_greedy or probs is None:
-                out.append(accept_greedy(argmax[offset : offset + width], drafts[i]))
+                tokens = accept_greedy(argmax[offset : offset + width], drafts[i])
             else:
-                out.append(accept_sampled(probs[offset : offset + width], drafts[i]))
+                tokens = accept_sampled(probs[offset : offset + width], drafts[i])
+            if reqs[i].return_logprob:
+                assert scaled is not None
+                out.append(_with_logprobs(reqs[i], tokens, scaled[offset : offset + len(tokens)]))
+            else:
+                out.append([TokenResult(t, 0.0) for t in tokens])
             offset += width
         return out
 
@@ -250,3 +265,18 @@ class SpecWorker:
             logits_rows=list(range(len(input_ids))),
         )
         return step, first_rows
+
+
+def _with_logprobs(req: Req, tokens: list[int], scaled: torch.Tensor) -> list[TokenResult]:
+    """Tokens emitted from consecutive verify rows with the logprobs (and top logprobs) the
+    sampler reports: row j's processed, temperature-scaled logits, as plain decoding's step at
+    that position would have them."""
+    k = req.top_logprobs_num
+    chosen = chosen_logprobs(scaled, torch.tensor(tokens), k)
+    logprobs = chosen.logprobs.tolist()
+    results = [TokenResult(t, lp) for t, lp in zip(tokens, logprobs, strict=True)]
+    if k and chosen.top_logprobs is not None:
+        values, ids = chosen.top_logprobs
+        for j, result in enumerate(results):
+            result.top_logprobs = list(zip(values[j].tolist(), ids[j].tolist(), strict=True))
+    return results

@@ -152,7 +152,8 @@ def test_sampled_requests_run_and_free_their_kv(make: Any) -> None:
     results = engine.generate(input_ids=prompts(), sampling_params=params)
     assert all(len(r["output_ids"]) <= 30 for r in results)
     assert sum(r["meta_info"]["spec_draft_token_num"] for r in results) > 0
-    # Requests that are never speculated (seeded, penalties, logprobs) share the batch.
+    # Requests that are never speculated (seeded, logprobs) share the batch with drafted ones
+    # (a penalised greedy request and a plain one).
     mixed = [
         {"temperature": 0.7, "sampling_seed": 3, "max_new_tokens": 20, "ignore_eos": True},
         {"temperature": 0, "frequency_penalty": 0.5, "max_new_tokens": 20, "ignore_eos": True},
@@ -164,7 +165,7 @@ def test_sampled_requests_run_and_free_their_kv(make: Any) -> None:
     want = plain.generate(input_ids=inputs, sampling_params=mixed)
     assert ids(got) == ids(want)
     assert got[0]["meta_info"]["spec_draft_token_num"] == 0
-    assert got[1]["meta_info"]["spec_draft_token_num"] == 0
+    assert got[1]["meta_info"]["spec_draft_token_num"] > 0
     lp = engine.generate(input_ids=inputs[0], sampling_params=greedy(10), return_logprob=True)
     assert len(lp["meta_info"]["output_token_logprobs"]) == 10
     assert_idle(engine)
@@ -424,4 +425,64 @@ def test_grammar_requests_are_drafted_and_verified_under_their_masks(make: Any) 
         checker = _CycleMatcher()
         assert all(checker.accept_token(t) for t in result["output_ids"])
     assert sum(r["meta_info"]["spec_accept_token_num"] for r in sampled) > 0
+    assert_idle(spec)
+
+
+def test_penalties_and_min_new_tokens_are_drafted_exactly(
+    make: Any, baseline: list[list[int]]
+) -> None:
+    """Verify row j applies penalties and min_new_tokens as of the output plus drafts 1..j, so
+    greedy output with them equals plain decoding's, with drafts proposed and accepted."""
+    plain = make()
+    spec = make(**NGRAM)
+    inputs = prompts()
+    stops = [out[len(out) // 3] for out in baseline]  # reached early: min_new_tokens matters
+    params = [
+        greedy(repetition_penalty=1.3),
+        greedy(frequency_penalty=0.4, presence_penalty=0.2),
+        greedy(stop_token_ids=[stops[2]], min_new_tokens=30, ignore_eos=False),
+        greedy(repetition_penalty=1.1, min_new_tokens=25, stop_token_ids=[stops[3]]),
+        greedy(presence_penalty=-0.5),
+        greedy(frequency_penalty=-0.3),
+        greedy(repetition_penalty=0.9),
+    ]
+    want = plain.generate(input_ids=inputs, sampling_params=params)
+    got = spec.generate(input_ids=inputs, sampling_params=params)
+    assert ids(got) == ids(want)
+    assert [g["meta_info"]["finish_reason"] for g in got] == [
+        w["meta_info"]["finish_reason"] for w in want
+    ]
+    metas = [g["meta_info"] for g in got]
+    assert all(m["spec_draft_token_num"] > 0 for m in metas)
+    assert sum(m["spec_accept_token_num"] for m in metas) > 0
+    assert_idle(spec)
+
+
+def test_logprob_requests_are_drafted_with_their_logprobs(make: Any) -> None:
+    """Each emitted token's logprob and top logprobs come from its verify row: the same tokens
+    as plain decoding, logprobs equal up to float rounding (extend vs decode kernels)."""
+    plain = make()
+    spec = make(**NGRAM)
+    inputs = prompts()[4:7]
+    for params in (greedy(30), greedy(30, temperature=0.0, frequency_penalty=0.3)):
+        want = plain.generate(
+            input_ids=inputs, sampling_params=params, return_logprob=True, top_logprobs_num=3
+        )
+        got = spec.generate(
+            input_ids=inputs, sampling_params=params, return_logprob=True, top_logprobs_num=3
+        )
+        assert ids(got) == ids(want)
+        assert sum(g["meta_info"]["spec_accept_token_num"] for g in got) > 0
+        for g, w in zip(got, want, strict=True):
+            gm, wm = g["meta_info"], w["meta_info"]
+            assert len(gm["output_token_logprobs"]) == len(g["output_ids"])
+            for (glp, gid, *_), (wlp, wid, *_) in zip(
+                gm["output_token_logprobs"], wm["output_token_logprobs"], strict=True
+            ):
+                assert gid == wid and glp == pytest.approx(wlp, abs=1e-4)
+            for gtop, wtop in zip(
+                gm["output_top_logprobs"], wm["output_top_logprobs"], strict=True
+            ):
+                assert [t[1] for t in gtop] == [t[1] for t in wtop]
+                assert [t[0] for t in gtop] == pytest.approx([t[0] for t in wtop], abs=1e-4)
     assert_idle(spec)
