@@ -263,6 +263,9 @@ class SpecWorker:
             extend_lens=extend_lens,
             out_cache_loc=torch.cat(slots),
             logits_rows=list(range(len(input_ids))),
+            # Each request's rows run under its adapter (a draft model proposes from its base
+            # weights; the target's verification keeps the output exact either way).
+            lora_ids=tuple(r.lora_id for r in reqs) if self.step_runner.runner.lora else (),
         )
         return step, first_rows
 
