@@ -12,10 +12,7 @@ IMPLEMENTED_ALGORITHMS = ("NGRAM", "STANDALONE")
 _HEAD_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "MTP")
 
 
-_NOT_WITH_SPECULATION = (
-    ("enable_hierarchical_cache", "--enable-hierarchical-cache"),
-    ("enable_custom_logit_processor", "--enable-custom-logit-processor"),
-)
+_NOT_WITH_SPECULATION = (("enable_custom_logit_processor", "--enable-custom-logit-processor"),)
 
 
 def check_speculative(v: Mapping[str, Any]) -> None:
@@ -39,8 +36,8 @@ def check_speculative(v: Mapping[str, Any]) -> None:
             "--speculative-algorithm",
             f"{algo} is not supported (supported: {', '.join(IMPLEMENTED_ALGORITHMS)})",
         )
-    # Features built beside speculation that its verify pass does not carry yet: tier loads of
-    # verified-only KV, processors on every verified position.
+    # Features built beside speculation that its verify pass does not carry yet: processors on
+    # every verified position.
     for dest, option in _NOT_WITH_SPECULATION:
         if v.get(dest):
             raise ServerArgsError(option, "is not supported with --speculative-algorithm (yet)")

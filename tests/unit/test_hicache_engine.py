@@ -200,3 +200,31 @@ def test_batched_loads_keep_outputs_and_conserve_kv(engine_factory: Any, kwargs:
     assert [r["output_ids"] for r in got] == want
     assert tiered.get_server_info()["cached_tokens_host_total"] > 0
     assert_no_leak(tiered)
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_speculative_decoding_over_the_tiers(engine_factory: Any, policy: str) -> None:
+    """NGRAM speculation with the host tier: only verified tokens reach the radix cache (and so
+    the host copies), outputs equal the plain engine's, prefixes come back from the host, and
+    no slot leaks on either tier."""
+    docs = [[*doc[:200], *doc[:40] * 2] for doc in documents()]  # repetitive: drafts land
+    params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+
+    def ask(engine: Engine) -> list[dict[str, Any]]:
+        return [
+            engine.generate(input_ids=[*doc, 10 + rnd, 20 + i], sampling_params=params)
+            for rnd in range(2)
+            for i, doc in enumerate(docs)
+        ]
+
+    want = [r["output_ids"] for r in ask(engine_factory())]
+    spec = engine_factory(
+        enable_hierarchical_cache=True,
+        hicache_write_policy=policy,
+        speculative_algorithm="NGRAM",
+    )
+    got = ask(spec)
+    assert [r["output_ids"] for r in got] == want
+    assert sum(r["meta_info"]["spec_accept_token_num"] for r in got) > 0
+    assert all(r["meta_info"]["cached_tokens_details"]["host"] > 0 for r in got[3:])
+    assert_no_leak(spec)
