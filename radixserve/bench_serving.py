@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import logging
+import random
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -48,7 +49,6 @@ _LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "::1", "[::1]")
 _TIMEOUT_S = 6 * 3600.0
 _UNSUPPORTED = {
     "profile": "--profile needs the server's /start_profile, which radixserve does not serve",
-    "lora_name": "--lora-name: radixserve serves no LoRA adapters",
 }
 
 
@@ -81,7 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup-requests", type=int, default=1)
     parser.add_argument("--flush-cache", action="store_true")
     parser.add_argument("--profile", action="store_true", help="Not supported by radixserve.")
-    parser.add_argument("--lora-name", nargs="*", default=None, help="Not supported.")
+    parser.add_argument(
+        "--lora-name",
+        nargs="*",
+        default=None,
+        help="LoRA adapter names; each request runs under one picked at random (seeded by "
+        "--seed): native lora_path, or the OpenAI model field.",
+    )
     parser.add_argument("--tag", default=None, help="Copied into the JSONL record.")
     return parser
 
@@ -280,6 +286,7 @@ def run_benchmark(args: argparse.Namespace, tokenizer: Any = None) -> dict[str, 
         if not rows:
             raise BenchmarkError("The dataset produced no prompts")
         model_id = args.served_model_name or model
+        lora_rng = random.Random(args.seed)
 
         def spec(row: DatasetRow, output_len: int | None = None) -> RequestSpec:
             return RequestSpec(
@@ -292,6 +299,7 @@ def run_benchmark(args: argparse.Namespace, tokenizer: Any = None) -> dict[str, 
                 stream=not args.disable_stream,
                 ignore_eos=not args.disable_ignore_eos,
                 extra_body=extra,
+                lora_name=lora_rng.choice(args.lora_name) if args.lora_name else None,
             )
 
         def count_tokens(text: str) -> int:

@@ -49,6 +49,8 @@ class RequestSpec:
     stream: bool = True
     ignore_eos: bool = True
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    # --lora-name: the adapter this request runs under (native: lora_path; OpenAI: the model).
+    lora_name: str | None = None
 
 
 def auth_headers() -> dict[str, str]:
@@ -68,9 +70,11 @@ def build_payload(spec: RequestSpec) -> dict[str, Any]:
             },
             "stream": spec.stream,
         }
+        if spec.lora_name is not None:
+            payload["lora_path"] = spec.lora_name
     elif spec.kind == COMPLETIONS:
         payload = {
-            "model": spec.model,
+            "model": spec.lora_name or spec.model,
             "prompt": spec.prompt,
             "temperature": 0.0,
             "best_of": 1,
@@ -80,7 +84,7 @@ def build_payload(spec: RequestSpec) -> dict[str, Any]:
         }
     elif spec.kind == CHAT:
         payload = {
-            "model": spec.model,
+            "model": spec.lora_name or spec.model,
             "messages": [{"role": "user", "content": spec.prompt}],
             "temperature": 0.0,
             "max_completion_tokens": spec.output_len,

@@ -4,19 +4,16 @@ command line (SGLang's flags)."""
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
 from radixserve import bench_serving
 from radixserve.benchmarking.datasets import get_dataset
 from radixserve.entrypoints.http_server import create_app
+from tests.helpers.thread_server import free_port, serve_app
 from tests.unit.test_bench_datasets import WordTokenizer
 from tests.unit.test_http_fakes import FakeEngine, server_args
 
@@ -43,28 +40,11 @@ SGLANG_FIELDS = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def fake_server() -> Iterator[tuple[str, FakeEngine]]:
     engine = FakeEngine()
-    app = create_app(engine, server_args(enable_cache_report=True))
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the fake server did not start"
-        time.sleep(0.05)
-    yield base, engine
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serve_app(create_app(engine, server_args(enable_cache_report=True)), "error") as base:
+        yield base, engine
 
 
 def _args(base: str, tmp_path: Path, *extra: str) -> Any:
@@ -159,8 +139,42 @@ def test_parser_takes_sglang_flags() -> None:
     assert bench_serving._base_url(defaults) == "http://127.0.0.1:30000"
 
 
+def test_lora_name_picks_an_adapter_per_request() -> None:
+    from radixserve.benchmarking.backends import (
+        CHAT,
+        COMPLETIONS,
+        NATIVE,
+        RequestSpec,
+        build_payload,
+    )
+
+    def payload(kind: str, lora: str | None) -> dict[str, Any]:
+        spec = RequestSpec("http://x", kind, "base", "hi", 1, 4, lora_name=lora)
+        return build_payload(spec)
+
+    assert payload(NATIVE, "a")["lora_path"] == "a"
+    assert "lora_path" not in payload(NATIVE, None)
+    for kind in (COMPLETIONS, CHAT):
+        assert payload(kind, "a")["model"] == "a"  # SGLang's bench: the adapter as the model
+        assert payload(kind, None)["model"] == "base"
+        assert "lora_path" not in payload(kind, "a")
+
+
+@pytest.mark.parametrize("backend", ["sglang", "sglang-oai"])
+def test_lora_name_reaches_the_server(
+    fake_server: tuple[str, FakeEngine], tmp_path: Path, backend: str
+) -> None:
+    # The fake server serves no adapters, so every request naming one is refused: all fail.
+    base, _ = fake_server
+    args = _args(
+        base, tmp_path, "--backend", backend, "--lora-name", "a", "b", "--warmup-requests", "0"
+    )
+    result = bench_serving.run_benchmark(args, tokenizer=WordTokenizer())
+    assert result["completed"] == 0
+
+
 def test_unsupported_flags_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench_serving.main(["--profile", "--port", str(_free_port())]) == 2
+    assert bench_serving.main(["--profile", "--port", str(free_port())]) == 2
     assert "--profile" in capsys.readouterr().err
     with pytest.raises(bench_serving.BenchmarkError, match="tokenize-prompt"):
         bench_serving.run_benchmark(
@@ -171,6 +185,6 @@ def test_unsupported_flags_are_refused(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_unreachable_server_is_a_clear_error(tmp_path: Path) -> None:
-    args = _args(f"http://127.0.0.1:{_free_port()}", tmp_path)
+    args = _args(f"http://127.0.0.1:{free_port()}", tmp_path)
     with pytest.raises(bench_serving.BenchmarkError, match="Cannot reach"):
         bench_serving.run_benchmark(args, tokenizer=WordTokenizer())

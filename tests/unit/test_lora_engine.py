@@ -422,3 +422,29 @@ def test_speculative_decoding_with_adapters(engine: Engine, setup: Setup) -> Non
         assert alone["output_ids"] == want[1]
     finally:
         spec.shutdown()
+
+
+def test_bench_serving_lora_name_runs_requests_under_the_adapters(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """SGLang's `bench_serving --lora-name`: each request names one of the adapters (native
+    lora_path / OpenAI model) and is served; a name the server does not have fails every one."""
+    from radixserve import bench_serving
+    from radixserve.entrypoints.http_server import create_app
+    from tests.helpers.thread_server import serve_app
+    from tests.unit.test_bench_datasets import WordTokenizer
+
+    with serve_app(create_app(engine, engine.server_args)) as base:
+        for backend in ("sglang", "sglang-oai"):
+            for names, completed in ((["a", "b"], 4), (["nope"], 0)):
+                args = bench_serving.build_parser().parse_args(
+                    [
+                        "--base-url", base, "--backend", backend, "--dataset-name", "random",
+                        "--num-prompts", "4", "--random-input-len", "6",
+                        "--random-output-len", "3", "--warmup-requests", "0",
+                        "--disable-tqdm", "--lora-name", *names,
+                        "--output-file", str(tmp_path / "out.jsonl"),
+                    ]
+                )  # fmt: skip
+                result = bench_serving.run_benchmark(args, tokenizer=WordTokenizer())
+                assert result["completed"] == completed, (backend, names)

@@ -9,18 +9,15 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import uvicorn
 
 from radixserve.entrypoints.http_server import create_app
+from tests.helpers.thread_server import serve_app
 from tests.unit.test_http_fakes import REPLY, FakeEngine, server_args
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
@@ -35,28 +32,10 @@ def _chromium() -> str:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def _server(engine: FakeEngine) -> Iterator[str]:
-    port = _free_port()
-    app = create_app(engine, server_args(api_key=KEY))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serve_app(create_app(engine, server_args(api_key=KEY))) as base:
+        yield base
 
 
 @pytest.fixture
