@@ -41,7 +41,7 @@ class IdleHeapRelease:
     """Calls release_free_heap when a loop goes idle after work, at most once per
     `min_interval_s` (the trim walks the heap, and pages given back fault in again on reuse)."""
 
-    def __init__(self, min_interval_s: float = 10.0) -> None:
+    def __init__(self, min_interval_s: float = 2.0) -> None:
         self.min_interval_s = min_interval_s
         self._worked_since_release = True  # the first idle moment follows start-up
         self._last_release = float("-inf")

@@ -116,8 +116,17 @@ def child_pids(pid: int) -> list[int]:
 
 def engine_children(pid: int) -> list[int]:
     """The server's engine processes (scheduler, detokenizer, other ranks or replicas): the
-    children multiprocessing spawned."""
-    return [c for c in child_pids(pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    children multiprocessing spawned, in start order (the scheduler first)."""
+    spawned = [
+        c for c in child_pids(pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()
+    ]
+    return sorted(spawned, key=_start_time)
+
+
+def _start_time(pid: int) -> int:
+    # Field 22 of /proc/<pid>/stat (clock ticks after boot); fields counted after the
+    # parenthesised command name, which may itself hold spaces.
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
 
 
 def assert_last_child_kill_ends_server(

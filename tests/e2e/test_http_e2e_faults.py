@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.e2e_server import REPO, ServerProcess, start_server
+from tests.e2e.e2e_server import REPO, ServerProcess, engine_children, start_server
 
 # A client timeout that only guards against hangs: nothing here should come near it.
 HANG_S = 240.0
@@ -411,18 +411,6 @@ def test_sigterm_under_load_finishes_in_flight_and_refuses_new(server: ServerPro
 
 
 # -- a child process killed mid-stream --------------------------------------------------------
-def _engine_children(pid: int) -> list[int]:
-    """The scheduler and detokenizer, in start order (the scheduler is spawned first)."""
-    found: list[tuple[int, int]] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            cmd = Path(f"/proc/{child}/cmdline").read_bytes()
-            if b"spawn_main" in cmd:
-                started = int(Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[19])
-                found.append((started, int(child)))
-    return [pid for _, pid in sorted(found)]
-
-
 async def _victim_request(client: httpx.AsyncClient, base: str, i: int) -> dict[str, Any]:
     """A long request; says how it ended: HTTP status, error events, finish reasons."""
     body: dict[str, Any] = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 2000}
@@ -452,7 +440,7 @@ def test_killed_child_mid_stream_fails_every_client_once(victim: str) -> None:
     proc = _kill_test_server()
     try:
         base = proc.base_url
-        children = _engine_children(proc.proc.pid)
+        children = engine_children(proc.proc.pid)
         assert len(children) == 2, children
         target = children[0] if victim == "scheduler" else children[1]
 
