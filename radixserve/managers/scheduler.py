@@ -661,13 +661,11 @@ class Scheduler:
                 if self._apply_spec(req, result):
                     still_running.append(req)
                 continue
+            if req.grammar is not None and not req.grammar.accept_token(result.token_id):
+                self._finish(req, grammar_dead_end())
+                continue
             result.apply(req)
             self.stats.generated_tokens += 1
-            if req.grammar is not None and not req.grammar.accept_token(req.output_ids[-1]):
-                self._finish(
-                    req, FinishReason("abort", message="Grammar rejected a token.", status_code=500)
-                )
-                continue
             reason = self.finish_checker.check(req)
             if reason is not None:
                 self._finish(req, reason)
@@ -687,11 +685,11 @@ class Scheduler:
         reason = None
         kept = 0
         for token in result.tokens:
+            if req.grammar is not None and not req.grammar.accept_token(token.token_id):
+                reason = grammar_dead_end()
+                break
             token.apply(req)
             kept += 1
-            if req.grammar is not None and not req.grammar.accept_token(token.token_id):
-                reason = FinishReason("abort", message="Grammar rejected a token.", status_code=500)
-                break
             reason = self.finish_checker.check(req)
             if reason is not None:
                 break
@@ -802,3 +800,15 @@ def _eos_token_ids(config_eos: Sequence[int], tokenizer: Any) -> list[int]:
     if tok_eos is not None and tok_eos not in ids:
         ids.append(tok_eos)
     return ids
+
+
+def grammar_dead_end() -> FinishReason:
+    """The sampler only draws tokens the grammar's mask allows, so a token the matcher refuses
+    means the mask allowed none: the grammar cannot go on with this vocabulary (e.g. it needs
+    a character no token contains). The client's grammar, so a 400; the token is not kept."""
+    return FinishReason(
+        "abort",
+        message="The grammar allows no further token of this model's vocabulary here (it needs "
+        "text no token can produce); generation stopped.",
+        status_code=400,
+    )

@@ -131,6 +131,30 @@ def test_invalid_grammars_are_refused_and_the_engine_serves_on(engine: Engine) -
     assert len(ok["output_ids"]) == 4
 
 
+def test_grammars_the_vocabulary_cannot_follow_are_client_errors(engine: Engine) -> None:
+    # No token contains the control character \x06: refused before it runs, naming the field
+    # (each backend words it its own way).
+    with pytest.raises(ValueError) as err:
+        engine.generate("x", {"regex": "\x06"})
+    assert getattr(err.value, "param", None) == "regex"
+    # "a" then \x06: a dead end after one token (outlines sees it at compile time). The
+    # request ends as the client's error (400, not an internal 500), keeps only tokens the
+    # grammar accepted, and its neighbour in the batch finishes.
+    dead_end = {"regex": "a\x06", "max_new_tokens": 8, "temperature": 0}
+    if engine.server_args.grammar_backend == "outlines":
+        with pytest.raises(ValueError):
+            engine.generate("Say a", dead_end)
+        return
+    results = engine.generate(["Say a", "Hello"], [dead_end, {"max_new_tokens": 4}])
+    dead = results[0]["meta_info"]["finish_reason"]
+    assert dead["type"] == "abort" and dead["status_code"] == 400, dead
+    assert "no further token" in dead["message"]
+    assert results[0]["text"] == "a"
+    assert len(results[1]["output_ids"]) == 4
+    info = engine.get_server_info()
+    assert info["available_kv_tokens"] + info["cached_tokens"] == info["max_total_num_tokens"]
+
+
 def test_json_whitespace_is_bounded_so_the_json_completes(engine: Engine) -> None:
     """With "any whitespace" JSON this greedy request emitted 120 newlines and ran out of
     tokens (issue 11); by default whitespace between JSON tokens is bounded."""

@@ -110,6 +110,29 @@ def test_accept_token_refuses_disallowed_and_out_of_range_ids(
     assert _feed(matcher, tok, "0xff") and matcher.accept_token(tok.eos)
 
 
+def test_a_dead_end_allows_nothing_and_rollback_leaves_it(
+    backend: GrammarBackend, tok: Tokens
+) -> None:
+    """After "a", the regex needs \x06, which no token holds: the mask allows nothing (no
+    exception, which would fail the whole batch's step) and every token is refused; rolling
+    back (as a speculative verify does after probing ahead) restores the live state."""
+    if backend.name == "outlines":
+        pytest.skip("outlines refuses this regex at compile time (vocabulary check)")
+    matcher = _matcher(backend, "regex", "a\x06")
+    allowed = torch.zeros(VOCAB_SIZE, dtype=torch.bool)
+    matcher.fill_bitmask(allowed)
+    start = allowed.clone()
+    a = tok.tokenizer.encode("a", add_special_tokens=False)[0]
+    assert bool(start[a]) and matcher.accept_token(a)
+    matcher.fill_bitmask(allowed)
+    assert not bool(allowed.any())
+    assert not matcher.accept_token(a) and not matcher.accept_token(tok.eos)
+    matcher.rollback(1)
+    matcher.fill_bitmask(allowed)
+    assert torch.equal(allowed, start)
+    assert matcher.accept_token(a)
+
+
 # --- compile: cache, errors, deadline ----------------------------------------------------------
 
 

@@ -22,7 +22,7 @@ import torch
 
 from radixserve.sampling.constrained.bitmask import bitmask_words, unpack_bitmask
 from radixserve.sampling.constrained.compile_cache import CompileCache
-from radixserve.sampling.constrained.spec import GrammarSpec
+from radixserve.sampling.constrained.spec import GrammarError, GrammarSpec
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +166,22 @@ class GrammarBackend(ABC):
         hit, and settled within ``compile_timeout_s`` otherwise (poll ``done()`` each step)."""
         if not isinstance(spec, GrammarSpec):
             raise ValueError(f"spec must be a GrammarSpec, got {type(spec).__name__}.")
-        return self._cache.submit(spec, self._compile, self.compile_timeout_s)
+        return self._cache.submit(spec, self._compile_usable, self.compile_timeout_s)
+
+    def _compile_usable(self, spec: GrammarSpec) -> object:
+        compiled = self._compile(spec)
+        # A grammar that no token of this vocabulary can start (e.g. a regex of a control
+        # character no token contains) would leave the sampler an all-masked row: refuse it
+        # here, as the client's error, instead of failing mid-generation.
+        first = torch.zeros(1, bitmask_words(self.vocab_size), dtype=torch.int32)
+        self.matcher(compiled).fill_packed(first, 0)
+        if not bool(first.any()):
+            raise GrammarError(
+                f"The {spec.param} allows no token of this model's vocabulary (it needs text no "
+                "token can produce).",
+                spec.param,
+            )
+        return compiled
 
     def is_cached(self, spec: GrammarSpec) -> bool:
         return spec in self._cache

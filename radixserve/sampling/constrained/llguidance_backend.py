@@ -41,25 +41,40 @@ class LLGuidanceMatcher(GrammarMatcher):
     EOS never reaches llguidance: once the grammar stops (nothing more fits) llguidance takes
     EOS without recording it, so a later rollback would undo the wrong token. Accepting EOS is
     recorded here instead (``_eos_accepted``), allowed whenever the grammar is satisfied.
+
+    A state no token can extend (the grammar needs text the vocabulary cannot produce) also
+    puts llguidance into its error state, at the mask fill. That is the request's dead end, not
+    a failure of the step: the mask allows nothing and every token is refused, so the scheduler
+    ends that request alone. Rolling back out of it (a speculative verify probes states ahead)
+    rebuilds the matcher from the pristine template and replays the kept tokens.
     """
 
     def __init__(
-        self, matcher: llguidance.LLMatcher, vocab_size: int, eos_token_ids: Sequence[int]
+        self,
+        matcher: llguidance.LLMatcher,
+        vocab_size: int,
+        eos_token_ids: Sequence[int],
+        template: llguidance.LLMatcher | None = None,
     ) -> None:
         super().__init__(vocab_size, eos_token_ids)
         self._matcher = matcher
+        self._template = template
         self._eos_accepted = False
+        self._dead = False
+        self._tokens: list[int] = []  # consumed, for a rebuild after a dead end
 
     def fill_packed(self, bitmask: torch.Tensor, index: int = 0) -> None:
         if self._eos_accepted:
             write_only(bitmask[index], self.eos_token_ids)
             return
-        llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, index)
-        if self._matcher.is_error():
-            raise RuntimeError(f"llguidance matcher failed: {self._matcher.get_error()}")
+        if not self._dead:
+            llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, index)
+            self._dead = self._matcher.is_error()
+        if self._dead:
+            bitmask[index].zero_()
 
     def accept_token(self, token_id: int) -> bool:
-        if not self._in_vocab(token_id) or self._eos_accepted:
+        if not self._in_vocab(token_id) or self._eos_accepted or self._dead:
             return False
         token_id = int(token_id)
         if token_id in self.eos_token_ids:
@@ -70,6 +85,8 @@ class LLGuidanceMatcher(GrammarMatcher):
             return False
         elif not self._matcher.consume_token(token_id):
             raise RuntimeError(f"llguidance matcher failed: {self._matcher.get_error()}")
+        else:
+            self._tokens.append(token_id)
         self._accepted()
         return True
 
@@ -80,7 +97,15 @@ class LLGuidanceMatcher(GrammarMatcher):
         if self._eos_accepted:
             self._eos_accepted = False
             num_tokens -= 1
-        if num_tokens and not self._matcher.rollback(num_tokens):
+        if not num_tokens:
+            return
+        del self._tokens[-num_tokens:]
+        if self._dead and self._template is not None:
+            self._matcher = self._template.deep_copy()
+            if self._tokens and not self._matcher.consume_tokens(self._tokens):
+                raise RuntimeError(f"llguidance replay failed: {self._matcher.get_error()}")
+            self._dead = False
+        elif not self._matcher.rollback(num_tokens):
             raise RuntimeError(f"llguidance rollback failed: {self._matcher.get_error()}")
 
 
@@ -103,7 +128,9 @@ class LLGuidanceBackend(GrammarBackend):
             raise ValueError("compiled must come from LLGuidanceBackend.compile.")
         # The compiled object is a pristine matcher that is never advanced; copying it is far
         # cheaper than building the grammar again.
-        return LLGuidanceMatcher(compiled.deep_copy(), self.vocab_size, self.eos_token_ids)
+        return LLGuidanceMatcher(
+            compiled.deep_copy(), self.vocab_size, self.eos_token_ids, template=compiled
+        )
 
     def _compile(self, spec: GrammarSpec) -> llguidance.LLMatcher:
         grammar = self._grammar_text(spec)
