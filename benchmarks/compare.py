@@ -748,6 +748,38 @@ def run_llama_bench(
     return list(entries), None
 
 
+# Offline batch-1 runs of radixserve in llama-bench's shapes: pp512 is a 512-token prefill,
+# tg128 128 decode steps from an (almost) empty context.
+OFFLINE_SHAPES = (("pp512", 512, 1), ("tg128", 1, 129))
+
+
+def run_radixserve_offline(
+    gguf: Path, settings: Settings, run_dir: Path
+) -> tuple[dict[str, float], str | None]:
+    """radixserve's bench_one_batch at batch 1 in llama-bench's shapes, right after llama-bench:
+    {"pp512": prefill tok/s, "tg128": decode tok/s (every step, as llama-bench counts)}."""
+    figures: dict[str, float] = {}
+    for test, input_len, output_len in OFFLINE_SHAPES:
+        out = run_dir / f"radixserve-offline-{test}.jsonl"
+        out.unlink(missing_ok=True)
+        command = [
+            sys.executable, "-m", "radixserve.bench_one_batch", "--model-path", str(gguf),
+            *settings.radixserve_args, "--batch-size", "1", "--input-len", str(input_len),
+            "--output-len", str(output_len), "--result-filename", str(out),
+        ]  # fmt: skip
+        log = run_dir / f"radixserve-offline-{test}.log"
+        with log.open("w") as sink:
+            code = subprocess.run(
+                command, stdout=sink, stderr=subprocess.STDOUT, check=False
+            ).returncode
+        if code != 0 or not out.exists():
+            return figures, f"radixserve bench_one_batch ({test}) failed with {code}; log: {log}"
+        record = json.loads(out.read_text().splitlines()[-1])
+        key = "prefill_throughput" if test.startswith("pp") else "mean_decode_throughput"
+        figures[test] = float(record[key])
+    return figures, None
+
+
 # ----------------------------------------------------------------------------- machine info
 
 
@@ -959,6 +991,11 @@ def measure(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         print("llama-bench pp512 / tg128 ...", flush=True)
         bench_entries, problem = run_llama_bench(bench_cmd, run_dir)
         warnings += [problem] if problem else []
+    offline: dict[str, float] = {}
+    if report.RADIXSERVE in settings.engines and not args.skip_llama_bench:
+        print("radixserve offline batch 1 in llama-bench's shapes ...", flush=True)
+        offline, problem = run_radixserve_offline(gguf, settings, run_dir)
+        warnings += [problem] if problem else []
 
     with server_pool(gguf, llama, settings, run_dir) as pool:
         results = run_all(plan_jobs(settings), pool, settings, args.timeout)
@@ -973,6 +1010,7 @@ def measure(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         "settings": describe_settings(settings, bench_cmd),
         "results": results,
         "llama_bench": bench_entries,
+        "radixserve_offline": offline,
         "memory": memory,
         "warnings": warnings,
     }
@@ -995,6 +1033,7 @@ def write_report(record: dict[str, Any], output: Path, plot_path: Path) -> None:
         record["warnings"],
         plot_name,
         existing,
+        offline=record.get("radixserve_offline") or {},
     )
     write_document(output, text)
     print(f"wrote {output}" + (f" and {plot}" if plot else ""))

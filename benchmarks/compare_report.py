@@ -246,6 +246,22 @@ def llama_bench_table(entries: Sequence[dict[str, Any]]) -> str:
     return render_table(["Test", "Threads", "Tokens/s", "Std dev"], rows)
 
 
+def offline_table(llama_bench: Sequence[dict[str, Any]], offline: dict[str, float]) -> str:
+    """| test | llama-bench | radixserve | ratio | for the tests both measured."""
+    theirs = {}
+    for entry in llama_bench:
+        n_prompt, n_gen = int(entry.get("n_prompt", 0)), int(entry.get("n_gen", 0))
+        theirs[f"pp{n_prompt}" if n_prompt else f"tg{n_gen}"] = entry.get("avg_ts")
+    rows = []
+    for test, ours in offline.items():
+        other = theirs.get(test)
+        ratio = f"{ours / other:.2f}x" if other else "n/a"
+        rows.append([test, fmt(other, 1), fmt(ours, 1), ratio])
+    return render_table(
+        ["Test", "llama-bench tok/s", "radixserve tok/s", "radixserve / llama.cpp"], rows
+    )
+
+
 def key_value_table(items: Sequence[tuple[str, str]]) -> str:
     return render_table(["", ""], [[k, v] for k, v in items], numeric=False)
 
@@ -277,6 +293,7 @@ def render_document(
     warnings: Sequence[str],
     plot_name: str | None,
     existing: str | None = None,
+    offline: dict[str, float] | None = None,
 ) -> str:
     parts = [
         "# Performance: radixserve vs llama.cpp vs HF transformers",
@@ -330,6 +347,15 @@ def render_document(
             llama_bench_table(llama_bench),
             "",
         ]
+        if offline:
+            parts += [
+                "radixserve in the same shapes, right after it (`radixserve.bench_one_batch` "
+                "with the radixserve args above, batch 1: pp512 a 512-token prefill, tg128 128 "
+                "decode steps from a 1-token prompt, every step counted):",
+                "",
+                offline_table(llama_bench, offline),
+                "",
+            ]
     if memory:
         parts += ["## Memory (idle, after startup)", "", key_value_table(memory), ""]
     if warnings:

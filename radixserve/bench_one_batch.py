@@ -220,6 +220,8 @@ def run_once(
         )
         record["median_decode_latency"] = median
         record["median_decode_throughput"] = bs / median
+        # Every step counted, as llama-bench's tg figures are (tokens / total time).
+        record["mean_decode_throughput"] = bs * len(latencies) / sum(latencies)
         if hw is not None:
             mean_step = StepCost(
                 bs, decode_cost.flops / len(latencies), decode_cost.bytes / len(latencies)

@@ -212,6 +212,23 @@ def test_llama_bench_table(report: ModuleType) -> None:
     assert "| tg128 | 2 | 99.0 | 0.5 |" in table
 
 
+def test_offline_rows_sit_next_to_llama_bench(
+    report: ModuleType, fake_results: list[dict[str, Any]]
+) -> None:
+    entries = [
+        {"n_prompt": 512, "n_gen": 0, "n_threads": 2, "avg_ts": 200.0, "stddev_ts": 3.2},
+        {"n_prompt": 0, "n_gen": 128, "n_threads": 2, "avg_ts": 80.0, "stddev_ts": 0.5},
+    ]
+    table = report.offline_table(entries, {"pp512": 500.0, "tg128": 60.0})
+    assert "| pp512 | 200.0 | 500.0 | 2.50x |" in table
+    assert "| tg128 | 80.0 | 60.0 | 0.75x |" in table
+    assert "| tg128 | n/a | 60.0 | n/a |" in report.offline_table([], {"tg128": 60.0})
+    doc = report.render_document(
+        [("CPU", "test")], fake_results, {}, entries, [], [], None, None, offline={"tg128": 60.0}
+    )
+    assert "| tg128 | 80.0 | 60.0 | 0.75x |" in doc
+
+
 def test_notes_are_kept(report: ModuleType, fake_results: list[dict[str, Any]]) -> None:
     def render(existing: str | None) -> str:
         return report.render_document(
