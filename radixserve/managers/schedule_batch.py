@@ -65,6 +65,7 @@ class Req:
     # SGLang's per-request counters: verify rounds, drafts proposed, drafts accepted.
     spec_state: Any = None
     spec_budget: Any = None  # speculative/adaptive.py's DraftBudget under --speculative-adaptive
+    output_counts: Any = None  # sampling/output_counts.py's OutputTokenCounts, with penalties
     spec_verify_ct: int = 0
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0

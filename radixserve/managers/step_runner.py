@@ -15,6 +15,7 @@ import torch
 from radixserve.managers.grammar_manager import GrammarManager
 from radixserve.model_executor.model_runner import StepInputs
 from radixserve.sampling.custom_logit_processor import apply_processors
+from radixserve.sampling.output_counts import OutputTokenCounts, batch_token_counts
 from radixserve.sampling.sampler import Sampler
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 
@@ -100,6 +101,7 @@ class StepRunner:
             device=logits.device,
             eos_token_ids=self.eos_token_ids,
             grammar_mask=GrammarManager.grammar_mask(reqs, logits.shape[-1]),
+            token_counts=_output_counts(reqs, logits.shape[-1], logits.device),
         )
         top_n = max((r.top_logprobs_num for r in reqs if r.return_logprob), default=0)
         need_logprobs = any(r.return_logprob for r in reqs)
@@ -202,14 +204,34 @@ def _plain_greedy(reqs: Sequence[Req]) -> bool:
     )
 
 
+def _output_counts(
+    reqs: Sequence[Req], vocab_size: int, device: torch.device
+) -> torch.Tensor | None:
+    """The batch's output-token counts from each penalised request's incremental counter
+    (made on its first penalised step); None when no request has a penalty."""
+    if not any(_penalised(r.sampling_params) for r in reqs):
+        return None
+    trackers = []
+    for req in reqs:
+        if not _penalised(req.sampling_params):
+            trackers.append(None)
+            continue
+        if req.output_counts is None or req.output_counts.vocab_size != vocab_size:
+            req.output_counts = OutputTokenCounts(vocab_size)
+        trackers.append(req.output_counts)
+    return batch_token_counts(trackers, [r.output_ids for r in reqs], vocab_size, device)
+
+
+def _penalised(p: SamplingParams) -> bool:
+    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+
+
 def argmax_of_raw_logits(p: SamplingParams, num_output_tokens: int) -> bool:
     """Whether a row with these parameters, after num_output_tokens generated tokens, samples
     the argmax of its raw logits (greedy; no penalty, logit bias or pending min_new_tokens)."""
     return (
         p.is_greedy
         and not p.logit_bias
-        and p.repetition_penalty == 1.0
-        and p.frequency_penalty == 0.0
-        and p.presence_penalty == 0.0
+        and not _penalised(p)
         and num_output_tokens >= p.min_new_tokens
     )

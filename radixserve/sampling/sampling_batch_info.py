@@ -86,6 +86,7 @@ class SamplingBatchInfo:
         eos_token_ids: Sequence[int] = (),
         vocab_mask: torch.Tensor | None = None,
         grammar_mask: PackedVocabMask | None = None,
+        token_counts: torch.Tensor | None = None,
     ) -> SamplingBatchInfo:
         """Build the step's tensors.
 
@@ -93,6 +94,8 @@ class SamplingBatchInfo:
         min_new_tokens, and the seeded draw's step index). ``vocab_mask`` is an optional
         ``[B, V]`` bool tensor, True = allowed; ``grammar_mask`` the same constraint packed
         (what the scheduler passes: its grammar rows are masked in place, the others untouched).
+        ``token_counts`` ([B, V] float32) are the rows' output-token counts when the caller keeps
+        them incrementally (sampling/output_counts.py); else the penalties count output_ids.
         """
         batch = len(params)
         if batch == 0:
@@ -131,7 +134,7 @@ class SamplingBatchInfo:
             seed_uniforms=f32(uniforms),
             any_seeded=any(s is not None for s in seeds),
         )
-        info._build_penalties(params, output_ids)
+        info._build_penalties(params, output_ids, token_counts)
         info._build_logit_bias(params)
         info._build_min_tokens_mask(params, output_ids, eos_token_ids)
         info._set_vocab_mask(vocab_mask)
@@ -139,7 +142,10 @@ class SamplingBatchInfo:
         return info
 
     def _build_penalties(
-        self, params: Sequence[SamplingParams], output_ids: Sequence[Sequence[int]]
+        self,
+        params: Sequence[SamplingParams],
+        output_ids: Sequence[Sequence[int]],
+        token_counts: torch.Tensor | None,
     ) -> None:
         rep = [p.repetition_penalty for p in params]
         freq = [p.frequency_penalty for p in params]
@@ -148,7 +154,14 @@ class SamplingBatchInfo:
         need_add = any(f != 0.0 for f in freq) or any(p != 0.0 for p in pres)
         if not (need_rep or need_add) or not any(output_ids):
             return
-        self.token_counts = penalties.token_counts(output_ids, self.vocab_size, self.device)
+        if token_counts is None:
+            token_counts = penalties.token_counts(output_ids, self.vocab_size, self.device)
+        elif tuple(token_counts.shape) != (len(params), self.vocab_size):
+            raise ValueError(
+                f"token_counts has shape {tuple(token_counts.shape)}, expected "
+                f"({len(params)}, {self.vocab_size})."
+            )
+        self.token_counts = token_counts
 
         def column(values: list[float]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.float32, device=self.device).view(-1, 1)
