@@ -30,6 +30,7 @@ from radixserve.benchmarking.report import append_jsonl
 from radixserve.benchmarking.server_cli import configure_logging, new_parser, parse_with_server_args
 
 if TYPE_CHECKING:
+    from radixserve.managers.process_utils import freeze_startup_objects
     from radixserve.model_executor.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -285,6 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cost = ModelCost.from_model(runner.model, runner.model_config, runner.kv_cache.dtype)
     max_bs = max(bench.batch_size + (len(CORRECTNESS_PROMPTS),))
     batch = StaticBatch(runner, max_bs, cost)
+    freeze_startup_objects()  # as the scheduler process does
     if bench.correctness_test:
         from radixserve.managers.scheduler_factory import load_tokenizer
 

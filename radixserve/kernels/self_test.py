@@ -131,6 +131,45 @@ def check_float_gemm(ext: object) -> None:
     for rows, n, k in ((6, 25, 96), (13, 40, 320), (37, 16, 8)):
         x, w = torch.randn(rows, k), torch.randn(n, k)
         _close("float_linear_packed", ext.float_linear_packed(x, w), x @ w.T, 1e-5)
+    x, w = torch.randn(300, 1536), torch.randn(40, 1536)
+    _close("float_linear_packed (M blocks)", ext.float_linear_packed(x, w), x @ w.T, 1e-5)
+    _same_in_row_chunks("float_linear_packed", lambda rows: ext.float_linear_packed(rows, w), x)
+
+
+def check_gemm_blocking(ext: object) -> None:
+    """Over 256 rows the packed GEMM blocks M (x rows kept in L2) and packs panel groups once:
+    the same numbers as the reference, and bitwise the same as the rows computed in chunks
+    small enough to run unblocked (a request's logits never depend on its batch's size)."""
+    if not ext.float_packed_available():  # the same AVX2 build condition
+        return
+    torch.manual_seed(0)
+    for n, k in ((40, 1536), (25, 96)):  # K = 1536: 30-row M blocks; K = 96: one block
+        for qtype in (reference.GGML_Q4_1, reference.GGML_Q8_0):
+            nbytes = reference.BLOCK_BYTES[qtype]
+            blocks = torch.randint(0, 256, (n, k // 32, nbytes), dtype=torch.uint8)
+            scales = (torch.rand(n, k // 32, 2) * 0.02).to(torch.float16).view(torch.uint8)
+            blocks[..., 0:4] = scales.reshape(n, k // 32, 4)
+            blocks = blocks.reshape(n, -1).contiguous()
+            x = torch.randn(300, k)
+            _close(
+                "gguf_linear_tiled (M blocks)",
+                ext.gguf_linear_tiled(x, blocks, qtype, n),
+                reference.gguf_linear(x, blocks, qtype, n),
+                1e-5,
+            )
+            _same_in_row_chunks(
+                "gguf_linear_tiled",
+                lambda rows, b=blocks, q=qtype, cols=n: ext.gguf_linear_tiled(rows, b, q, cols),
+                x,
+            )
+
+
+def _same_in_row_chunks(
+    name: str, matmul: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
+) -> None:
+    chunks = torch.cat([matmul(x[i : i + 100].contiguous()) for i in range(0, len(x), 100)])
+    if not torch.equal(matmul(x), chunks):
+        raise AssertionError(f"{name}: a blocked call differs from the same rows in chunks")
 
 
 CHECKS: tuple[Check, ...] = (
@@ -138,6 +177,7 @@ CHECKS: tuple[Check, ...] = (
     check_rope_and_attention,
     check_gguf,
     check_float_gemm,
+    check_gemm_blocking,
 )
 
 

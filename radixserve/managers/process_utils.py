@@ -81,3 +81,11 @@ def start_child(
     sender = ctx.socket(zmq.PUSH)
     sender.connect(out_addr)
     return receiver, sender
+
+
+def freeze_startup_objects() -> None:
+    """Move everything start-up built (imports, model, tokenizer: ~300k objects) out of the
+    garbage collector's generations. It lives as long as the process, and the collections that
+    each step's short-lived objects trigger then no longer walk it: batch-64 GGUF decode steps
+    0.231 -> 0.211 s (bench_one_batch, alternated twice)."""
+    gc.freeze()

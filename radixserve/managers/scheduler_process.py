@@ -12,7 +12,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from radixserve.distributed.launch import DistConfig, RankLostError, init_tensor_parallel
-from radixserve.managers.process_utils import start_child
+from radixserve.managers.process_utils import freeze_startup_objects, start_child
 from radixserve.managers.scheduler_factory import build_scheduler
 from radixserve.messages import SchedulerFailed
 from radixserve.utils.cpu_threads import CpuPlan, claim_compute_cores
@@ -60,6 +60,7 @@ def run_scheduler_process(
             os._exit(1)  # a process group with a failed peer can hang the normal exit
         raise SystemExit(1) from None
     sender.send_pyobj(ready)
+    freeze_startup_objects()
 
     from radixserve.managers.scheduler_loop import SchedulerLoop
 

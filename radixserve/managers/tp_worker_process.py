@@ -14,6 +14,7 @@ from radixserve.managers.process_utils import (
     apply_gc_threshold,
     configure_child_logging,
     die_with_parent,
+    freeze_startup_objects,
 )
 from radixserve.managers.tp_sync import exit_rank, follow
 from radixserve.utils.cpu_threads import CpuPlan, claim_compute_cores
@@ -45,6 +46,7 @@ def run_tp_worker_process(
     except (Exception, RankLostError) as exc:
         exit_rank(rank, f"failed to start: {exc}")
         return
+    freeze_startup_objects()
     try:
         follow(runner, table)
     except (Exception, RankLostError) as exc:
