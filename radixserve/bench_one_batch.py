@@ -30,7 +30,6 @@ from radixserve.benchmarking.report import append_jsonl
 from radixserve.benchmarking.server_cli import configure_logging, new_parser, parse_with_server_args
 
 if TYPE_CHECKING:
-    from radixserve.managers.process_utils import freeze_startup_objects
     from radixserve.model_executor.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -279,6 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--batch-size, --input-len and --output-len must be at least 1")
     configure_logging(server_args.log_level)
     from radixserve.benchmarking.hardware import detect_hardware
+    from radixserve.managers.process_utils import freeze_startup_objects
     from radixserve.model_executor.model_runner import ModelRunner
 
     runner = ModelRunner(server_args)
