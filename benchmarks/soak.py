@@ -52,7 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--server-pid", type=int, help="its process id, for RSS and fd sampling")
     p.add_argument(
         "--server-args",
-        default="--dtype float32 --enable-metrics",
+        # A KV pool the radix cache fills within the hour, so RSS must be seen to level off.
+        default="--dtype float32 --enable-metrics --max-total-tokens 8192",
         help="arguments of the server this script starts (default: %(default)s)",
     )
     p.add_argument("--capacity-seconds", type=float, default=60.0)
