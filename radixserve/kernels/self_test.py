@@ -88,11 +88,7 @@ def check_gguf(ext: object) -> None:
     # (256), so the accumulate-into-output step runs too.
     for n, k in ((25, 96), (40, 320)):
         for qtype in (reference.GGML_Q4_1, reference.GGML_Q8_0):
-            nbytes = reference.BLOCK_BYTES[qtype]
-            blocks = torch.randint(0, 256, (n, k // 32, nbytes), dtype=torch.uint8)
-            scales = (torch.rand(n, k // 32, 2) * 0.02).to(torch.float16).view(torch.uint8)
-            blocks[..., 0:4] = scales.reshape(n, k // 32, 4)
-            blocks = blocks.reshape(n, -1).contiguous()
+            blocks = _random_blocks(n, k, qtype)
             # Every integer row tile (1-4 rows), and the packed float kernel (12+ rows for Q4_1,
             # 32+ for Q8_0) with whole and partial 6-row tiles.
             for rows in (1, 2, 3, 6, 13, 37):
@@ -123,6 +119,15 @@ def check_gguf(ext: object) -> None:
                     )
 
 
+def _random_blocks(n: int, k: int, qtype: int) -> torch.Tensor:
+    """[n, k / 32 * bytes] GGUF blocks of random quants with small fp16 scales (and mins)."""
+    nbytes = reference.BLOCK_BYTES[qtype]
+    blocks = torch.randint(0, 256, (n, k // 32, nbytes), dtype=torch.uint8)
+    scales = (torch.rand(n, k // 32, 2) * 0.02).to(torch.float16).view(torch.uint8)
+    blocks[..., 0:4] = scales.reshape(n, k // 32, 4)
+    return blocks.reshape(n, -1).contiguous()
+
+
 def check_float_gemm(ext: object) -> None:
     if not ext.float_packed_available():
         return
@@ -145,11 +150,7 @@ def check_gemm_blocking(ext: object) -> None:
     torch.manual_seed(0)
     for n, k in ((40, 1536), (25, 96)):  # K = 1536: 30-row M blocks; K = 96: one block
         for qtype in (reference.GGML_Q4_1, reference.GGML_Q8_0):
-            nbytes = reference.BLOCK_BYTES[qtype]
-            blocks = torch.randint(0, 256, (n, k // 32, nbytes), dtype=torch.uint8)
-            scales = (torch.rand(n, k // 32, 2) * 0.02).to(torch.float16).view(torch.uint8)
-            blocks[..., 0:4] = scales.reshape(n, k // 32, 4)
-            blocks = blocks.reshape(n, -1).contiguous()
+            blocks = _random_blocks(n, k, qtype)
             x = torch.randn(300, k)
             _close(
                 "gguf_linear_tiled (M blocks)",
