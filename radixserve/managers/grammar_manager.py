@@ -109,10 +109,6 @@ class GrammarManager:
         for i in rows:
             matcher = reqs[i].grammar
             assert matcher is not None
-            if matcher.vocab_size != vocab_size:
-                raise ValueError(
-                    f"the grammar's vocabulary ({matcher.vocab_size}) differs from the logits "
-                    f"width ({vocab_size})."
-                )
+            matcher.check_logits_width(vocab_size)
             matcher.fill_packed(bitmask, i)
         return PackedVocabMask(bitmask, rows, vocab_size)

@@ -209,17 +209,18 @@ def _output_counts(
 ) -> torch.Tensor | None:
     """The batch's output-token counts from each penalised request's incremental counter
     (made on its first penalised step); None when no request has a penalty."""
-    if not any(_penalised(r.sampling_params) for r in reqs):
+    trackers = [
+        _output_counter(r, vocab_size) if _penalised(r.sampling_params) else None for r in reqs
+    ]
+    if all(t is None for t in trackers):
         return None
-    trackers = []
-    for req in reqs:
-        if not _penalised(req.sampling_params):
-            trackers.append(None)
-            continue
-        if req.output_counts is None or req.output_counts.vocab_size != vocab_size:
-            req.output_counts = OutputTokenCounts(vocab_size)
-        trackers.append(req.output_counts)
     return batch_token_counts(trackers, [r.output_ids for r in reqs], vocab_size, device)
+
+
+def _output_counter(req: Req, vocab_size: int) -> OutputTokenCounts:
+    if req.output_counts is None or req.output_counts.vocab_size != vocab_size:
+        req.output_counts = OutputTokenCounts(vocab_size)
+    return req.output_counts
 
 
 def _penalised(p: SamplingParams) -> bool:

@@ -24,10 +24,11 @@ from radixserve.sampling.sampler import _filter_sorted, _scale
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 
 
-def target_probs(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
-    """[rows, vocab] float32 probabilities each row would be sampled from: logit bias,
-    temperature, then top-k / top-p / min-p as the sampler applies them, renormalised."""
-    processed = info.process_logits(logits)
+def target_probs(processed: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    """[rows, vocab] float32 probabilities each row would be sampled from, given its processed
+    logits (`info.process_logits`: penalties, logit bias, masks; rows without any of these are
+    their raw logits): temperature, then top-k / top-p / min-p as the sampler applies them,
+    renormalised."""
     probs = torch.softmax(_scale(processed, info), dim=-1)
     if info.need_top_k or info.need_top_p:
         probs_sorted, order = probs.sort(dim=-1, descending=True, stable=True)

@@ -192,7 +192,7 @@ class SpecWorker:
             processed = info.process_logits(block)
             argmax = processed.argmax(dim=-1).tolist()
             if not all(p.is_greedy for p in params):
-                probs = target_probs(block, info).cpu()
+                probs = target_probs(processed, info).cpu()
             if want_logprobs:
                 scaled = _scale(processed, info)
         out: list[list[TokenResult]] = []
@@ -225,11 +225,7 @@ class SpecWorker:
         for i in drafted:
             matcher = reqs[i].grammar
             if matcher is not None:
-                if matcher.vocab_size != vocab_size:
-                    raise ValueError(
-                        f"the grammar's vocabulary ({matcher.vocab_size}) differs from the "
-                        f"logits width ({vocab_size})."
-                    )
+                matcher.check_logits_width(vocab_size)
                 filled = fill_verify_masks(matcher, drafts[i], bitmask, offset)
                 masked.extend(range(offset, offset + filled))
             offset += len(drafts[i]) + 1

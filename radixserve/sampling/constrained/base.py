@@ -84,6 +84,14 @@ class GrammarMatcher(ABC):
         self.fill_packed(self._row, 0)
         allowed.copy_(unpack_bitmask(self._row[0], self.vocab_size))
 
+    def check_logits_width(self, width: int) -> None:
+        """Raise ValueError unless this matcher's masks fit logits `width` wide."""
+        if self.vocab_size != width:
+            raise ValueError(
+                f"the grammar's vocabulary ({self.vocab_size}) differs from the logits "
+                f"width ({width})."
+            )
+
     def rollback(self, num_tokens: int) -> None:
         """Undo the last ``num_tokens`` accepted tokens (an accepted EOS counts as one)."""
         if not _is_int(num_tokens) or num_tokens < 0:
