@@ -233,11 +233,9 @@ def llama_bench_table(entries: Sequence[dict[str, Any]]) -> str:
     """llama-bench -o json entries -> | test | t/s |."""
     rows = []
     for entry in entries:
-        n_prompt, n_gen = int(entry.get("n_prompt", 0)), int(entry.get("n_gen", 0))
-        test = f"pp{n_prompt}" if n_prompt else f"tg{n_gen}"
         rows.append(
             [
-                test,
+                llama_bench_test(entry),
                 str(entry.get("n_threads", "")),
                 fmt(entry.get("avg_ts"), 1),
                 fmt(entry.get("stddev_ts"), 1),
@@ -246,12 +244,15 @@ def llama_bench_table(entries: Sequence[dict[str, Any]]) -> str:
     return render_table(["Test", "Threads", "Tokens/s", "Std dev"], rows)
 
 
+def llama_bench_test(entry: dict[str, Any]) -> str:
+    """llama-bench's name for an entry's test: ppN for a prompt of N tokens, else tgN."""
+    n_prompt, n_gen = int(entry.get("n_prompt", 0)), int(entry.get("n_gen", 0))
+    return f"pp{n_prompt}" if n_prompt else f"tg{n_gen}"
+
+
 def offline_table(llama_bench: Sequence[dict[str, Any]], offline: dict[str, float]) -> str:
     """| test | llama-bench | radixserve | ratio | for the tests both measured."""
-    theirs = {}
-    for entry in llama_bench:
-        n_prompt, n_gen = int(entry.get("n_prompt", 0)), int(entry.get("n_gen", 0))
-        theirs[f"pp{n_prompt}" if n_prompt else f"tg{n_gen}"] = entry.get("avg_ts")
+    theirs = {llama_bench_test(entry): entry.get("avg_ts") for entry in llama_bench}
     rows = []
     for test, ours in offline.items():
         other = theirs.get(test)
