@@ -64,22 +64,56 @@ def check_rope_and_attention(ext: object) -> None:
     # Four requests: a short prefill over a prefix and a 40-token one over a 70-token prefix
     # (several query-row items and two key blocks: the gathered prefill path, register-blocked
     # where head_dim is a multiple of 16, scalar otherwise), a decode, and a decode whose keys
-    # span two key blocks (direct path).
+    # span two key blocks (direct path); then one decode alone (one work item per KV head
+    # instead of one for all heads). GQA groups of 2 and 3 and plain multi-head attention
+    # cover the direct kernel's query counts; bfloat16 caches its converting loads.
     t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
-    for head_dim in (16, 24):
-        k_cache = torch.randn(256, kv_heads, head_dim)
-        v_cache = torch.randn(256, kv_heads, head_dim)
+    batches = (
+        ([1, 0, 2, 3], [3, 20, 90, 70], [5, 1, 1, 40], [0, 5, 6, 7]),
+        ([2], [100], [1], [0]),
+    )
+    for heads, kv_heads, head_dim, kv_dtype in (
+        (4, 2, 16, torch.float32),
+        (4, 2, 24, torch.float32),
+        (6, 2, 16, torch.float32),
+        (3, 3, 24, torch.bfloat16),
+    ):
+        k_cache = torch.randn(256, kv_heads, head_dim).to(kv_dtype)
+        v_cache = torch.randn(256, kv_heads, head_dim).to(kv_dtype)
         req_to_token = torch.randint(0, 256, (4, 120))
-        rows, prefix, new = [1, 0, 2, 3], [3, 20, 90, 70], [5, 1, 1, 40]
-        starts = [0, 5, 6, 7]
-        q = torch.randn(47, heads * head_dim)
-        got = ext.paged_attention(
-            q, k_cache, v_cache, req_to_token, t(rows), t(prefix), t(new), t(starts), heads, 0.25
-        )
-        want = reference.paged_attention(
-            q, k_cache, v_cache, req_to_token, rows, prefix, new, starts, heads, 0.25
-        )
-        _close(f"paged_attention (head_dim {head_dim})", got, want, 1e-4)
+        for rows, prefix, new, starts in batches:
+            q = torch.randn(starts[-1] + new[-1], heads * head_dim)
+            got = ext.paged_attention(
+                q,
+                k_cache,
+                v_cache,
+                req_to_token,
+                t(rows),
+                t(prefix),
+                t(new),
+                t(starts),
+                heads,
+                0.25,
+            )
+            want = reference.paged_attention(
+                q,
+                k_cache.float(),
+                v_cache.float(),
+                req_to_token,
+                rows,
+                prefix,
+                new,
+                starts,
+                heads,
+                0.25,
+            )
+            _close(
+                f"paged_attention ({heads} heads, {kv_heads} KV heads, head_dim {head_dim}, "
+                f"{len(rows)} requests, {kv_dtype})",
+                got,
+                want,
+                1e-4,
+            )
 
 
 def check_gguf(ext: object) -> None:

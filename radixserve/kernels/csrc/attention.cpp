@@ -5,6 +5,7 @@
 // Work is split over (request, kv head, block of query rows); each item streams its keys in
 // blocks with an online softmax, so memory use is independent of the context length.
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "common.h"
@@ -23,7 +24,8 @@ constexpr int64_t kDirectQueries = 8;  // up to this many query vectors: no K/V 
 struct WorkItem {
   int64_t req;
   int64_t row0;  // first query row of the block, relative to the request's new tokens
-  int64_t kv_head;
+  int64_t h0, h1;  // KV heads [h0, h1)
+  int64_t cost;    // query rows x keys: heavier items are handed out first
 };
 
 // Online-softmax update of one query vector with the scores sp[0, valid) of a key block;
@@ -104,82 +106,157 @@ inline __m256 load8(const c10::BFloat16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
 }
 
-// q . k for 4 key rows at once: four independent accumulator chains, one horizontal reduction
-// for all four (a single chain per dot product waits on every FMA's latency).
-template <typename C>
-inline __m128 dot4(const float* q, const C* k0, const C* k1, const C* k2, const C* k3,
-                   int64_t dim) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (int64_t d = 0; d < dim; d += 8) {
-    const __m256 qv = _mm256_loadu_ps(q + d);
-    a0 = _mm256_fmadd_ps(qv, load8(k0 + d), a0);
-    a1 = _mm256_fmadd_ps(qv, load8(k1 + d), a1);
-    a2 = _mm256_fmadd_ps(qv, load8(k2 + d), a2);
-    a3 = _mm256_fmadd_ps(qv, load8(k3 + d), a3);
+// Scores of Q (<= 3) query vectors against four key rows: 4Q independent accumulator chains
+// (one chain per dot product would wait on every FMA's latency), each key slice loaded once for
+// all Q queries, one horizontal reduction per query for its four scores.
+template <typename C, int Q>
+inline void dots_q4(const float* q, int64_t dim, const C* k0, const C* k1, const C* k2,
+                    const C* k3, float* out, int64_t out_stride, int64_t count) {
+  __m256 a[Q][4];
+  for (int i = 0; i < Q; ++i) {
+    for (int t = 0; t < 4; ++t) a[i][t] = _mm256_setzero_ps();
   }
-  const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  for (int64_t d = 0; d < dim; d += 8) {
+    const __m256 kv0 = load8(k0 + d), kv1 = load8(k1 + d), kv2 = load8(k2 + d),
+                 kv3 = load8(k3 + d);
+    for (int i = 0; i < Q; ++i) {
+      const __m256 qv = _mm256_loadu_ps(q + i * dim + d);
+      a[i][0] = _mm256_fmadd_ps(qv, kv0, a[i][0]);
+      a[i][1] = _mm256_fmadd_ps(qv, kv1, a[i][1]);
+      a[i][2] = _mm256_fmadd_ps(qv, kv2, a[i][2]);
+      a[i][3] = _mm256_fmadd_ps(qv, kv3, a[i][3]);
+    }
+  }
+  for (int i = 0; i < Q; ++i) {
+    const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a[i][0], a[i][1]),
+                                    _mm256_hadd_ps(a[i][2], a[i][3]));
+    alignas(16) float four[4];
+    _mm_store_ps(four, _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)));
+    for (int64_t t = 0; t < count; ++t) out[i * out_stride + t] = four[t];
+  }
 }
 
-// attend_direct for M query vectors and head_dim a multiple of 8, in AVX2: scores four keys at
-// a time, and P.V with the M accumulators of each 8-wide slice of the head in registers.
+// acc[i][d0, d0 + 8S) += sum_j p[i][j] * v_j[d0, d0 + 8S) over the block's keys, in key order:
+// M x S accumulators in registers, each V slice loaded once for all M queries. Per output
+// element the FMAs run in the same order as a one-slice loop, so the sums are bitwise equal.
+template <typename C, int M, int S>
+inline void pv_slices(const float* scores, int64_t kb, const C* const* vrow, int64_t d0,
+                      float* acc, int64_t dim) {
+  __m256 a[M][S];
+  for (int i = 0; i < M; ++i) {
+    for (int s = 0; s < S; ++s) a[i][s] = _mm256_loadu_ps(acc + i * dim + d0 + 8 * s);
+  }
+  for (int64_t j = 0; j < kb; ++j) {
+    __m256 p[M];
+    for (int i = 0; i < M; ++i) p[i] = _mm256_set1_ps(scores[i * kKeyBlock + j]);
+    for (int s = 0; s < S; ++s) {
+      const __m256 v = load8(vrow[j] + d0 + 8 * s);
+      for (int i = 0; i < M; ++i) a[i][s] = _mm256_fmadd_ps(p[i], v, a[i][s]);
+    }
+  }
+  for (int i = 0; i < M; ++i) {
+    for (int s = 0; s < S; ++s) _mm256_storeu_ps(acc + i * dim + d0 + 8 * s, a[i][s]);
+  }
+}
+
+// Prefetch `bytes` of a cache row into L1.
+inline void prefetch_bytes(const void* row, int64_t bytes) {
+  const char* p = static_cast<const char*>(row);
+  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+}
+
+// attend_direct for M query vectors per KV head, KV heads [h0, h1), head_dim a multiple of 8,
+// in AVX2. qv and acc hold M vectors per head, run_max and run_sum M values per head; limit[i]
+// is the same for every head.
+//
+// Memory decides the speed here. A token's K (and V) row holds all KV heads side by side. A
+// pass per head reads a third (three KV heads) of every row's cache lines in a strided pattern
+// the hardware prefetcher serves badly: 3-6 GB/s of useful K/V where a contiguous read runs
+// at 10 on one core. So each key block is scored for all heads of the range key by key (the K
+// rows read front to back), its V rows are prefetched meanwhile, and P.V then runs per head
+// over the block, now in cache. Scores take four keys x up to three queries per pass, P.V
+// keeps M x S slices of a head in registers.
 template <typename C, int M>
-void attend_direct_avx2(int64_t kv_head, const float* qv, const int64_t* limit, int64_t key_end,
-                        const C* k_cache, const C* v_cache, const int64_t* token_row,
-                        int64_t kv_row, int64_t dim, float* acc, float* run_max,
-                        float* run_sum) {
-  alignas(32) float scores[M * kKeyBlock];
-  const C* krow[kKeyBlock];
+void attend_direct_avx2(int64_t h0, int64_t h1, const float* qv, const int64_t* limit,
+                        int64_t key_end, const C* k_cache, const C* v_cache,
+                        const int64_t* token_row, int64_t kv_row, int64_t dim, float* acc,
+                        float* run_max, float* run_sum) {
+  constexpr int S = M <= 1 ? 8 : M <= 3 ? 4 : M <= 6 ? 2 : 1;  // <= 12 accumulators
+  constexpr int64_t kAhead = 16;  // keys whose K rows are prefetched ahead of the scoring
+  const int64_t n_heads = h1 - h0;
+  std::vector<float> score_buf(n_heads * M * kKeyBlock);
   const C* vrow[kKeyBlock];
+  const int64_t range_off = h0 * dim;
+  const int64_t range_bytes = n_heads * dim * int64_t(sizeof(C));
+  auto k_at = [&](int64_t key) { return k_cache + token_row[key] * kv_row; };
+  auto v_at = [&](int64_t key) { return v_cache + token_row[key] * kv_row; };
+  for (int64_t j = 0; j < std::min(kAhead, key_end); ++j) {
+    prefetch_bytes(k_at(j) + range_off, range_bytes);
+  }
   for (int64_t k0 = 0; k0 < key_end; k0 += kKeyBlock) {
     const int64_t kb = std::min(kKeyBlock, key_end - k0);
-    for (int64_t j = 0; j < kb; ++j) {
-      krow[j] = k_cache + token_row[k0 + j] * kv_row + kv_head * dim;
-      vrow[j] = v_cache + token_row[k0 + j] * kv_row + kv_head * dim;
-    }
+    const int64_t last = k0 + kb - 1;
     for (int64_t j = 0; j < kb; j += 4) {
-      // A tail of fewer than 4 keys repeats the last one: the same arithmetic for every key.
-      const C* k1 = krow[std::min(j + 1, kb - 1)];
-      const C* k2 = krow[std::min(j + 2, kb - 1)];
-      const C* k3 = krow[std::min(j + 3, kb - 1)];
-      for (int i = 0; i < M; ++i) {
-        alignas(16) float four[4];
-        _mm_store_ps(four, dot4(qv + i * dim, krow[j], k1, k2, k3, dim));
-        for (int64_t t = 0; t < 4 && j + t < kb; ++t) scores[i * kKeyBlock + j + t] = four[t];
+      for (int64_t t = k0 + j; t < std::min(k0 + j + 4, key_end); ++t) {
+        prefetch_bytes(v_at(t) + range_off, range_bytes);
       }
-    }
-    for (int i = 0; i < M; ++i) {
-      const int64_t valid = std::max<int64_t>(0, std::min(kb, limit[i] - k0));
-      float* sp = scores + i * kKeyBlock;
-      if (valid > 0) softmax_update(sp, valid, run_max + i, run_sum + i, acc + i * dim, dim);
-      // Keys this query may not see weigh exactly 0 (their K/V rows are written, finite).
-      for (int64_t j = valid; j < kb; ++j) sp[j] = 0.0f;
-    }
-    for (int64_t d = 0; d < dim; d += 8) {
-      __m256 a[M];
-      for (int i = 0; i < M; ++i) a[i] = _mm256_loadu_ps(acc + i * dim + d);
-      for (int64_t j = 0; j < kb; ++j) {
-        const __m256 v = load8(vrow[j] + d);
-        for (int i = 0; i < M; ++i) {
-          a[i] = _mm256_fmadd_ps(_mm256_set1_ps(scores[i * kKeyBlock + j]), v, a[i]);
+      for (int64_t t = k0 + j + kAhead; t < std::min(k0 + j + kAhead + 4, key_end); ++t) {
+        prefetch_bytes(k_at(t) + range_off, range_bytes);
+      }
+      // A tail of fewer than 4 keys repeats the last one: the same arithmetic for every key.
+      const C* kr0 = k_at(k0 + j);
+      const C* kr1 = k_at(std::min(k0 + j + 1, last));
+      const C* kr2 = k_at(std::min(k0 + j + 2, last));
+      const C* kr3 = k_at(std::min(k0 + j + 3, last));
+      const int64_t count = std::min<int64_t>(4, kb - j);
+      for (int64_t h = h0; h < h1; ++h) {
+        const int64_t ho = h * dim;
+        const float* q = qv + (h - h0) * M * dim;
+        float* sc = score_buf.data() + (h - h0) * M * kKeyBlock + j;
+        int i0 = 0;
+        for (; i0 + 3 <= M; i0 += 3) {
+          dots_q4<C, 3>(q + i0 * dim, dim, kr0 + ho, kr1 + ho, kr2 + ho, kr3 + ho,
+                        sc + i0 * kKeyBlock, kKeyBlock, count);
+        }
+        if constexpr (M % 3 == 1) {
+          dots_q4<C, 1>(q + i0 * dim, dim, kr0 + ho, kr1 + ho, kr2 + ho, kr3 + ho,
+                        sc + i0 * kKeyBlock, kKeyBlock, count);
+        } else if constexpr (M % 3 == 2) {
+          dots_q4<C, 2>(q + i0 * dim, dim, kr0 + ho, kr1 + ho, kr2 + ho, kr3 + ho,
+                        sc + i0 * kKeyBlock, kKeyBlock, count);
         }
       }
-      for (int i = 0; i < M; ++i) _mm256_storeu_ps(acc + i * dim + d, a[i]);
+    }
+    for (int64_t h = h0; h < h1; ++h) {
+      float* scores = score_buf.data() + (h - h0) * M * kKeyBlock;
+      float* a = acc + (h - h0) * M * dim;
+      for (int i = 0; i < M; ++i) {
+        const int64_t valid = std::max<int64_t>(0, std::min(kb, limit[i] - k0));
+        float* sp = scores + i * kKeyBlock;
+        const int64_t r = (h - h0) * M + i;
+        if (valid > 0) softmax_update(sp, valid, run_max + r, run_sum + r, a + i * dim, dim);
+        // Keys this query may not see weigh exactly 0 (their K/V rows are written, finite).
+        for (int64_t j = valid; j < kb; ++j) sp[j] = 0.0f;
+      }
+      for (int64_t j = 0; j < kb; ++j) vrow[j] = v_at(k0 + j) + h * dim;
+      int64_t d0 = 0;
+      for (; d0 + 8 * S <= dim; d0 += 8 * S) pv_slices<C, M, S>(scores, kb, vrow, d0, a, dim);
+      for (; d0 < dim; d0 += 8) pv_slices<C, M, 1>(scores, kb, vrow, d0, a, dim);
     }
   }
 }
 
 // Runs attend_direct_avx2 when it applies (AVX2, head_dim % 8 == 0); false otherwise.
 template <typename C>
-bool attend_direct_fast(int64_t kv_head, const float* qv, int64_t m_count, const int64_t* limit,
-                        int64_t key_end, const C* k_cache, const C* v_cache,
-                        const int64_t* token_row, int64_t kv_row, int64_t dim, float* acc,
-                        float* run_max, float* run_sum) {
+bool attend_direct_fast(int64_t h0, int64_t h1, const float* qv, int64_t m_count,
+                        const int64_t* limit, int64_t key_end, const C* k_cache,
+                        const C* v_cache, const int64_t* token_row, int64_t kv_row, int64_t dim,
+                        float* acc, float* run_max, float* run_sum) {
   if (dim % 8 != 0) return false;
-#define RADIXSERVE_DIRECT(M)                                                                  \
-  case M:                                                                                     \
-    attend_direct_avx2<C, M>(kv_head, qv, limit, key_end, k_cache, v_cache, token_row, kv_row, \
-                             dim, acc, run_max, run_sum);                                     \
+#define RADIXSERVE_DIRECT(M)                                                               \
+  case M:                                                                                  \
+    attend_direct_avx2<C, M>(h0, h1, qv, limit, key_end, k_cache, v_cache, token_row,      \
+                             kv_row, dim, acc, run_max, run_sum);                          \
     return true;
   switch (m_count) {
     RADIXSERVE_DIRECT(1)
@@ -198,8 +275,9 @@ bool attend_direct_fast(int64_t kv_head, const float* qv, int64_t m_count, const
 static_assert(kDirectQueries == 8, "attend_direct_fast covers up to 8 query vectors");
 #else
 template <typename C>
-bool attend_direct_fast(int64_t, const float*, int64_t, const int64_t*, int64_t, const C*,
-                        const C*, const int64_t*, int64_t, int64_t, float*, float*, float*) {
+bool attend_direct_fast(int64_t, int64_t, const float*, int64_t, const int64_t*, int64_t,
+                        const C*, const C*, const int64_t*, int64_t, int64_t, float*, float*,
+                        float*) {
   return false;
 }
 #endif
@@ -329,43 +407,55 @@ void attend_item(const WorkItem& item, const T* q, int64_t q_stride, const C* k_
                  T* out) {
   const int64_t group = heads / kv_heads;
   const int64_t rows = std::min(kQueryRows, n_new - item.row0);
-  const int64_t m_count = rows * group;
+  const int64_t m_count = rows * group;  // query vectors per KV head
+  const int64_t n_heads = item.h1 - item.h0;
   const int64_t kv_row = kv_heads * dim;
-  std::vector<float> qv(m_count * dim), acc(m_count * dim, 0.0f);
-  std::vector<float> run_max(m_count, -1e30f), run_sum(m_count, 0.0f);
+  // Per KV head of the range: m_count query vectors, accumulators and softmax state.
+  std::vector<float> qv(n_heads * m_count * dim), acc(n_heads * m_count * dim, 0.0f);
+  std::vector<float> run_max(n_heads * m_count, -1e30f), run_sum(n_heads * m_count, 0.0f);
   std::vector<int64_t> limit(m_count);
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* qrow = q + (q_start + item.row0 + r) * q_stride;
-    for (int64_t g = 0; g < group; ++g) {
-      const int64_t i = r * group + g;
-      const T* src = qrow + (item.kv_head * group + g) * dim;
-      for (int64_t d = 0; d < dim; ++d) qv[i * dim + d] = to_float(src[d]) * scale;
-      limit[i] = prefix + item.row0 + r + 1;  // keys [0, limit) are visible
+  for (int64_t h = item.h0; h < item.h1; ++h) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* qrow = q + (q_start + item.row0 + r) * q_stride;
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t i = r * group + g;
+        const T* src = qrow + (h * group + g) * dim;
+        float* dst = qv.data() + ((h - item.h0) * m_count + i) * dim;
+        for (int64_t d = 0; d < dim; ++d) dst[d] = to_float(src[d]) * scale;
+        limit[i] = prefix + item.row0 + r + 1;  // keys [0, limit) are visible
+      }
     }
   }
   const int64_t key_end = prefix + item.row0 + rows;
-  if (m_count <= kDirectQueries &&
-      attend_direct_fast<C>(item.kv_head, qv.data(), m_count, limit.data(), key_end, k_cache,
-                            v_cache, token_row, kv_row, dim, acc.data(), run_max.data(),
-                            run_sum.data())) {
-    // done
-  } else if (m_count <= kDirectQueries) {
-    attend_direct<C>(item.kv_head, qv.data(), m_count, limit.data(), key_end, k_cache, v_cache,
-                     token_row, kv_row, dim, acc.data(), run_max.data(), run_sum.data());
-  } else if (!attend_gathered_fast<C>(item.kv_head, qv.data(), m_count, limit.data(), key_end,
-                                      k_cache, v_cache, token_row, kv_row, dim, acc.data(),
-                                      run_max.data(), run_sum.data())) {
-    attend_gathered<C>(item.kv_head, qv.data(), m_count, limit.data(), key_end, k_cache,
-                       v_cache, token_row, kv_row, dim, acc.data(), run_max.data(),
-                       run_sum.data());
+  const bool direct = m_count <= kDirectQueries;
+  if (!(direct && attend_direct_fast<C>(item.h0, item.h1, qv.data(), m_count, limit.data(),
+                                        key_end, k_cache, v_cache, token_row, kv_row, dim,
+                                        acc.data(), run_max.data(), run_sum.data()))) {
+    for (int64_t h = item.h0; h < item.h1; ++h) {
+      const int64_t o = (h - item.h0) * m_count;
+      float* const hq = qv.data() + o * dim;
+      float* const ha = acc.data() + o * dim;
+      float* const hm = run_max.data() + o;
+      float* const hs = run_sum.data() + o;
+      if (direct) {
+        attend_direct<C>(h, hq, m_count, limit.data(), key_end, k_cache, v_cache, token_row,
+                         kv_row, dim, ha, hm, hs);
+      } else if (!attend_gathered_fast<C>(h, hq, m_count, limit.data(), key_end, k_cache,
+                                          v_cache, token_row, kv_row, dim, ha, hm, hs)) {
+        attend_gathered<C>(h, hq, m_count, limit.data(), key_end, k_cache, v_cache, token_row,
+                           kv_row, dim, ha, hm, hs);
+      }
+    }
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    T* orow = out + (q_start + item.row0 + r) * heads * dim;
-    for (int64_t g = 0; g < group; ++g) {
-      const int64_t i = r * group + g;
-      const float inv = 1.0f / run_sum[i];
-      T* dst = orow + (item.kv_head * group + g) * dim;
-      for (int64_t d = 0; d < dim; ++d) dst[d] = from_float<T>(acc[i * dim + d] * inv);
+  for (int64_t h = item.h0; h < item.h1; ++h) {
+    for (int64_t r = 0; r < rows; ++r) {
+      T* orow = out + (q_start + item.row0 + r) * heads * dim;
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t i = (h - item.h0) * m_count + r * group + g;
+        const float inv = 1.0f / run_sum[i];
+        T* dst = orow + (h * group + g) * dim;
+        for (int64_t d = 0; d < dim; ++d) dst[d] = from_float<T>(acc[i * dim + d] * inv);
+      }
     }
   }
 }
@@ -404,9 +494,26 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
     TORCH_CHECK(pp[b] >= 0 && ep[b] >= 0 && pp[b] + ep[b] <= max_len, "lengths out of range");
     TORCH_CHECK(sp[b] >= 0 && sp[b] + ep[b] <= q.size(0), "q_starts out of range");
     for (int64_t r0 = 0; r0 < ep[b]; r0 += kQueryRows) {
-      for (int64_t h = 0; h < kv_heads; ++h) items.push_back({b, r0, h});
+      const int64_t rows = std::min(kQueryRows, ep[b] - r0);
+      items.push_back({b, r0, 0, kv_heads, rows * (pp[b] + r0 + rows)});
     }
   }
+  // One item per block of query rows covers all KV heads (each token's K/V row read in one
+  // pass, see attend_direct_avx2) when there are enough blocks to keep every thread busy;
+  // otherwise (a single decode, a short extend) one item per KV head.
+  if (static_cast<int64_t>(items.size()) < 2 * at::get_num_threads() && kv_heads > 1) {
+    std::vector<WorkItem> per_head;
+    for (const WorkItem& it : items) {
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        per_head.push_back({it.req, it.row0, h, h + 1, it.cost / kv_heads});
+      }
+    }
+    items.swap(per_head);
+  }
+  // Costs differ (a causal prefill's last rows see all keys, its first almost none): threads
+  // take the heaviest remaining item from a shared counter instead of a fixed contiguous share.
+  std::stable_sort(items.begin(), items.end(),
+                   [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
   auto out = at::empty({q.size(0), heads * dim}, q.options());
   const int64_t* r2t = req_to_token.data_ptr<int64_t>();
   dispatch_float_bf16(q.scalar_type(), "attn_q", [&](auto tag_) {
@@ -419,8 +526,10 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
           const C* kc = k_cache.data_ptr<C>();
           const C* vc = v_cache.data_ptr<C>();
           T* op = out.data_ptr<T>();
-          at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t b, int64_t e) {
-            for (int64_t w = b; w < e; ++w) {
+          std::atomic<int64_t> next{0};
+          const int64_t n_items = static_cast<int64_t>(items.size());
+          at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+            for (int64_t w = next.fetch_add(1); w < n_items; w = next.fetch_add(1)) {
               const WorkItem& it = items[w];
               attend_item<T, C>(it, qp, q.stride(0), kc, vc, r2t + rp[it.req] * max_len,
                                 pp[it.req], ep[it.req], sp[it.req], heads, kv_heads, dim,
