@@ -2,8 +2,9 @@
 // whole K/V into a temporary). One kernel serves decode (one new token per request) and extend
 // (prefill, chunked prefill, prefill over a cached prefix): new token j of request b sits at
 // position prefix_lens[b] + j and sees keys [0, prefix_lens[b] + j].
-// Work is split over (request, kv head, block of query rows); each item streams its keys in
-// blocks with an online softmax, so memory use is independent of the context length.
+// Work is split over (request, block of query rows), all KV heads in one item (or one item per
+// KV head when there are too few blocks to keep every thread busy); each item streams its keys
+// in blocks with an online softmax, so memory use is independent of the context length.
 #include <algorithm>
 #include <atomic>
 #include <vector>
