@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from radixserve.layers.activation import get_act_and_mul
-from radixserve.layers.fused_decoder import FusedLayerArgs, run_fused_layer
+from radixserve.layers.fused_decoder import FusedLayerArgs, run_fused_layer, run_fused_layers
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.linear import (
     MergedColumnParallelLinear,
@@ -182,12 +182,25 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
         residual: torch.Tensor | None = None
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual, forward_batch)
+        chain = self._fused_chain()
+        fused = run_fused_layers(chain, positions, hidden, forward_batch) if chain else None
+        if fused is not None:
+            hidden, residual = fused
+        else:
+            for layer in self.layers:
+                hidden, residual = layer(positions, hidden, residual, forward_batch)
         if residual is None:  # a model with no layers
             return self.norm(hidden)
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+    def _fused_chain(self) -> list[FusedLayerArgs] | None:
+        """Every layer's fused-call arguments when all layers have them (then the layers can run
+        as a chain of kernel calls, layers/fused_decoder.py), else None."""
+        chain = [getattr(layer, "fused_args", None) for layer in self.layers]
+        if not chain or any(args is None for args in chain):
+            return None
+        return chain  # type: ignore[return-value]
 
 
 class LlamaForCausalLM(nn.Module):

@@ -111,20 +111,22 @@ def _tiny_model(
 
 
 def _run_steps(
-    model: torch.nn.Module, config: ModelConfig, fast: bool, fused: bool = True
+    model: torch.nn.Module, config: ModelConfig, fast: bool, fused: bool | str = True
 ) -> list[torch.Tensor]:
     """A prefill, a prefill over a cached prefix mixed with a decode, and a decode step.
-    fused=False keeps the fast path module by module (no whole-layer C++ call)."""
+    fused=False keeps the fast path module by module (no whole-layer C++ call); "all but the
+    first" leaves only the first layer module by module (the others then take the fused call
+    one layer at a time instead of as one chain)."""
     from radixserve.models.llama import LlamaDecoderLayer
 
     driver = ManualDriver(model, config)
     if fast:
         driver.backend = CpuPagedAttnBackend()
     use_fast_kernels(model, fast)
-    if not fused:
-        for module in model.modules():
-            if isinstance(module, LlamaDecoderLayer):
-                module.fused_args = None
+    if fused is not True:
+        layers = [m for m in model.modules() if isinstance(m, LlamaDecoderLayer)]
+        for module in layers if fused is False else layers[:1]:
+            module.fused_args = None
     try:
         return [
             driver.forward([(0, [5, 6, 7, 8, 9, 10, 11]), (1, [3, 4])], all_logits=True),
@@ -191,13 +193,16 @@ def _quantize_tiny(model: torch.nn.Module) -> int:
     return count
 
 
+@pytest.mark.parametrize("fused", [True, "all but the first"], ids=["chain", "per-layer"])
 @pytest.mark.parametrize("weights", ["float", "gguf"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_fused_layer_equals_module_by_module_fast_path(
-    ext: object, arch: str, weights: str
+    ext: object, arch: str, weights: str, fused: bool | str
 ) -> None:
     """One C++ call per decoder layer runs the same kernels in the same order as the layer's
-    modules do, so prefill, mixed and decode logits are bitwise equal."""
+    modules do, so prefill, mixed and decode logits are bitwise equal: whether all layers run
+    as one chain of calls (run_fused_layers) or, where one layer cannot, each fusable layer
+    takes its call from its own forward (run_fused_layer)."""
     from radixserve.models.llama import LlamaDecoderLayer
 
     model, config = _tiny_model(arch)
@@ -217,10 +222,11 @@ def test_fused_layer_equals_module_by_module_fast_path(
             want = _run_steps(model, config, fast=True, fused=False)
             with pytest.MonkeyPatch.context() as mp:
                 mp.setattr(ops, "llama_layer", lambda *a: calls.append(1) or real(*a))
-                got = _run_steps(model, config, fast=True, fused=True)
+                got = _run_steps(model, config, fast=True, fused=fused)
     finally:
         ext.set_float_packed_min_rows(before)
-    assert len(calls) == 3 * len(layers)  # every layer of every step took the fused call
+    fused_layers = len(layers) if fused is True else len(layers) - 1
+    assert len(calls) == 3 * fused_layers  # every fusable layer of every step took the call
     for w, g in zip(want, got, strict=True):
         assert torch.equal(g, w)
 
