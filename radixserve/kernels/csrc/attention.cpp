@@ -6,7 +6,6 @@
 // KV head when there are too few blocks to keep every thread busy); each item streams its keys
 // in blocks with an online softmax, so memory use is independent of the context length.
 #include <algorithm>
-#include <atomic>
 #include <vector>
 
 #include "common.h"
@@ -415,6 +414,9 @@ void attend_item(const WorkItem& item, const T* q, int64_t q_stride, const C* k_
   std::vector<float> qv(n_heads * m_count * dim), acc(n_heads * m_count * dim, 0.0f);
   std::vector<float> run_max(n_heads * m_count, -1e30f), run_sum(n_heads * m_count, 0.0f);
   std::vector<int64_t> limit(m_count);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < group; ++g) limit[r * group + g] = prefix + item.row0 + r + 1;
+  }  // keys [0, limit) are visible, for every head
   for (int64_t h = item.h0; h < item.h1; ++h) {
     for (int64_t r = 0; r < rows; ++r) {
       const T* qrow = q + (q_start + item.row0 + r) * q_stride;
@@ -423,7 +425,6 @@ void attend_item(const WorkItem& item, const T* q, int64_t q_stride, const C* k_
         const T* src = qrow + (h * group + g) * dim;
         float* dst = qv.data() + ((h - item.h0) * m_count + i) * dim;
         for (int64_t d = 0; d < dim; ++d) dst[d] = to_float(src[d]) * scale;
-        limit[i] = prefix + item.row0 + r + 1;  // keys [0, limit) are visible
       }
     }
   }
@@ -512,7 +513,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
     items.swap(per_head);
   }
   // Costs differ (a causal prefill's last rows see all keys, its first almost none): threads
-  // take the heaviest remaining item from a shared counter instead of a fixed contiguous share.
+  // take the heaviest remaining item from a shared counter (parallel_grab).
   std::stable_sort(items.begin(), items.end(),
                    [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
   auto out = at::empty({q.size(0), heads * dim}, q.options());
@@ -527,10 +528,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
           const C* kc = k_cache.data_ptr<C>();
           const C* vc = v_cache.data_ptr<C>();
           T* op = out.data_ptr<T>();
-          std::atomic<int64_t> next{0};
-          const int64_t n_items = static_cast<int64_t>(items.size());
-          at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
-            for (int64_t w = next.fetch_add(1); w < n_items; w = next.fetch_add(1)) {
+          parallel_grab(static_cast<int64_t>(items.size()), 1, [&](int64_t b, int64_t e) {
+            for (int64_t w = b; w < e; ++w) {
               const WorkItem& it = items[w];
               attend_item<T, C>(it, qp, q.stride(0), kc, vc, r2t + rp[it.req] * max_len,
                                 pp[it.req], ep[it.req], sp[it.req], heads, kv_heads, dim,

@@ -1,4 +1,5 @@
-// Shared helpers for radixserve's CPU kernels: dtype conversion and a vectorisable exp.
+// Shared helpers for radixserve's CPU kernels: dtype conversion, a vectorisable exp, and work
+// handed out from a shared counter.
 #pragma once
 
 // ATen only (not torch/extension.h): the kernels compile several times faster.
@@ -8,6 +9,8 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #if defined(__AVX2__)
@@ -85,6 +88,22 @@ inline void dispatch_float_bf16(at::ScalarType type, const char* name, F&& f) {
 
 inline void check_cpu(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
+}
+
+// fn(begin, end) over [0, n) in ranges of `grab`, which the threads take from a shared counter
+// until none is left, instead of a fixed contiguous share each: on a shared machine one thread
+// is often descheduled for a while, and with fixed shares the others wait for it at the end.
+// Ranges are disjoint, so anything fn computes per index does not depend on the thread.
+template <typename Fn>
+void parallel_grab(int64_t n, int64_t grab, const Fn& fn) {
+  const int64_t ranges = (n + grab - 1) / grab;
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), ranges));
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t b = next.fetch_add(grab); b < n; b = next.fetch_add(grab)) {
+      fn(b, std::min(n, b + grab));
+    }
+  });
 }
 
 }  // namespace radixserve
