@@ -2,8 +2,9 @@
 
     PYTHONPATH=. nice .venv/bin/python benchmarks/speculative.py --rounds 3
 
-Three engines on the same model (plain; --speculative-algorithm NGRAM, or STANDALONE with
---draft-model-path; the same with --speculative-adaptive, unless --no-adaptive) run the same
+Engines on the same model (plain; --speculative-algorithm NGRAM, or STANDALONE with
+--draft-model-path; the same with --speculative-adaptive, unless --no-adaptive; with --chain
+the same drafting chains only, against the default settings' trees) run the same
 workloads in turns (plain, spec, adaptive, plain, ...), so machine noise hits them alike; the
 table reports the median of the rounds and each one's ratio to plain.
 
@@ -129,6 +130,16 @@ def main() -> None:
     parser.add_argument(
         "--no-adaptive", action="store_true", help="leave out the --speculative-adaptive engine"
     )
+    parser.add_argument(
+        "--eagle-topk", type=int, default=None, help="STANDALONE: draft trees of this breadth"
+    )
+    parser.add_argument("--num-steps", type=int, default=None, help="STANDALONE: draft steps")
+    parser.add_argument(
+        "--chain",
+        action="store_true",
+        help="add an engine that drafts chains only (NGRAM max BFS breadth 1, or topk 1), to "
+        "compare with the tree drafts of the default settings",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -142,11 +153,17 @@ def main() -> None:
         spec_args |= {
             "speculative_algorithm": "STANDALONE",
             "speculative_draft_model_path": args.draft_model_path,
+            "speculative_eagle_topk": args.eagle_topk,
+            "speculative_num_steps": args.num_steps,
         }
+        chain_args = {**spec_args, "speculative_eagle_topk": 1, "speculative_num_steps": None}
     else:
         spec_args["speculative_algorithm"] = "NGRAM"
+        chain_args = {**spec_args, "speculative_ngram_max_bfs_breadth": 1}
     label = spec_args["speculative_algorithm"]
     variants = {"plain": {}, "spec": spec_args}
+    if args.chain:
+        variants["chain"] = chain_args
     if not args.no_adaptive:
         variants["adaptive"] = {**spec_args, "speculative_adaptive": True}
     with contextlib.ExitStack() as stack:

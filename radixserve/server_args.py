@@ -161,6 +161,9 @@ class ServerArgs:
     speculative_draft_model_path: str | None = None
     speculative_num_steps: int | None = None
     speculative_num_draft_tokens: int | None = None
+    speculative_eagle_topk: int | None = None
+    speculative_ngram_min_bfs_breadth: int = 1
+    speculative_ngram_max_bfs_breadth: int = 10
     speculative_ngram_match_type: str = "BFS"
     speculative_ngram_max_trie_depth: int = 18
     speculative_ngram_capacity: int = 10000000

@@ -10,6 +10,7 @@ from radixserve.messages import FinishReason
 
 if TYPE_CHECKING:
     from radixserve.sampling.sampling_params import SamplingParams
+    from radixserve.speculative.draft_tree import DraftTree
 
 
 @dataclass
@@ -107,8 +108,8 @@ class ScheduledBatch:
     is_decode: bool
     # Prefill entries come first; in a mixed batch the running decodes follow them.
     num_prefill_reqs: int | None = None
-    # A speculative decode round: each request's draft tokens (extend_lens[i] = 1 + len).
-    drafts: list[list[int]] | None = None
+    # A speculative decode round: each request's draft tree (extend_lens[i] = 1 + len).
+    drafts: list[DraftTree] | None = None
 
     def __post_init__(self) -> None:
         if self.num_prefill_reqs is None:

@@ -48,6 +48,17 @@ class RowUpdate:
 class TpStep:
     step: StepInputs
     rows: tuple[RowUpdate, ...]
+    # A step that reads a table of its own (speculative tree verification) instead of the
+    # request-to-token table carries it whole.
+    table: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class TpKvCopy:
+    """kv_cache.copy_slots(src, dst) on every rank."""
+
+    src: torch.Tensor
+    dst: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -73,14 +84,19 @@ class TpLeader:
         self._synced: dict[int, int] = {}  # row -> positions the other ranks hold
         self._interval = heartbeat_interval(timeout_s)
         self._last_sent = time.monotonic()
+        self._table = pool.req_to_token
         pool.on_write = self._written
         runner.step_broadcaster = self.broadcast_step
+        runner.kv_copy_broadcaster = self.broadcast_kv_copy
 
     def _written(self, row: int, start: int) -> None:
         if self._synced.get(row, 0) > start:
             self._synced[row] = start
 
     def broadcast_step(self, step: StepInputs, req_to_token: torch.Tensor) -> None:
+        if req_to_token is not self._table:
+            self._send(TpStep(step, (), table=req_to_token.clone()))
+            return
         updates = []
         for row, prefix, extend in zip(
             step.req_pool_indices, step.prefix_lens, step.extend_lens, strict=True
@@ -90,6 +106,9 @@ class TpLeader:
                 updates.append(RowUpdate(row, start, req_to_token[row, start:end].clone()))
                 self._synced[row] = end
         self._send(TpStep(step, tuple(updates)))
+
+    def broadcast_kv_copy(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        self._send(TpKvCopy(src.clone(), dst.clone()))
 
     def heartbeat_if_due(self) -> None:
         if time.monotonic() - self._last_sent >= self._interval:
@@ -120,12 +139,15 @@ def follow(runner: ModelRunner, req_to_token: torch.Tensor) -> None:
             return
         if isinstance(msg, TpHeartbeat):
             continue
+        if isinstance(msg, TpKvCopy):
+            runner.kv_cache.copy_slots(msg.src, msg.dst)
+            continue
         if not isinstance(msg, TpStep):
             raise RankLostError(f"unexpected message from rank 0: {type(msg).__name__}")
         for update in msg.rows:
             req_to_token[update.row, update.start : update.start + len(update.slots)] = update.slots
         try:
-            runner.forward(msg.step, req_to_token)
+            runner.forward(msg.step, req_to_token if msg.table is None else msg.table)
         except Exception as exc:
             raise RankLostError(f"forward step failed: {exc}") from exc
 

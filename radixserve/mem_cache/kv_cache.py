@@ -64,3 +64,11 @@ class KVCache:
 
     def get_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_buffers[layer_id], self.v_buffers[layer_id]
+
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """K and V of slots `src` copied to slots `dst`, in every layer this process holds
+        (speculative decoding moves the accepted branch of a draft tree to its positions).
+        Reads all sources before writing, so the two may overlap."""
+        for buf in (*self.k_buffers, *self.v_buffers):
+            if len(buf):
+                buf[dst] = buf[src]

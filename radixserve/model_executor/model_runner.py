@@ -67,6 +67,8 @@ class ModelRunner:
     # Set on tensor-parallel rank 0 (managers/tp_sync.py): sends each step to the other ranks
     # before it runs here.
     step_broadcaster: Callable[[StepInputs, torch.Tensor], None] | None = None
+    # Set there too: sends a KV slot copy (copy_kv_slots) to the other ranks.
+    kv_copy_broadcaster: Callable[[torch.Tensor, torch.Tensor], None] | None = None
     # --enable-lora: the adapters and the hooks in the model's linear layers.
     lora: LoRAManager | None = None
     # --pp-size > 1: runs each step as this rank's pipeline stage (model_executor/pipeline.py).
@@ -264,6 +266,12 @@ class ModelRunner:
             # Under tensor parallelism a step that fails here may have left the other ranks
             # inside a collective: the ranks are out of step for good.
             raise RankLostError(f"forward step failed: {exc}") from exc
+
+    def copy_kv_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy K/V of slots `src` to slots `dst` (every layer, every tensor-parallel rank)."""
+        if self.kv_copy_broadcaster is not None:
+            self.kv_copy_broadcaster(src, dst)
+        self.kv_cache.copy_slots(src, dst)
 
     @torch.inference_mode()
     def _forward(self, step: StepInputs, req_to_token: torch.Tensor) -> ForwardOutput:

@@ -47,7 +47,11 @@ OPTIONS: tuple[OptionSpec, ...] = (
         support=IMPLEMENTED,
     ),
     value(
-        "--speculative-eagle-topk", INT, None, "Tokens sampled from the draft model per EAGLE step."
+        "--speculative-eagle-topk",
+        INT,
+        None,
+        "Tokens taken from the draft model per draft step (1: a chain; more: a tree).",
+        support=IMPLEMENTED,
     ),
     value(
         "--speculative-num-draft-tokens",
@@ -176,10 +180,18 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     value("--spec-trace-dir", STR, None, "Folder for decoupled speculative decoding traces."),
     value(
-        "--speculative-ngram-min-bfs-breadth", INT, 1, "Minimum BFS breadth of n-gram speculation."
+        "--speculative-ngram-min-bfs-breadth",
+        INT,
+        1,
+        "Minimum BFS breadth of n-gram speculation.",
+        support=IMPLEMENTED,
     ),
     value(
-        "--speculative-ngram-max-bfs-breadth", INT, 10, "Maximum BFS breadth of n-gram speculation."
+        "--speculative-ngram-max-bfs-breadth",
+        INT,
+        10,
+        "Maximum BFS breadth of n-gram speculation.",
+        support=IMPLEMENTED,
     ),
     value(
         "--speculative-ngram-match-type",

@@ -57,12 +57,20 @@ def check_speculative(v: Mapping[str, Any]) -> None:
     if steps is not None and steps < 1:
         raise ServerArgsError("--speculative-num-steps", f"must be >= 1, got {steps}")
     num = v.get("speculative_num_draft_tokens")
-    if steps is not None and num is not None and num != steps + 1:
-        raise ServerArgsError(
-            "--speculative-num-draft-tokens",
-            f"verification is a chain, so it must be --speculative-num-steps + 1 ({steps + 1}), "
-            f"got {num}",
-        )
+    topk = _check_branching(v, name)
+    if steps is not None and num is not None:
+        if topk == 1 and num != steps + 1:
+            raise ServerArgsError(
+                "--speculative-num-draft-tokens",
+                "with --speculative-eagle-topk 1 verification is a chain, so it must be "
+                f"--speculative-num-steps + 1 ({steps + 1}), got {num}",
+            )
+        if num - 1 > topk * steps:
+            raise ServerArgsError(
+                "--speculative-num-draft-tokens",
+                f"a draft tree of {steps} steps x {topk} candidates has at most "
+                f"{topk * steps} drafts, so it must be <= {topk * steps + 1}, got {num}",
+            )
     if num is not None and num < 2:
         raise ServerArgsError(
             "--speculative-num-draft-tokens",
@@ -74,3 +82,27 @@ def check_speculative(v: Mapping[str, Any]) -> None:
     capacity = v.get("speculative_ngram_capacity")
     if capacity is not None and capacity < 1:
         raise ServerArgsError("--speculative-ngram-capacity", f"must be >= 1, got {capacity}")
+
+
+def _check_branching(v: Mapping[str, Any], algo: str) -> int:
+    """Validate the options that make drafts a tree; returns --speculative-eagle-topk (1 when
+    not given)."""
+    topk = v.get("speculative_eagle_topk")
+    if topk is not None and topk < 1:
+        raise ServerArgsError("--speculative-eagle-topk", f"must be >= 1, got {topk}")
+    if topk is not None and algo == "NGRAM" and topk != 1:
+        raise ServerArgsError(
+            "--speculative-eagle-topk",
+            "is for draft models; NGRAM branches per --speculative-ngram-min-bfs-breadth / "
+            "--speculative-ngram-max-bfs-breadth",
+        )
+    low = v.get("speculative_ngram_min_bfs_breadth", 1)
+    high = v.get("speculative_ngram_max_bfs_breadth", 10)
+    if low < 1:
+        raise ServerArgsError("--speculative-ngram-min-bfs-breadth", f"must be >= 1, got {low}")
+    if high < low:
+        raise ServerArgsError(
+            "--speculative-ngram-max-bfs-breadth",
+            f"must be >= --speculative-ngram-min-bfs-breadth ({low}), got {high}",
+        )
+    return topk or 1

@@ -1,17 +1,22 @@
 """Which draft tokens the target model accepts, from the verify pass's logits.
 
-For a request with drafts d_1..d_k the verify pass yields k + 1 distributions: row j is the
-target's distribution of the token after (last verified token, d_1..d_j). Walking j = 0..k-1:
+Drafts form a tree (draft_tree.py; a chain is a tree with one child per node). The verify pass
+yields one distribution per node: node n's row is the target's distribution of the token after
+the last verified token and n's path of drafts. Walking from the root:
 
-* greedy rows accept d_{j+1} when it is the argmax (so the output equals plain greedy decoding);
-* sampled rows accept d_{j+1} with probability p_j(d_{j+1}); on a rejection the token is drawn
-  from p_j with d_{j+1} removed and renormalised. The n-gram / chain drafts are deterministic
-  given the context (a point mass q = delta(d)), and for q = delta(d) this is exactly
-  speculative sampling's min(1, p/q) test with the residual max(p - q, 0): every emitted token
-  is distributed as p_j, the target distribution.
+* a greedy request emits the row's argmax (so the output equals plain greedy decoding);
+* a sampled request emits a token drawn from the row's distribution p_n;
 
-The first rejection ends the walk with the replacement token; if all k are accepted a bonus
-token is drawn from row k. So each round emits between 1 and k + 1 tokens.
+and if that token is one of the node's draft children the walk moves to that child, else it
+ends. Every emitted token is therefore drawn from the target's distribution given everything
+emitted before it, exactly as plain decoding draws it. Drafts are a deterministic function of
+the context (a point mass q = delta(d) per candidate), for which this is speculative sampling's
+min(1, p/q) test with the residual max(p - q, 0), generalised to several distinct candidates:
+accepting candidate d has probability p(d), and a rejected walk's replacement follows p with the
+candidates removed, renormalised.
+
+If the walk reaches a leaf, the leaf's row gives a bonus token. So each round emits between 1
+and depth + 1 tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import torch
 
 from radixserve.sampling.sampler import _filter_sorted, _scale
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
+from radixserve.speculative.draft_tree import DraftTree
 
 
 def target_probs(processed: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
@@ -40,36 +46,41 @@ def target_probs(processed: torch.Tensor, info: SamplingBatchInfo) -> torch.Tens
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
+def accept_tree(
+    tree: DraftTree,
+    argmax_rows: Sequence[int] | None,
+    probs: torch.Tensor | None,
+    generator: torch.Generator | None = None,
+) -> tuple[list[int], list[int]]:
+    """Walk the tree; row n (of argmax_rows for a greedy request, else of probs [len(tree) + 1,
+    vocab]) belongs to node n. Returns the emitted tokens and the path of accepted draft nodes
+    (every emitted token but the last is an accepted draft)."""
+    tokens: list[int] = []
+    path: list[int] = []
+    node = 0
+    while True:
+        if argmax_rows is not None:
+            token = int(argmax_rows[node])
+        else:
+            assert probs is not None
+            token = int(torch.multinomial(probs[node], 1, generator=generator))
+        tokens.append(token)
+        child = tree.child_with_token(node, token)
+        if child is None:
+            return tokens, path
+        path.append(child)
+        node = child
+
+
 def accept_greedy(argmax_rows: Sequence[int], drafts: Sequence[int]) -> list[int]:
-    """Tokens emitted for a greedy request: the matching draft prefix, then the target's
-    own token at the first mismatch (or the bonus token after the last draft)."""
-    out: list[int] = []
-    for j, draft in enumerate(drafts):
-        target = argmax_rows[j]
-        out.append(target)
-        if target != draft:
-            return out
-    out.append(argmax_rows[len(drafts)])
-    return out
+    """Tokens emitted for a greedy request with a chain of drafts: the matching draft prefix,
+    then the target's own token at the first mismatch (or the bonus token after the last)."""
+    return accept_tree(DraftTree.chain(drafts), argmax_rows, None)[0]
 
 
 def accept_sampled(
     probs: torch.Tensor, drafts: Sequence[int], generator: torch.Generator | None = None
 ) -> list[int]:
-    """Tokens emitted for a sampled request; probs is [len(drafts) + 1, vocab]."""
-    out: list[int] = []
-    uniforms = torch.rand(len(drafts) + 1, generator=generator).tolist()
-    for j, draft in enumerate(drafts):
-        row = probs[j]
-        if uniforms[j] < float(row[draft]):
-            out.append(draft)
-            continue
-        residual = row.clone()
-        residual[draft] = 0.0
-        if float(residual.sum()) <= 0.0:  # p(draft) == 1 up to rounding: nothing else to draw
-            out.append(draft)
-            continue
-        out.append(int(torch.multinomial(residual, 1, generator=generator)))
-        return out
-    out.append(int(torch.multinomial(probs[len(drafts)], 1, generator=generator)))
-    return out
+    """Tokens emitted for a sampled request with a chain of drafts; probs is
+    [len(drafts) + 1, vocab]."""
+    return accept_tree(DraftTree.chain(drafts), None, probs, generator)[0]

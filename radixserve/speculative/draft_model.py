@@ -11,6 +11,11 @@ its request-to-token table indexed like the target's (the request's req_pool_idx
 3. after verification the scheduler keeps m drafts; `trim` keeps the draft KV that is still
    valid (positions before the first unverified token) and frees the rest.
 
+With --speculative-eagle-topk k > 1 step 2 grows a tree instead (tree_search.py): each step runs
+the k frontier nodes of every request as decode rows, each on a row of a small table holding the
+request's verified slots and the node's path of scratch slots. The scratch KV is freed when the
+round's proposals are made; the next catch-up runs the tokens that were accepted.
+
 The draft pool holds no prefix cache, so its slots are freed whenever the target releases the
 request (KVManager release hooks). A request the draft pool cannot fit just gets no drafts.
 """
@@ -26,6 +31,8 @@ import torch
 
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.model_executor.model_runner import ModelRunner, StepInputs
+from radixserve.speculative.draft_tree import DraftTree
+from radixserve.speculative.tree_search import TreeSearch
 
 if TYPE_CHECKING:
     from radixserve.managers.schedule_batch import Req
@@ -43,7 +50,11 @@ class DraftModel:
         max_reqs: int,
         context_len: int,
         target_vocab: int,
+        topk: int = 1,
+        num_steps: int = 1,
     ) -> None:
+        self.topk = topk
+        self.num_steps = num_steps
         args = dataclasses.replace(
             target_args,
             model_path=draft_path,
@@ -70,8 +81,14 @@ class DraftModel:
         logger.info("Draft model %s: KV pool of %d tokens", draft_path, size)
 
     # -- proposing --------------------------------------------------------------------------
-    def propose(self, reqs: Sequence[Req], rooms: Sequence[int]) -> list[list[int]]:
-        """Up to rooms[i] drafts for each request (0: none)."""
+    def propose(self, reqs: Sequence[Req], rooms: Sequence[int]) -> list[DraftTree]:
+        """Up to rooms[i] drafts for each request (0: none): a chain, or with topk > 1 a tree
+        (its KV is scratch, freed before this returns)."""
+        if self.topk > 1:
+            return self._propose_trees(reqs, rooms)
+        return [DraftTree.chain(d) for d in self._propose_chains(reqs, rooms)]
+
+    def _propose_chains(self, reqs: Sequence[Req], rooms: Sequence[int]) -> list[list[int]]:
         drafts: list[list[int]] = [[] for _ in reqs]
         live = [i for i, room in enumerate(rooms) if room > 0 and self._reserve(reqs[i], room)]
         if not live:
@@ -91,6 +108,68 @@ class DraftModel:
                 reqs[i].spec_state += 1
                 drafts[i].append(int(logits[j].argmax()))
         return drafts
+
+    def _propose_trees(self, reqs: Sequence[Req], rooms: Sequence[int]) -> list[DraftTree]:
+        trees = [DraftTree() for _ in reqs]
+        live = [i for i, room in enumerate(rooms) if room > 0 and self._reserve(reqs[i], 1)]
+        if not live:
+            return trees
+        logits = self._forward(self._catch_up_inputs([reqs[i] for i in live]))
+        searches = {i: TreeSearch(self.topk) for i in live}
+        for j, i in enumerate(live):
+            reqs[i].spec_state = reqs[i].seq_len
+            searches[i].grow(-1, torch.log_softmax(logits[j], dim=-1))
+            searches[i].advance()
+        scratch: dict[tuple[int, int], int] = {}  # (request, search node) -> draft KV slot
+        try:
+            for step in range(1, min(self.num_steps, max(rooms))):
+                frontier = [(i, n) for i in live if step < rooms[i] for n in searches[i].frontier]
+                slots = self.allocator.alloc(len(frontier)) if frontier else None
+                if slots is None:
+                    break  # no scratch KV left (or nothing to grow): verify what there is
+                scratch.update(zip(frontier, slots.tolist(), strict=True))
+                step_inputs, table = self._frontier_inputs(reqs, searches, frontier, scratch)
+                logits = self.runner.forward(step_inputs, table).logits
+                grown = {i for i, _ in frontier}
+                for j, (i, node) in enumerate(frontier):
+                    searches[i].grow(node, torch.log_softmax(logits[j], dim=-1))
+                for i in grown:
+                    searches[i].advance()
+        finally:
+            if scratch:
+                self.allocator.free(torch.tensor(list(scratch.values()), dtype=torch.int64))
+        for i in live:
+            trees[i] = searches[i].select(rooms[i])
+        return trees
+
+    def _frontier_inputs(
+        self,
+        reqs: Sequence[Req],
+        searches: dict[int, TreeSearch],
+        frontier: Sequence[tuple[int, int]],
+        scratch: dict[tuple[int, int], int],
+    ) -> tuple[StepInputs, torch.Tensor]:
+        """One decode row per frontier node: its token at its position, attending to the
+        request's verified tokens and the node's own path of drafts (a table row each)."""
+        paths = [searches[i].path(node) for i, node in frontier]
+        seen = [reqs[i].spec_state for i, _ in frontier]
+        width = max(s + len(p) for s, p in zip(seen, paths, strict=True))
+        table = torch.zeros((len(frontier), width), dtype=self.req_to_token.dtype)
+        for r, ((i, _), path, s) in enumerate(zip(frontier, paths, seen, strict=True)):
+            table[r, :s] = self.req_to_token[reqs[i].req_pool_idx, :s]
+            table[r, s : s + len(path)] = torch.tensor([scratch[(i, n)] for n in path])
+        positions = [s + len(p) - 1 for s, p in zip(seen, paths, strict=True)]
+        step = StepInputs(
+            is_decode=True,
+            input_ids=[searches[i].nodes[node].token for i, node in frontier],
+            positions=positions,
+            req_pool_indices=list(range(len(frontier))),
+            prefix_lens=positions,
+            extend_lens=[1] * len(frontier),
+            out_cache_loc=torch.tensor([scratch[f] for f in frontier], dtype=torch.int64),
+            logits_rows=list(range(len(frontier))),
+        )
+        return step, table
 
     def _reserve(self, req: Req, room: int) -> bool:
         """Draft slots for the catch-up tokens and room - 1 fed-back drafts."""
@@ -161,8 +240,8 @@ class DraftModel:
         tokens, then drafts 1 .. num_drafts - 1 fed back at seq_len0 onwards. Of those, the
         first num_kept drafts turned out verified; later positions are freed.
         """
-        if req.req_pool_idx is None or not req.spec_state or not num_drafts:
-            return
+        if req.req_pool_idx is None or not req.spec_state or not num_drafts or self.topk > 1:
+            return  # a tree round keeps no draft KV past the verified tokens
         seen = req.spec_state
         start = seen - (num_drafts - 1)  # seq_len before the round
         valid = min(seen, start + min(num_kept, num_drafts - 1))

@@ -5,17 +5,22 @@ Every request's tokens (prompt and verified output) are inserted as all their n-
 context suffix of up to ``max_depth - 1`` tokens, across requests. A request keeps the trie
 nodes of its current suffixes (its *frontier*), so appending one token costs O(max_depth).
 
-Drafting (a chain, i.e. BFS breadth 1): take the deepest frontier node that has a child (the
-longest context seen before), follow its most frequent child (ties: the most recently seen),
-advance the frontier virtually by that token and repeat. Only verified tokens are ever
+Drafting (`propose_tree`, SGLang's BFS match): take the deepest frontier node that has a child
+(the longest context seen before), take its most frequent children (ties: the most recently
+seen), as many as the context's length earns (--speculative-ngram-min/max-bfs-breadth), advance
+the frontier virtually by each and repeat breadth first until the draft budget is spent. With
+breadth 1 this is a chain: the most frequent continuation, token after token. Only verified tokens are ever
 inserted, so rejected drafts never pollute the cache.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from radixserve.speculative.draft_tree import DraftTree
 
 logger = logging.getLogger(__name__)
 
@@ -94,27 +99,64 @@ class NgramCache:
         frontier.nodes = advanced
 
     def propose(self, frontier: Frontier, num_tokens: int) -> list[int]:
-        """Up to ``num_tokens`` draft tokens continuing the frontier's sequence."""
-        if frontier.generation != self.generation:
-            return []
-        nodes = frontier.nodes
-        draft: list[int] = []
-        while len(draft) < num_tokens:
-            pick = None
-            for node in reversed(nodes):  # deepest (longest context) first
-                if node.depth == 0:
-                    break  # a bare unigram guess is too weak to spend verify work on
-                pick = node.best_child()
-                if pick is not None:
+        """Up to ``num_tokens`` draft tokens continuing the frontier's sequence (a chain)."""
+        return list(self.propose_tree(frontier, num_tokens, 1, 1).tokens)
+
+    def propose_tree(
+        self, frontier: Frontier, num_tokens: int, min_breadth: int, max_breadth: int
+    ) -> DraftTree:
+        """Up to ``num_tokens`` draft nodes, breadth first: each node gets the likeliest
+        continuations of its longest context seen before, as many as `breadth_for` allows for
+        that context's length (a long match is trusted with one branch, a short one gets up to
+        max_breadth)."""
+        if frontier.generation != self.generation or num_tokens <= 0:
+            return DraftTree()
+        tokens: list[int] = []
+        parents: list[int] = []
+        queue: deque[tuple[int, list[_Node]]] = deque([(0, frontier.nodes)])
+        while queue and len(tokens) < num_tokens:
+            node, nodes = queue.popleft()
+            match = _longest_match(nodes)
+            if match is None:
+                continue
+            breadth = self.breadth_for(match.depth, min_breadth, max_breadth)
+            assert match.children is not None
+            ranked = sorted(
+                match.children.items(), key=lambda kv: (kv[1].count, kv[1].stamp), reverse=True
+            )
+            for token, _ in ranked[:breadth]:
+                if len(tokens) == num_tokens:
                     break
-            if pick is None:
-                break
-            token = pick[0]
-            draft.append(token)
-            advanced = [self.root]
-            for n in nodes:
-                child = n.child(token)
-                if child is not None and child.depth < self.max_depth:
-                    advanced.append(child)
-            nodes = advanced
-        return draft
+                tokens.append(token)
+                parents.append(node)
+                queue.append((len(tokens), self._advance(nodes, token)))
+        return DraftTree(tuple(tokens), tuple(parents))
+
+    def breadth_for(self, context_len: int, min_breadth: int, max_breadth: int) -> int:
+        """Branches for a match on `context_len` tokens: max_breadth for a single-token match,
+        falling linearly to min_breadth for the longest context the trie holds."""
+        longest = self.max_depth - 1
+        if longest <= 1 or max_breadth <= min_breadth:
+            return max(1, min_breadth)
+        share = (context_len - 1) / (longest - 1)
+        return max(1, round(max_breadth - (max_breadth - min_breadth) * share))
+
+    def _advance(self, nodes: list[_Node], token: int) -> list[_Node]:
+        """The frontier after a (virtual) next token."""
+        advanced = [self.root]
+        for n in nodes:
+            child = n.child(token)
+            if child is not None and child.depth < self.max_depth:
+                advanced.append(child)
+        return advanced
+
+
+def _longest_match(nodes: list[_Node]) -> _Node | None:
+    """The deepest frontier node with a continuation (a bare unigram guess, from the root, is
+    too weak to spend verify work on)."""
+    for node in reversed(nodes):
+        if node.depth == 0:
+            return None
+        if node.children:
+            return node
+    return None

@@ -1,26 +1,32 @@
 """One speculative decode round: propose drafts, verify them in one target forward, accept.
 
 A running request normally decodes one token: its last token (not yet in the KV cache) runs at
-position kv_len. In a speculative round it runs [last, d_1..d_k] at positions kv_len..kv_len+k
-as one extend over its cached context (the same paged-attention path as a prefill on a cached
-prefix), with logits at every position. Acceptance (acceptance.py) emits 1..k+1 tokens; the
-scheduler appends them one by one (finish checks after each), then `KVManager.trim` frees the
-slots of the positions that were not kept, so KV and the radix cache only ever hold verified
-tokens.
+position kv_len. In a speculative round it runs [last, d_1..d_n], the root and the nodes of its
+draft tree (draft_tree.py; a chain when drafts do not branch), node i's KV in the slot at the
+request's position kv_len + i and its RoPE position kv_len + depth(i), as extends over its cached
+context (the same paged-attention path as a prefill on a cached prefix), with logits at every
+node. A chain is one extend on the request's own table row; a tree is cut into chains, each an
+extend on a row of a small table built for the round (context slots, then the chain's ancestors'
+slots, then its own). Acceptance (acceptance.py) emits 1..depth+1 tokens along one branch; the
+KV of that branch's drafts is copied to positions kv_len + 1, kv_len + 2, ... (`KVCache.
+copy_slots`) where the tree put them elsewhere; the scheduler appends the tokens one by one
+(finish checks after each), then `KVManager.trim` frees the slots of the positions that were not
+kept, so KV and the radix cache only ever hold verified tokens.
 
 Each verify row is processed as plain decoding would process that position: penalties and
-min_new_tokens see the request's output plus the drafts before the row, and a grammar-
+min_new_tokens see the request's output plus the drafts on the node's path, and a grammar-
 constrained request's row is masked by the grammar state after those drafts
-(grammar_drafts.py), and a logprob request gets each emitted token's logprob from its row.
-Seeded requests (whose draw depends on the step) get no drafts and are sampled by the plain
-sampler in the same pass, so their output is the same with and without speculation.
+(grammar_drafts.py; such a request drafts a chain), and a logprob request gets each emitted
+token's logprob from its row. Seeded requests (whose draw depends on the step) get no drafts and
+are sampled by the plain sampler in the same pass, so their output is the same with and without
+speculation.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -31,9 +37,10 @@ from radixserve.sampling.constrained.bitmask import allocate_bitmask
 from radixserve.sampling.constrained.mask_apply import PackedVocabMask
 from radixserve.sampling.sampler import _scale, chosen_logprobs
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
-from radixserve.speculative.acceptance import accept_greedy, accept_sampled, target_probs
+from radixserve.speculative.acceptance import accept_tree, target_probs
 from radixserve.speculative.adaptive import DraftBudget
 from radixserve.speculative.draft_model import DraftModel
+from radixserve.speculative.draft_tree import DraftTree
 from radixserve.speculative.grammar_drafts import fill_verify_masks, grammar_prefix
 from radixserve.speculative.ngram_cache import NgramCache
 
@@ -66,6 +73,7 @@ class SpecWorker:
         self.step_runner = step_runner
         self.context_len = context_len
         self.ngram: NgramCache | None = None
+        self.trees = config.trees
         self.draft: DraftModel | None = None
         if config.algorithm == "STANDALONE":
             runner = step_runner.runner
@@ -77,6 +85,8 @@ class SpecWorker:
                 max_reqs=kv.req_to_token_pool.max_reqs,
                 context_len=context_len,
                 target_vocab=runner.model_config.vocab_size,
+                topk=config.eagle_topk if self.trees else 1,
+                num_steps=config.num_steps,
             )
             # The draft's KV follows the target's: freed when the target releases a request.
             kv.release_hooks.append(self.draft.release)
@@ -89,7 +99,7 @@ class SpecWorker:
         """KV slots one running request may take in a round."""
         return self.config.num_draft_tokens
 
-    def propose(self, reqs: Sequence[Req]) -> list[list[int]]:
+    def propose(self, reqs: Sequence[Req]) -> list[DraftTree]:
         """Drafts for each request (possibly none), never past its max_new_tokens or the
         context length. Also brings the shared n-gram cache up to date with verified tokens."""
         rooms = [
@@ -103,16 +113,31 @@ class SpecWorker:
             for req in reqs
         ]
         if self.draft is not None:
-            return self.draft.propose(reqs, rooms)
+            trees = self.draft.propose(reqs, rooms)
+            if self.draft.topk == 1:
+                # Not cut: the draft model's KV bookkeeping (trim) follows the drafted chain; a
+                # draft the grammar refuses is simply never accepted.
+                return trees
+        else:
+            trees = [self._ngram_drafts(req, room) for req, room in zip(reqs, rooms, strict=True)]
+        # A constrained request verifies a chain (its rows need the grammar's state along one
+        # path), cut where the grammar refuses a draft.
+        return [
+            DraftTree.chain(grammar_prefix(req.grammar, tree.first_branch()))
+            if req.grammar is not None and len(tree)
+            else tree
+            for req, tree in zip(reqs, trees, strict=True)
+        ]
+
+    def _ngram_drafts(self, req: Req, room: int) -> DraftTree:
         assert self.ngram is not None
-        drafts: list[list[int]] = []
-        for req, room in zip(reqs, rooms, strict=True):
-            req.spec_state = self.ngram.sync(req.spec_state, req.fill_ids)
-            draft = self.ngram.propose(req.spec_state, room) if room > 0 else []
-            if draft and req.grammar is not None:
-                draft = grammar_prefix(req.grammar, draft)
-            drafts.append(draft)
-        return drafts
+        req.spec_state = self.ngram.sync(req.spec_state, req.fill_ids)
+        if room <= 0:
+            return DraftTree()
+        low, high = self.config.ngram_min_bfs_breadth, self.config.ngram_max_bfs_breadth
+        if req.grammar is not None or not self.trees:
+            low = high = 1
+        return self.ngram.propose_tree(req.spec_state, room, low, high)
 
     def _draft_length(self, req: Req) -> int:
         if not self.config.adaptive:
@@ -128,45 +153,51 @@ class SpecWorker:
         if req.spec_budget is not None:
             req.spec_budget.record(num_drafts, num_kept)
 
-    def run(self, reqs: Sequence[Req], drafts: Sequence[list[int]]) -> list[SpecResult]:
+    def run(self, reqs: Sequence[Req], trees: Sequence[DraftTree]) -> list[SpecResult]:
         """Verify every request's drafts in one forward (their slots are already allocated at
-        positions kv_len .. kv_len + len(drafts))."""
-        step, first_rows = self._build_inputs(reqs, drafts)
-        kv = self.step_runner.kv
-        logits = self.step_runner.runner.forward(step, kv.req_to_token_pool.req_to_token).logits
+        positions kv_len .. kv_len + len(tree))."""
+        verify = self._build_inputs(reqs, trees)
+        logits = self.step_runner.runner.forward(verify.step, verify.table).logits
         results: list[SpecResult | None] = [None] * len(reqs)
-        plain = [i for i, d in enumerate(drafts) if not d]
+        plain = [i for i, t in enumerate(trees) if not t]
         if plain:
-            rows = [first_rows[i] for i in plain]
+            rows = [verify.node_rows[i][0] for i in plain]
             sampled = self.step_runner.sample([reqs[i] for i in plain], logits[rows])
             for i, token in zip(plain, sampled, strict=True):
                 results[i] = SpecResult([token], 0, 0)
-        drafted = [i for i, d in enumerate(drafts) if d]
+        drafted = [i for i, t in enumerate(trees) if t]
         if drafted:
-            accepted = self._accept(reqs, drafts, drafted, logits, first_rows)
-            for i, tokens in zip(drafted, accepted, strict=True):
+            accepted = self._accept(reqs, trees, drafted, logits, verify.node_rows)
+            moves: list[tuple[int, int]] = []
+            for i, (tokens, path) in zip(drafted, accepted, strict=True):
                 # Every token but the last is an accepted draft.
-                results[i] = SpecResult(tokens, len(drafts[i]), len(tokens) - 1)
+                results[i] = SpecResult(tokens, len(trees[i]), len(tokens) - 1)
+                slots = verify.node_slots[i]
+                moves.extend((slots[n], slots[d]) for d, n in enumerate(path, 1) if n != d)
+            if moves:
+                src, dst = zip(*moves, strict=True)
+                self.step_runner.runner.copy_kv_slots(
+                    torch.tensor(src, dtype=torch.int64), torch.tensor(dst, dtype=torch.int64)
+                )
         return [r for r in results if r is not None]
 
     def _accept(
         self,
         reqs: Sequence[Req],
-        drafts: Sequence[list[int]],
+        trees: Sequence[DraftTree],
         drafted: list[int],
         logits: torch.Tensor,
-        first_rows: list[int],
-    ) -> list[list[TokenResult]]:
-        rows = [
-            r for i in drafted for r in range(first_rows[i], first_rows[i] + len(drafts[i]) + 1)
-        ]
-        block = logits[rows]
-        params = [reqs[i].sampling_params for i in drafted for _ in range(len(drafts[i]) + 1)]
-        mask = self._verify_grammar_mask(reqs, drafts, drafted, block.shape[-1])
+        node_rows: list[list[int]],
+    ) -> list[tuple[list[TokenResult], list[int]]]:
+        """Per drafted request: the emitted tokens and the accepted draft nodes."""
+        rows = [r for i in drafted for r in node_rows[i]]
+        block = logits[rows]  # drafted requests' nodes, in node order
+        params = [reqs[i].sampling_params for i in drafted for _ in node_rows[i]]
+        mask = self._verify_grammar_mask(reqs, trees, drafted, block.shape[-1])
         raw = all(
-            argmax_of_raw_logits(reqs[i].sampling_params, len(reqs[i].output_ids) + j)
+            argmax_of_raw_logits(reqs[i].sampling_params, len(reqs[i].output_ids) + depth)
             for i in drafted
-            for j in range(len(drafts[i]) + 1)
+            for depth in trees[i].depths
         )
         want_logprobs = any(reqs[i].return_logprob for i in drafted)
         probs = None
@@ -174,12 +205,12 @@ class SpecWorker:
         if mask is None and raw and not want_logprobs:
             argmax = block.argmax(dim=-1).tolist()
         else:
-            # Row j of a request sees its output plus drafts 1..j (penalty counts,
+            # Node n's row sees the output plus the drafts on n's path (penalty counts,
             # min_new_tokens), as plain decoding would at that position.
             outputs = [
-                reqs[i].output_ids + drafts[i][:j]
+                reqs[i].output_ids + trees[i].path_tokens(n)
                 for i in drafted
-                for j in range(len(drafts[i]) + 1)
+                for n in range(len(trees[i]) + 1)
             ]
             info = SamplingBatchInfo.from_requests(
                 params,
@@ -195,75 +226,153 @@ class SpecWorker:
                 probs = target_probs(processed, info).cpu()
             if want_logprobs:
                 scaled = _scale(processed, info)
-        out: list[list[TokenResult]] = []
+        out: list[tuple[list[TokenResult], list[int]]] = []
         offset = 0
         for i in drafted:
-            width = len(drafts[i]) + 1
+            width = len(trees[i]) + 1
             if reqs[i].sampling_params.is_greedy or probs is None:
-                tokens = accept_greedy(argmax[offset : offset + width], drafts[i])
+                tokens, path = accept_tree(trees[i], argmax[offset : offset + width], None)
             else:
-                tokens = accept_sampled(probs[offset : offset + width], drafts[i])
+                tokens, path = accept_tree(trees[i], None, probs[offset : offset + width])
             if reqs[i].return_logprob:
                 assert scaled is not None
-                out.append(_with_logprobs(reqs[i], tokens, scaled[offset : offset + len(tokens)]))
+                emitting = [offset + n for n in [0, *path][: len(tokens)]]
+                out.append((_with_logprobs(reqs[i], tokens, scaled[emitting]), path))
             else:
-                out.append([TokenResult(t, 0.0) for t in tokens])
+                out.append(([TokenResult(t, 0.0) for t in tokens], path))
             offset += width
         return out
 
     @staticmethod
     def _verify_grammar_mask(
-        reqs: Sequence[Req], drafts: Sequence[list[int]], drafted: list[int], vocab_size: int
+        reqs: Sequence[Req], trees: Sequence[DraftTree], drafted: list[int], vocab_size: int
     ) -> PackedVocabMask | None:
         """The packed grammar mask of the verify rows (drafted requests' rows, in order); None
-        when no drafted request is constrained."""
+        when no drafted request is constrained (a constrained request's drafts are a chain)."""
         if all(reqs[i].grammar is None for i in drafted):
             return None
-        bitmask = allocate_bitmask(sum(len(drafts[i]) + 1 for i in drafted), vocab_size)
+        bitmask = allocate_bitmask(sum(len(trees[i]) + 1 for i in drafted), vocab_size)
         masked: list[int] = []
         offset = 0
         for i in drafted:
             matcher = reqs[i].grammar
             if matcher is not None:
                 matcher.check_logits_width(vocab_size)
-                filled = fill_verify_masks(matcher, drafts[i], bitmask, offset)
+                filled = fill_verify_masks(matcher, trees[i].tokens, bitmask, offset)
                 masked.extend(range(offset, offset + filled))
-            offset += len(drafts[i]) + 1
+            offset += len(trees[i]) + 1
         return PackedVocabMask(bitmask, tuple(masked), vocab_size)
 
-    def _build_inputs(
-        self, reqs: Sequence[Req], drafts: Sequence[list[int]]
-    ) -> tuple[StepInputs, list[int]]:
-        """Flatten the round; first_rows[i] is request i's first logits row (all its rows
-        are consecutive, one per verified position)."""
+    def _build_inputs(self, reqs: Sequence[Req], trees: Sequence[DraftTree]) -> VerifyInputs:
+        """Flatten the round: one extend per chain of each request's tree (one per request when
+        no tree branches, on the request's own table row)."""
         pool = self.step_runner.kv.req_to_token_pool
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[torch.Tensor] = []
-        first_rows: list[int] = []
-        extend_lens: list[int] = []
-        for req, draft in zip(reqs, drafts, strict=True):
-            n = 1 + len(draft)
-            first_rows.append(len(input_ids))
-            input_ids.append(req.fill_ids[-1])
-            input_ids.extend(draft)
-            positions.extend(range(req.kv_len, req.kv_len + n))
-            slots.append(pool.read(req.req_pool_idx, req.kv_len, req.kv_len + n))
-            extend_lens.append(n)
-        step = StepInputs(
-            is_decode=all(n == 1 for n in extend_lens),
-            input_ids=input_ids,
-            positions=positions,
-            req_pool_indices=[r.req_pool_idx for r in reqs],
-            prefix_lens=[r.kv_len for r in reqs],
-            extend_lens=extend_lens,
-            out_cache_loc=torch.cat(slots),
-            logits_rows=list(range(len(input_ids))),
+        branching = any(not tree.is_chain for tree in trees)
+        step = _StepBuilder(with_lora=self.step_runner.runner.lora is not None)
+        node_rows: list[list[int]] = []
+        node_slots: list[list[int]] = []
+        table_rows: list[tuple[int, int, list[int]]] = []  # (pool row, context len, tail)
+        for req, tree in zip(reqs, trees, strict=True):
+            assert req.req_pool_idx is not None
+            tokens = [req.fill_ids[-1], *tree.tokens]
+            slots = pool.read(req.req_pool_idx, req.kv_len, req.kv_len + 1 + len(tree)).tolist()
+            rows = [0] * len(tokens)
+            for chain in tree.chains() if branching else [list(range(len(tokens)))]:
+                first = chain[0]
+                ancestors = [0, *tree.path(tree.parents[first - 1])] if first else []
+                if branching:
+                    table_rows.append(
+                        (req.req_pool_idx, req.kv_len, [slots[n] for n in ancestors + chain])
+                    )
+                    row = len(table_rows) - 1
+                else:
+                    row = req.req_pool_idx
+                for k, node in enumerate(chain):
+                    rows[node] = len(step.input_ids) + k
+                step.add(
+                    row,
+                    prefix=req.kv_len + tree.depths[first],
+                    input_ids=[tokens[n] for n in chain],
+                    positions=[req.kv_len + tree.depths[n] for n in chain],
+                    slots=[slots[n] for n in chain],
+                    lora_id=req.lora_id,
+                )
+            node_rows.append(rows)
+            node_slots.append(slots)
+        table = pool.req_to_token
+        if branching:
+            table = _chain_table(pool.req_to_token, table_rows)
+        return VerifyInputs(step.build(), table, node_rows, node_slots)
+
+
+@dataclass
+class VerifyInputs:
+    """A verify forward: its steps and table, and per request the logits row and KV slot of
+    each tree node (node 0: the last verified token)."""
+
+    step: StepInputs
+    table: torch.Tensor
+    node_rows: list[list[int]]
+    node_slots: list[list[int]]
+
+
+@dataclass
+class _StepBuilder:
+    """StepInputs assembled one extend at a time."""
+
+    with_lora: bool
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+    prefix_lens: list[int] = field(default_factory=list)
+    extend_lens: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    lora_ids: list[int] = field(default_factory=list)
+
+    def add(
+        self,
+        row: int,
+        prefix: int,
+        input_ids: list[int],
+        positions: list[int],
+        slots: list[int],
+        lora_id: int,
+    ) -> None:
+        self.rows.append(row)
+        self.prefix_lens.append(prefix)
+        self.extend_lens.append(len(input_ids))
+        self.input_ids.extend(input_ids)
+        self.positions.extend(positions)
+        self.slots.extend(slots)
+        self.lora_ids.append(lora_id)
+
+    def build(self) -> StepInputs:
+        return StepInputs(
+            is_decode=all(n == 1 for n in self.extend_lens),
+            input_ids=self.input_ids,
+            positions=self.positions,
+            req_pool_indices=self.rows,
+            prefix_lens=self.prefix_lens,
+            extend_lens=self.extend_lens,
+            out_cache_loc=torch.tensor(self.slots, dtype=torch.int64),
+            logits_rows=list(range(len(self.input_ids))),
             # Each request's rows run under its adapter (a draft model proposes from its base
             # weights; the target's verification keeps the output exact either way).
-            lora_ids=tuple(r.lora_id for r in reqs) if self.step_runner.runner.lora else (),
+            lora_ids=tuple(self.lora_ids) if self.with_lora else (),
         )
-        return step, first_rows
+
+
+def _chain_table(
+    req_to_token: torch.Tensor, rows: Sequence[tuple[int, int, list[int]]]
+) -> torch.Tensor:
+    """A request-to-token table with one row per chain: its request's first `context` slots,
+    then the given tail (ancestor and chain slots)."""
+    width = max(context + len(tail) for _, context, tail in rows)
+    table = torch.zeros((len(rows), width), dtype=req_to_token.dtype)
+    for r, (pool_row, context, tail) in enumerate(rows):
+        table[r, :context] = req_to_token[pool_row, :context]
+        table[r, context : context + len(tail)] = torch.tensor(tail, dtype=table.dtype)
+    return table
 
 
 def _with_logprobs(req: Req, tokens: list[int], scaled: torch.Tensor) -> list[TokenResult]:

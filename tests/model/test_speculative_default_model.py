@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from radixserve import Engine
+from tests.unit.test_spec_tree import oracle_trees
 
 PASSAGE = (
     "The lighthouse keeper climbed the spiral stairs every evening at dusk. He trimmed the "
@@ -162,3 +163,57 @@ def test_standalone_with_the_same_model_as_draft(
         # The draft is the target: every draft is accepted (up to float near-ties between the
         # draft's decode kernels and the target's extend kernels).
         assert m["spec_accept_token_num"] >= 0.9 * m["spec_draft_token_num"] > 0
+
+
+def test_standalone_draft_trees_with_the_same_model(
+    engines: tuple[Engine, Engine], default_gguf: Path
+) -> None:
+    """--speculative-eagle-topk 3: the draft's tree holds its greedy path wherever that path
+    scores high enough, so most rounds accept several drafts; output unchanged."""
+    plain, _ = engines
+    prompts = [chat(plain, q) for q in QUESTIONS[:3]]
+    params = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
+    want = plain.generate(prompt=prompts, sampling_params=params)
+    with _engine(
+        default_gguf,
+        speculative_algorithm="STANDALONE",
+        speculative_draft_model_path=str(default_gguf),
+        speculative_num_steps=4,
+        speculative_eagle_topk=3,
+        speculative_num_draft_tokens=8,
+    ) as spec:
+        spec.scheduler.check_kv_each_step = True
+        got = spec.generate(prompt=prompts, sampling_params=params)
+        draft = spec.scheduler.spec.draft
+        assert draft.allocator.available_size() == draft.allocator.size
+    assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
+    for g in got:
+        assert g["meta_info"]["spec_accept_length"] > 2.0
+
+
+def test_continuation_on_a_later_branch_is_accepted_with_its_kv(
+    engines: tuple[Engine, Engine],
+) -> None:
+    """Drafts that hide the plain output on the root's second branch (under a wrong first
+    one): accepting it moves that branch's KV into place, and the logprobs of every later
+    token, which read that KV, stay those of plain decoding."""
+    plain, spec = engines
+    prompts = [chat(plain, q) for q in QUESTIONS[2:5]]
+    params = {"temperature": 0, "max_new_tokens": 24}
+    want = plain.generate(prompt=prompts, sampling_params=params, return_logprob=True)
+    outputs = {}
+    for prompt, w in zip(prompts, want, strict=True):
+        outputs[tuple(plain.tokenizer.encode(prompt))] = w["output_ids"]
+    worker = spec.scheduler.spec
+    propose = worker.propose
+    worker.propose = oracle_trees(outputs)
+    try:
+        got = spec.generate(prompt=prompts, sampling_params=params, return_logprob=True)
+    finally:
+        worker.propose = propose
+    for g, w in zip(got, want, strict=True):
+        assert g["output_ids"] == w["output_ids"]
+        assert g["meta_info"]["spec_accept_token_num"] > 0
+        glps = [lp for lp, *_ in g["meta_info"]["output_token_logprobs"]]
+        wlps = [lp for lp, *_ in w["meta_info"]["output_token_logprobs"]]
+        assert glps == pytest.approx(wlps, abs=2e-3)

@@ -190,7 +190,6 @@ def test_no_spec_fields_without_speculation(make: Any) -> None:
         ({**NGRAM, "speculative_num_steps": 3, "speculative_num_draft_tokens": 6}, "chain"),
         ({**NGRAM, "speculative_num_draft_tokens": 1}, "must be >= 2"),
         ({**NGRAM, "speculative_ngram_match_type": "PROB"}, "PROB"),
-        ({**NGRAM, "speculative_ngram_max_bfs_breadth": 4}, "speculative-ngram-max-bfs-breadth"),
         ({**NGRAM, "enable_custom_logit_processor": True}, "--enable-custom-logit-processor"),
         ({"speculative_adaptive": True}, "--speculative-adaptive: needs --speculative-algorithm"),
     ],

@@ -65,6 +65,24 @@ def test_tp2_greedy_equals_tp1(checkpoints: dict[int, Path], kv_heads: int) -> N
         assert greedy(engine) == expected
 
 
+def test_tp2_ngram_tree_speculation_equals_plain_decoding(checkpoints: dict[int, Path]) -> None:
+    """Tree verification under TP: rank 0 sends each verify step's own table and the KV moves of
+    accepted branches to rank 1, whose heads must hold the same KV as rank 0's."""
+    kwargs = engine_kwargs(checkpoints[2])
+    params = {**GREEDY, "max_new_tokens": 24}
+    with Engine(runtime="thread", **kwargs) as single:
+        expected = single.generate(input_ids=PROMPTS, sampling_params=params)
+    tree = {
+        "speculative_algorithm": "NGRAM",
+        "speculative_ngram_min_bfs_breadth": 3,
+        "speculative_ngram_max_bfs_breadth": 3,
+    }
+    with Engine(tp_size=2, dist_timeout=DIST_TIMEOUT_S, **kwargs, **tree) as engine:
+        got = engine.generate(input_ids=PROMPTS, sampling_params=params)
+    assert [g["output_ids"] for g in got] == [e["output_ids"] for e in expected]
+    assert sum(g["meta_info"]["spec_accept_token_num"] for g in got) > 0
+
+
 # Slow (ranks start and fail): the message itself is checked without processes in
 # tests/unit/test_tensor_parallel.py::test_valid_tp_sizes_split_or_replicate_kv_heads.
 @pytest.mark.slow
