@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from radixserve.utils import cpu_has_native_bf16, env_flag
+from radixserve.utils import env_flag
+from radixserve.utils.auto_dtype import cpu_auto_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,8 @@ _DTYPES = {
 
 def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
     """--dtype -> torch dtype. "auto": bfloat16 where the hardware computes it natively (a CPU
-    with AVX512-BF16/AMX-BF16, a CUDA device with bf16), else float32 on CPU, float16 on CUDA."""
+    with AVX512-BF16/AMX-BF16 where it measured faster, a CUDA device with bf16), else float32 on
+    CPU, float16 on CUDA."""
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
             raise ValueError(f"--dtype {dtype} is not supported")
@@ -52,7 +54,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") 
     dev = torch.device(device)
     if dev.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    return torch.bfloat16 if cpu_auto_dtype().dtype == "bfloat16" else torch.float32
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,10 @@ from __future__ import annotations
 import functools
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixserve.utils.auto_dtype import DtypeChoice
 
 logger = logging.getLogger(__name__)
 
@@ -39,10 +43,12 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
     return frozenset()
 
 
-def cpu_has_fast_bf16(flags: frozenset[str] | None = None) -> bool:
-    """True when the CPU computes bfloat16 natively (AVX512-BF16 or AMX-BF16)."""
-    flags = cpu_flags() if flags is None else flags
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
+def cpu_auto_dtype() -> DtypeChoice:
+    """What --dtype auto means on this CPU: bfloat16 where BF16 units exist and measurably win,
+    else float32 (radixserve/utils/auto_dtype.py)."""
+    from radixserve.utils.auto_dtype import cpu_auto_dtype as choose
+
+    return choose()
 
 
 def cuda_supports_bf16() -> bool:

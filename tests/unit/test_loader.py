@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from radixserve.models.config import ALLOW_LONGER_CONTEXT_ENV, ModelConfig, resolve_dtype
 from radixserve.models.loader import load_model
 from radixserve.models.registry import supported_architectures
+from radixserve.utils.auto_dtype import DtypeChoice
 from tests.helpers.hf_reference import hf_logits
 from tests.helpers.model_driver import ManualDriver
 from tests.helpers.tiny_models import make_tiny_checkpoint, tiny_hf_config
@@ -250,18 +251,10 @@ def test_dtype_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_dtype("half") == torch.float16
     assert resolve_dtype("float") == torch.float32
     assert resolve_dtype("bfloat16", "cuda") == torch.bfloat16
-    monkeypatch.setattr(config_module, "cpu_has_native_bf16", lambda: True)
+    bf16, fp32 = DtypeChoice("bfloat16", "probed"), DtypeChoice("float32", "no BF16 units")
+    monkeypatch.setattr(config_module, "cpu_auto_dtype", lambda: bf16)
     assert resolve_dtype("auto", "cpu") == torch.bfloat16
-    monkeypatch.setattr(config_module, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(config_module, "cpu_auto_dtype", lambda: fp32)
     assert resolve_dtype("auto", "cpu") == torch.float32
     with pytest.raises(ValueError, match="--dtype 'int8'"):
         resolve_dtype("int8")
-
-
-def test_cpu_bf16_detection_reads_cpuinfo_flags(monkeypatch: pytest.MonkeyPatch) -> None:
-    import radixserve.utils as utils
-
-    monkeypatch.setattr(utils, "cpu_flags", lambda: frozenset({"avx2", "amx_bf16"}))
-    assert utils.cpu_has_native_bf16()
-    monkeypatch.setattr(utils, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
-    assert not utils.cpu_has_native_bf16()

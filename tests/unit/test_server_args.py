@@ -18,6 +18,7 @@ from radixserve.options.resolve import default_grammar_backend
 from radixserve.options.spec import Kind, Support
 from radixserve.options.validate import validate_against_model
 from radixserve.server_args import ServerArgs, ServerArgsError
+from radixserve.utils.auto_dtype import DtypeChoice
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,7 +49,7 @@ def test_every_implemented_option_is_a_typed_field_with_the_sglang_default() -> 
 
 def test_cli_resolves_every_auto_for_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hardware, "cpu_memory_bytes", lambda: 24 << 30)
-    monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: False)
+    monkeypatch.setattr(hardware, "cpu_auto_dtype", lambda: DtypeChoice("float32", "none"))
     args = ServerArgs.from_cli(["/models/m", "--device", "cpu"])
     assert args.model_path == args.tokenizer_path == args.served_model_name == "/models/m"
     assert (args.device, args.resolved_dtype, args.resolved_kv_cache_dtype) == (
@@ -70,7 +71,7 @@ def test_cli_resolves_every_auto_for_cpu(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_cpu_with_native_bf16_defaults_to_bfloat16(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: True)
+    monkeypatch.setattr(hardware, "cpu_auto_dtype", lambda: DtypeChoice("bfloat16", "probed"))
     assert _cpu().resolved_dtype == "bfloat16"
     assert _cpu(dtype="half").resolved_dtype == "float16"
     assert _cpu(dtype="float", kv_cache_dtype="bf16").resolved_kv_cache_dtype == "bfloat16"

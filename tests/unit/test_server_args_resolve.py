@@ -15,6 +15,7 @@ from radixserve.options.resolve import (
     resolve_dtype,
     resolve_kv_cache_dtype,
 )
+from radixserve.utils.auto_dtype import DtypeChoice
 
 GIB = 1 << 30
 
@@ -61,9 +62,9 @@ def test_cpu_defaults_fit_ram() -> None:
 
 
 def test_dtype_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: False)
+    monkeypatch.setattr(hardware, "cpu_auto_dtype", lambda: DtypeChoice("float32", "none"))
     assert resolve_dtype("auto", "cpu") == "float32"
-    monkeypatch.setattr(hardware, "cpu_has_fast_bf16", lambda: True)
+    monkeypatch.setattr(hardware, "cpu_auto_dtype", lambda: DtypeChoice("bfloat16", "probed"))
     assert resolve_dtype("auto", "cpu") == "bfloat16"
     monkeypatch.setattr(hardware, "cuda_supports_bf16", lambda: False)
     assert resolve_dtype("auto", "cuda") == "float16"
@@ -73,14 +74,11 @@ def test_dtype_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_kv_cache_dtype("bf16", "float32") == "bfloat16"
 
 
-def test_cpu_flags_and_bf16_detection(tmp_path: Path) -> None:
+def test_cpu_flags(tmp_path: Path) -> None:
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16\n", encoding="utf-8")
     flags = hardware.cpu_flags(str(cpuinfo))
     assert "avx512_bf16" in flags
-    assert hardware.cpu_has_fast_bf16(flags)
-    assert not hardware.cpu_has_fast_bf16(frozenset({"avx2"}))
-    assert hardware.cpu_has_fast_bf16(frozenset({"amx_bf16"}))
     assert hardware.cpu_flags(str(tmp_path / "missing")) == frozenset()
 
 
