@@ -1,60 +1,92 @@
-"""`radixserve cache list` and `radixserve cache clear`: the converted-GGUF cache."""
+"""`radixserve cache list` and `radixserve cache clear`: what radixserve keeps on disk."""
 
 from __future__ import annotations
 
 import shutil
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+from radixserve.utils.cache_dir import radixserve_cache_dir
 
 _USAGE = """usage: radixserve cache <list|clear> [name ...]
 
-  list          the converted GGUF folders, their sizes, and the cache location
-  clear [name]  remove every converted folder, or only those named (as `list` prints them)
+  list          what the cache holds, with sizes, and where it is
+  clear [name]  remove everything, or only the entries named (as `list` prints them)
 
-The cache lives under the user cache folder (RADIXSERVE_CACHE_DIR overrides it); a GGUF is
-converted again on its next start.
+Entries: converted GGUF folders (a GGUF is converted again on its next start), torch_compile
+(the --enable-torch-compile graphs; compiled again on next use) and auto-dtype-*.json (the
+--dtype auto verdict per CPU; probed again on next start). The cache lives under the user cache
+folder (RADIXSERVE_CACHE_DIR overrides it).
 """
 
 
-def _folders(root: Path) -> list[Path]:
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    path: Path
+    kind: str
+
+    def size(self) -> int:
+        if self.path.is_file():
+            return self.path.stat().st_size
+        return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
+
+    def remove(self) -> None:
+        if self.path.is_dir():
+            shutil.rmtree(self.path)
+        else:
+            self.path.unlink()
 
 
-def _size(folder: Path) -> int:
-    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+def entries() -> list[Entry]:
+    # The folders by name, without importing the modules that use them (and torch).
+    root = radixserve_cache_dir()
+    found: list[Entry] = []
+    gguf = root / "gguf"
+    if gguf.is_dir():
+        found += [
+            Entry(p.name, p, "converted GGUF")
+            for p in sorted(gguf.iterdir())
+            if p.is_dir() and not p.name.startswith(".")
+        ]
+    # Only radixserve's own folder: a $TORCHINDUCTOR_CACHE_DIR elsewhere is the user's.
+    compiled = root / "torch_compile"
+    if compiled.is_dir():
+        found.append(Entry(compiled.name, compiled, "torch.compile graphs"))
+    found += [
+        Entry(p.name, p, "--dtype auto verdict") for p in sorted(root.glob("auto-dtype-*.json"))
+    ]
+    return found
 
 
 def run(argv: Sequence[str]) -> int:
-    from radixserve.models.gguf import cache_root
-
-    root = cache_root()
     if not argv or argv[0] in ("-h", "--help"):
         print(_USAGE, end="", file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     command, names = argv[0], list(argv[1:])
+    root = radixserve_cache_dir()
     if command == "list":
-        folders = _folders(root)
+        found = entries()
         print(f"cache: {root}")
-        for folder in folders:
-            print(f"  {folder.name}  {_size(folder) / 2**20:,.0f} MiB")
-        if not folders:
+        for entry in found:
+            print(f"  {entry.name}  {entry.size() / 2**20:,.1f} MiB  ({entry.kind})")
+        if not found:
             print("  (empty)")
         return 0
     if command == "clear":
-        folders = _folders(root)
-        unknown = sorted(set(names) - {f.name for f in folders})
+        found = entries()
+        unknown = sorted(set(names) - {e.name for e in found})
         if unknown:
             print(
                 f"radixserve cache: error: not in the cache: {', '.join(unknown)}", file=sys.stderr
             )
             return 2
-        chosen = [f for f in folders if not names or f.name in names]
-        for folder in chosen:
-            shutil.rmtree(folder)
-        print(f"removed {len(chosen)} converted folder(s) from {root}")
+        chosen = [e for e in found if not names or e.name in names]
+        for entry in chosen:
+            entry.remove()
+        print(f"removed {len(chosen)} entr{'y' if len(chosen) == 1 else 'ies'} from {root}")
         return 0
     print(f"radixserve cache: error: unknown command '{command}' (list or clear)", file=sys.stderr)
     return 2

@@ -105,9 +105,9 @@ def inductor_cache_dir() -> Path:
     override = os.environ.get(INDUCTOR_CACHE_ENV)
     if override:
         return Path(override)
-    from radixserve.models.gguf import cache_root
+    from radixserve.utils.cache_dir import radixserve_cache_dir
 
-    return cache_root().parent / "torch_compile"
+    return radixserve_cache_dir() / "torch_compile"
 
 
 class CompiledDecode:

@@ -27,9 +27,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from radixserve.utils.cache_dir import radixserve_cache_dir
+
 logger = logging.getLogger(__name__)
 
-CACHE_DIR_ENV = "RADIXSERVE_CACHE_DIR"
 # Bump when the converted layout changes, so stale caches are not reused.
 CONVERTER_VERSION = 1
 SHARD_BYTES = 2 * 2**30
@@ -86,12 +87,7 @@ def find_gguf_file(path: Path, force: bool = False) -> Path | None:
 
 
 def cache_root() -> Path:
-    override = os.environ.get(CACHE_DIR_ENV)
-    if override:
-        return Path(override).expanduser() / "gguf"
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("radixserve")) / "gguf"
+    return radixserve_cache_dir() / "gguf"
 
 
 _HEAD_BYTES = 4 * 2**20  # the header (metadata, tensor table) and the first tensors

@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from radixserve.utils.cache_dir import radixserve_cache_dir
+
 logger = logging.getLogger(__name__)
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -45,11 +47,9 @@ def judge(measured: dict[str, float]) -> DtypeChoice:
 
 
 def _cache_file(fingerprint: str) -> Path:
-    import platformdirs
     import torch
 
-    root = Path(platformdirs.user_cache_dir("radixserve"))
-    return root / f"auto-dtype-{fingerprint}-torch{torch.__version__}.json"
+    return radixserve_cache_dir() / f"auto-dtype-{fingerprint}-torch{torch.__version__}.json"
 
 
 def _probe() -> DtypeChoice:

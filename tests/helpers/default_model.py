@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from radixserve.models import gguf
 from radixserve.models.loader import LoadedModel, load_model
+from radixserve.utils.cache_dir import CACHE_DIR_ENV
 
 
 class TimedLoad(NamedTuple):
@@ -22,15 +22,15 @@ class TimedLoad(NamedTuple):
 @contextlib.contextmanager
 def gguf_cache_dir(cache_dir: Path) -> Iterator[None]:
     """Point GGUF conversions at `cache_dir` for the duration of the block."""
-    previous = os.environ.get(gguf.CACHE_DIR_ENV)
-    os.environ[gguf.CACHE_DIR_ENV] = str(cache_dir)
+    previous = os.environ.get(CACHE_DIR_ENV)
+    os.environ[CACHE_DIR_ENV] = str(cache_dir)
     try:
         yield
     finally:
         if previous is None:
-            os.environ.pop(gguf.CACHE_DIR_ENV, None)
+            os.environ.pop(CACHE_DIR_ENV, None)
         else:
-            os.environ[gguf.CACHE_DIR_ENV] = previous
+            os.environ[CACHE_DIR_ENV] = previous
 
 
 def timed_load(gguf_path: Path, cache_dir: Path, dtype: str = "float32") -> TimedLoad:

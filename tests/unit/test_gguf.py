@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from radixserve.utils.cache_dir import CACHE_DIR_ENV
+
 # See test_loader.py: the repo root is needed on sys.path for tests.helpers.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -26,7 +28,7 @@ VOCAB = 59
 
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(gguf.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
 
 
 def _ours(path: Path) -> torch.Tensor:
@@ -120,11 +122,24 @@ def test_cache_is_keyed_by_content_not_path_or_mtime(
     folder = gguf.ensure_converted(path)
     assert main(["cache", "list"]) == 0
     listing = capsys.readouterr().out
-    assert str(gguf.cache_root()) in listing and folder.name in listing
+    assert str(gguf.cache_root().parent) in listing and folder.name in listing
     assert main(["cache", "clear", "not-there"]) == 2
     assert "not in the cache: not-there" in capsys.readouterr().err
     assert main(["cache", "clear", folder.name]) == 0
-    assert not folder.exists() and "removed 1" in capsys.readouterr().out
+    assert not folder.exists() and "removed 1 entry" in capsys.readouterr().out
+    # The other things radixserve caches are listed and cleared too.
+    root = gguf.cache_root().parent
+    (root / "torch_compile" / "fxgraph").mkdir(parents=True)
+    (root / "torch_compile" / "fxgraph" / "graph.bin").write_bytes(b"x" * 2048)
+    (root / "auto-dtype-abc-torch2.json").write_text('{"dtype": "float32", "reason": "r"}')
+    gguf.ensure_converted(path)
+    assert main(["cache", "list"]) == 0
+    listing = capsys.readouterr().out
+    assert "torch_compile" in listing and "(torch.compile graphs)" in listing
+    assert "auto-dtype-abc-torch2.json" in listing and "(--dtype auto verdict)" in listing
+    assert main(["cache", "clear"]) == 0
+    assert "removed 3 entries" in capsys.readouterr().out
+    assert not any(root.iterdir()) or [p.name for p in root.iterdir()] == ["gguf"]
 
 
 def test_folder_with_one_gguf_and_tokenizer_from_it(tmp_path: Path) -> None:
