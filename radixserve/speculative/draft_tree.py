@@ -52,6 +52,21 @@ class DraftTree:
     def token(self, node: int) -> int:
         return self.tokens[node - 1]
 
+    def children(self, node: int) -> list[int]:
+        return [i for i, parent in enumerate(self.parents, start=1) if parent == node]
+
+    def subtree(self, keep: Sequence[int]) -> DraftTree:
+        """The tree of the kept draft nodes (each kept node's parent must be kept or the root),
+        renumbered in their order."""
+        index = {0: 0}
+        tokens: list[int] = []
+        parents: list[int] = []
+        for node in sorted(keep):
+            index[node] = len(tokens) + 1
+            tokens.append(self.token(node))
+            parents.append(index[self.parents[node - 1]])
+        return DraftTree(tuple(tokens), tuple(parents))
+
     def child_with_token(self, node: int, token: int) -> int | None:
         """The first child of `node` carrying `token` (siblings carry distinct tokens)."""
         for i, (tok, parent) in enumerate(zip(self.tokens, self.parents, strict=True), start=1):
@@ -69,10 +84,6 @@ class DraftTree:
 
     def path_tokens(self, node: int) -> list[int]:
         return [self.token(n) for n in self.path(node)]
-
-    def first_branch(self) -> list[int]:
-        """Tokens of the branch that always follows a node's first child (chain 0's drafts)."""
-        return [self.token(n) for n in self.chains()[0][1:]]
 
     def chains(self) -> list[list[int]]:
         """The tree cut into parent-to-child runs, root's run first; a node continues its

@@ -1,13 +1,14 @@
 """Drafts for grammar-constrained requests.
 
 A constrained request samples from its logits masked by the grammar's allowed tokens. To verify
-drafts d_1..d_k exactly, verify row j must be masked by the grammar's state after d_1..d_j, the
-state plain decoding would be in had it emitted those tokens. The matcher is advanced through
-the drafts to fill each row's mask and then rolled back, so the scheduler's per-token
-`accept_token` (scheduler._apply_spec) still sees only the tokens actually kept.
+a draft tree exactly, node n's row must be masked by the grammar's state after the drafts on n's
+path, the state plain decoding would be in had it emitted those tokens. The matcher walks the
+tree depth first (accept a child's token, fill, recurse, roll back one token), so the
+scheduler's per-token `accept_token` (scheduler._apply_spec) still sees only the tokens actually
+kept.
 
 A draft the grammar refuses can never be accepted (its masked probability is zero), so the rows
-after it are never read: masks are filled up to and including the refusing position.
+below it are never read: they are left unfilled, and n-gram drafts are pruned there first.
 """
 
 from __future__ import annotations
@@ -17,31 +18,54 @@ from collections.abc import Sequence
 import torch
 
 from radixserve.sampling.constrained.base import GrammarMatcher
+from radixserve.speculative.draft_tree import DraftTree
+
+
+def grammar_subtree(matcher: GrammarMatcher, tree: DraftTree) -> DraftTree:
+    """The draft nodes whose whole path the grammar allows from the matcher's state (which is
+    left as it was). Drafts are pruned there: verifying the rest would be wasted work."""
+    kept: list[int] = []
+
+    def visit(node: int) -> None:
+        for child in tree.children(node):
+            if matcher.accept_token(tree.token(child)):
+                kept.append(child)
+                visit(child)
+                matcher.rollback(1)
+
+    visit(0)
+    return tree.subtree(kept)
+
+
+def fill_tree_masks(
+    matcher: GrammarMatcher, tree: DraftTree, bitmask: torch.Tensor, first_row: int
+) -> list[int]:
+    """Fill row first_row + n of a packed bitmask with the tokens allowed at node n (after the
+    drafts on n's path), for every node the grammar can reach; returns those nodes. A node
+    whose token the grammar refuses is never accepted (its parent's row masks it out), so its
+    subtree's rows are never read and stay unfilled. The matcher is left unchanged."""
+    filled: list[int] = []
+
+    def visit(node: int) -> None:
+        matcher.fill_packed(bitmask, first_row + node)
+        filled.append(node)
+        for child in tree.children(node):
+            if matcher.accept_token(tree.token(child)):
+                visit(child)
+                matcher.rollback(1)
+
+    visit(0)
+    return filled
 
 
 def grammar_prefix(matcher: GrammarMatcher, draft: Sequence[int]) -> list[int]:
-    """The longest prefix of `draft` the grammar allows from the matcher's state (which is left
-    as it was). N-gram drafts are cut there: verifying later positions would be wasted work."""
-    kept = 0
-    for token in draft:
-        if not matcher.accept_token(token):
-            break
-        kept += 1
-    matcher.rollback(kept)
-    return list(draft[:kept])
+    """The longest prefix of a chain of drafts the grammar allows (grammar_subtree of a chain)."""
+    return list(grammar_subtree(matcher, DraftTree.chain(draft)).tokens)
 
 
 def fill_verify_masks(
     matcher: GrammarMatcher, draft: Sequence[int], bitmask: torch.Tensor, first_row: int
 ) -> int:
-    """Fill rows first_row, first_row + 1, ... of a packed bitmask with the tokens allowed at
-    each verify position of `draft` (row j: after d_1..d_j); stops after the first position whose
-    draft the grammar refuses. Returns the number of rows filled; the matcher is unchanged."""
-    accepted = 0
-    for j in range(len(draft) + 1):
-        matcher.fill_packed(bitmask, first_row + j)
-        if j == len(draft) or not matcher.accept_token(draft[j]):
-            break
-        accepted += 1
-    matcher.rollback(accepted)
-    return accepted + 1
+    """fill_tree_masks for a chain: rows first_row, first_row + 1, ... up to and including the
+    first position whose draft the grammar refuses. Returns the number of rows filled."""
+    return len(fill_tree_masks(matcher, DraftTree.chain(draft), bitmask, first_row))

@@ -16,7 +16,7 @@ kept, so KV and the radix cache only ever hold verified tokens.
 Each verify row is processed as plain decoding would process that position: penalties and
 min_new_tokens see the request's output plus the drafts on the node's path, and a grammar-
 constrained request's row is masked by the grammar state after those drafts
-(grammar_drafts.py; such a request drafts a chain), and a logprob request gets each emitted
+(grammar_drafts.py), and a logprob request gets each emitted
 token's logprob from its row. Seeded requests (whose draw depends on the step) get no drafts and
 are sampled by the plain sampler in the same pass, so their output is the same with and without
 speculation.
@@ -41,7 +41,7 @@ from radixserve.speculative.acceptance import accept_tree, target_probs
 from radixserve.speculative.adaptive import DraftBudget
 from radixserve.speculative.draft_model import DraftModel
 from radixserve.speculative.draft_tree import DraftTree
-from radixserve.speculative.grammar_drafts import fill_verify_masks, grammar_prefix
+from radixserve.speculative.grammar_drafts import fill_tree_masks, grammar_subtree
 from radixserve.speculative.ngram_cache import NgramCache
 
 if TYPE_CHECKING:
@@ -120,12 +120,9 @@ class SpecWorker:
                 return trees
         else:
             trees = [self._ngram_drafts(req, room) for req, room in zip(reqs, rooms, strict=True)]
-        # A constrained request verifies a chain (its rows need the grammar's state along one
-        # path), cut where the grammar refuses a draft.
+        # A constrained request's drafts are pruned where the grammar refuses them.
         return [
-            DraftTree.chain(grammar_prefix(req.grammar, tree.first_branch()))
-            if req.grammar is not None and len(tree)
-            else tree
+            grammar_subtree(req.grammar, tree) if req.grammar is not None and len(tree) else tree
             for req, tree in zip(reqs, trees, strict=True)
         ]
 
@@ -135,7 +132,7 @@ class SpecWorker:
         if room <= 0:
             return DraftTree()
         low, high = self.config.ngram_min_bfs_breadth, self.config.ngram_max_bfs_breadth
-        if req.grammar is not None or not self.trees:
+        if not self.trees:
             low = high = 1
         return self.ngram.propose_tree(req.spec_state, room, low, high)
 
@@ -247,8 +244,8 @@ class SpecWorker:
     def _verify_grammar_mask(
         reqs: Sequence[Req], trees: Sequence[DraftTree], drafted: list[int], vocab_size: int
     ) -> PackedVocabMask | None:
-        """The packed grammar mask of the verify rows (drafted requests' rows, in order); None
-        when no drafted request is constrained (a constrained request's drafts are a chain)."""
+        """The packed grammar mask of the verify rows (drafted requests' rows, in node order);
+        None when no drafted request is constrained."""
         if all(reqs[i].grammar is None for i in drafted):
             return None
         bitmask = allocate_bitmask(sum(len(trees[i]) + 1 for i in drafted), vocab_size)
@@ -258,10 +255,10 @@ class SpecWorker:
             matcher = reqs[i].grammar
             if matcher is not None:
                 matcher.check_logits_width(vocab_size)
-                filled = fill_verify_masks(matcher, trees[i].tokens, bitmask, offset)
-                masked.extend(range(offset, offset + filled))
+                filled = fill_tree_masks(matcher, trees[i], bitmask, offset)
+                masked.extend(offset + node for node in filled)
             offset += len(trees[i]) + 1
-        return PackedVocabMask(bitmask, tuple(masked), vocab_size)
+        return PackedVocabMask(bitmask, tuple(sorted(masked)), vocab_size)
 
     def _build_inputs(self, reqs: Sequence[Req], trees: Sequence[DraftTree]) -> VerifyInputs:
         """Flatten the round: one extend per chain of each request's tree (one per request when

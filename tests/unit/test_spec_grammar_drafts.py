@@ -8,7 +8,13 @@ import torch
 
 from radixserve.sampling.constrained.base import GrammarMatcher
 from radixserve.sampling.constrained.bitmask import allocate_bitmask, unpack_bitmask, write_only
-from radixserve.speculative.grammar_drafts import fill_verify_masks, grammar_prefix
+from radixserve.speculative.draft_tree import DraftTree
+from radixserve.speculative.grammar_drafts import (
+    fill_tree_masks,
+    fill_verify_masks,
+    grammar_prefix,
+    grammar_subtree,
+)
 
 VOCAB = 40
 EOS = 3
@@ -82,3 +88,18 @@ def test_verify_masks_follow_the_drafts_and_stop_after_a_refusal() -> None:
     assert fill_verify_masks(m, [13, EOS], bitmask, 0) == 3
     assert allowed_rows(bitmask, range(0, 3)) == [[13], [EOS, 14], [EOS]]
     assert m.tokens == [10, 11, 12]
+
+
+def test_draft_trees_are_pruned_and_masked_per_path() -> None:
+    """Root -> (1: 10, 2: 7); 1 -> (3: 11, 4: 12); 3 -> 5: 12; 2 -> 6: 8. The grammar allows
+    10 11 12 ... only: nodes 2, 4 and 6 are refused (6 under a refused node)."""
+    tree = DraftTree(tokens=(10, 7, 11, 12, 12, 8), parents=(0, 0, 1, 1, 3, 2))
+    m = CountingMatcher()
+    assert grammar_subtree(m, tree) == DraftTree(tokens=(10, 11, 12), parents=(0, 1, 2))
+    assert m.tokens == []
+    bitmask = allocate_bitmask(10, VOCAB)
+    # Rows of reachable nodes hold the state after their path; refused subtrees stay unfilled.
+    assert sorted(fill_tree_masks(m, tree, bitmask, 3)) == [0, 1, 3, 5]
+    rows = allowed_rows(bitmask, range(3, 10))
+    assert rows == [[10], [11], [], [12], [], [13], []]
+    assert m.tokens == []

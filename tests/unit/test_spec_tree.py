@@ -42,7 +42,8 @@ def test_draft_tree_shape() -> None:
     assert TREE.depths == (0, 1, 1, 2, 2, 2, 3)
     assert TREE.chains() == [[0, 1, 3], [2, 4], [5, 6]]
     assert TREE.path(6) == [2, 5, 6] and TREE.path_tokens(6) == [6, 9, 1] and TREE.path(0) == []
-    assert TREE.first_branch() == [5, 7]
+    assert TREE.children(0) == [1, 2] and TREE.children(2) == [4, 5] and TREE.children(6) == []
+    assert TREE.subtree([2, 5]) == DraftTree(tokens=(6, 9), parents=(0, 1))
     assert TREE.child_with_token(2, 9) == 5 and TREE.child_with_token(2, 7) is None
     assert not TREE.is_chain
     chain = DraftTree.chain([4, 4, 2])

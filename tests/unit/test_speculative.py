@@ -400,12 +400,23 @@ def _with_cycle_grammar(engine: Any) -> Any:
 def test_grammar_requests_are_drafted_and_verified_under_their_masks(make: Any) -> None:
     plain = _with_cycle_grammar(make())
     spec = _with_cycle_grammar(make(**NGRAM))
+    propose = spec.scheduler.spec.propose
+    branched: list[bool] = []
+
+    def spying(reqs: Any) -> Any:
+        trees = propose(reqs)
+        pairs = zip(reqs, trees, strict=True)
+        branched.extend(not t.is_chain for r, t in pairs if r.grammar is not None)
+        return trees
+
+    spec.scheduler.spec.propose = spying
     inputs = prompts()
     constrained = greedy(60, regex="cycle")
     params = [constrained if i % 2 == 0 else greedy(60) for i in range(len(inputs))]
     want = plain.generate(input_ids=inputs, sampling_params=params)
     got = spec.generate(input_ids=inputs, sampling_params=params)
     assert ids(got) == ids(want)
+    assert any(branched)  # constrained requests verified branching trees, pruned and masked
     for i, result in enumerate(got):
         if i % 2:
             continue
