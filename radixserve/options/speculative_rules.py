@@ -12,9 +12,6 @@ IMPLEMENTED_ALGORITHMS = ("NGRAM", "STANDALONE")
 _HEAD_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "MTP")
 
 
-_NOT_WITH_SPECULATION = (("enable_custom_logit_processor", "--enable-custom-logit-processor"),)
-
-
 def check_speculative(v: Mapping[str, Any]) -> None:
     """Raise ServerArgsError for an algorithm or setting that cannot run."""
     algo = v.get("speculative_algorithm")
@@ -36,11 +33,6 @@ def check_speculative(v: Mapping[str, Any]) -> None:
             "--speculative-algorithm",
             f"{algo} is not supported (supported: {', '.join(IMPLEMENTED_ALGORITHMS)})",
         )
-    # Features built beside speculation that its verify pass does not carry yet: processors on
-    # every verified position.
-    for dest, option in _NOT_WITH_SPECULATION:
-        if v.get(dest):
-            raise ServerArgsError(option, "is not supported with --speculative-algorithm (yet)")
     draft = v.get("speculative_draft_model_path")
     if name == "STANDALONE":
         if not draft:

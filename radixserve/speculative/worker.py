@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,6 +35,7 @@ from radixserve.managers.step_runner import TokenResult, argmax_of_raw_logits
 from radixserve.model_executor.model_runner import StepInputs
 from radixserve.sampling.constrained.bitmask import allocate_bitmask
 from radixserve.sampling.constrained.mask_apply import PackedVocabMask
+from radixserve.sampling.custom_logit_processor import apply_processors
 from radixserve.sampling.sampler import _scale, chosen_logprobs
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 from radixserve.speculative.acceptance import accept_tree, target_probs
@@ -159,6 +160,8 @@ class SpecWorker:
         plain = [i for i, t in enumerate(trees) if not t]
         if plain:
             rows = [verify.node_rows[i][0] for i in plain]
+            if any(reqs[i].custom_logit_processor is not None for i in plain):
+                apply_processors(logits, rows, [reqs[i] for i in plain])
             sampled = self.step_runner.sample([reqs[i] for i in plain], logits[rows])
             for i, token in zip(plain, sampled, strict=True):
                 results[i] = SpecResult([token], 0, 0)
@@ -189,6 +192,14 @@ class SpecWorker:
         """Per drafted request: the emitted tokens and the accepted draft nodes."""
         rows = [r for i in drafted for r in node_rows[i]]
         block = logits[rows]  # drafted requests' nodes, in node order
+        if any(reqs[i].custom_logit_processor is not None for i in drafted):
+            # Each node's row sees the request as plain decoding would at that position.
+            views = [
+                PathView(reqs[i], trees[i].path_tokens(n))
+                for i in drafted
+                for n in range(len(trees[i]) + 1)
+            ]
+            apply_processors(block, list(range(len(rows))), views)
         params = [reqs[i].sampling_params for i in drafted for _ in node_rows[i]]
         mask = self._verify_grammar_mask(reqs, trees, drafted, block.shape[-1])
         raw = all(
@@ -300,6 +311,22 @@ class SpecWorker:
         if branching:
             table = _chain_table(pool.req_to_token, table_rows)
         return VerifyInputs(step.build(), table, node_rows, node_slots)
+
+
+class PathView:
+    """A request as a custom logit processor sees it at one verify row: its output ids plus
+    the drafts on the row's path; everything else (and any error the processor leaves, e.g.
+    `custom_logit_error`) is the request's own."""
+
+    def __init__(self, req: Req, drafts: list[int]) -> None:
+        object.__setattr__(self, "_req", req)
+        object.__setattr__(self, "output_ids", req.output_ids + drafts)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._req, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._req, name, value)
 
 
 @dataclass

@@ -17,6 +17,7 @@ from radixserve.options.errors import ServerArgsError
 from radixserve.sampling.constrained.base import GrammarBackend, GrammarMatcher
 from radixserve.sampling.constrained.bitmask import write_only
 from radixserve.sampling.constrained.spec import GrammarSpec
+from radixserve.sampling.custom_logit_processor import CustomLogitProcessor
 from radixserve.server_args import ServerArgs
 from tests.unit.tiny_model import TINY_VOCAB, tiny_engines, write_tiny_llama
 
@@ -190,7 +191,6 @@ def test_no_spec_fields_without_speculation(make: Any) -> None:
         ({**NGRAM, "speculative_num_steps": 3, "speculative_num_draft_tokens": 6}, "chain"),
         ({**NGRAM, "speculative_num_draft_tokens": 1}, "must be >= 2"),
         ({**NGRAM, "speculative_ngram_match_type": "PROB"}, "PROB"),
-        ({**NGRAM, "enable_custom_logit_processor": True}, "--enable-custom-logit-processor"),
         ({"speculative_adaptive": True}, "--speculative-adaptive: needs --speculative-algorithm"),
     ],
 )
@@ -493,4 +493,35 @@ def test_logprob_requests_are_drafted_with_their_logprobs(make: Any) -> None:
             ):
                 assert [t[1] for t in gtop] == [t[1] for t in wtop]
                 assert [t[0] for t in gtop] == pytest.approx([t[0] for t in wtop], abs=1e-4)
+    assert_idle(spec)
+
+
+class ForceAfter(CustomLogitProcessor):
+    """From the request's `after`-th output token on, only `token` may follow: a processor
+    that reads the request's output, so each verify row must show it the drafts before it."""
+
+    def __call__(self, logits: torch.Tensor, custom_param_list: Any = None) -> torch.Tensor:
+        assert custom_param_list is not None
+        out = logits.clone()
+        for row, params in enumerate(custom_param_list):
+            if len(params["__req__"].output_ids) >= params["after"]:
+                out[row] = float("-inf")
+                out[row, params["token"]] = 0.0
+        return out
+
+
+def test_custom_logit_processors_see_each_rows_drafts(make: Any) -> None:
+    plain = make(enable_custom_logit_processor=True)
+    spec = make(**NGRAM, enable_custom_logit_processor=True)
+    inputs = prompts()[:4]
+    params = [greedy(30, custom_params={"after": 6 + i, "token": 77 + i}) for i in range(4)]
+    processor = ForceAfter.to_str()
+    kwargs = {"input_ids": inputs, "sampling_params": params}
+    want = plain.generate(**kwargs, custom_logit_processor=[processor] * 4)
+    got = spec.generate(**kwargs, custom_logit_processor=[processor] * 4)
+    assert ids(got) == ids(want)
+    for i, result in enumerate(got):
+        assert set(result["output_ids"][6 + i :]) == {77 + i}
+    # The forced runs repeat, so their drafts land, through the processor's rows.
+    assert sum(r["meta_info"]["spec_accept_token_num"] for r in got) > 0
     assert_idle(spec)
