@@ -81,7 +81,11 @@ def test_padded_rows_attend_nothing_and_store_in_the_spare_slot() -> None:
         ({"tp_size": 2}, "--enable-torch-compile", "--tp-size 1 only"),
         ({"pp_size": 2}, "--enable-torch-compile", "--pp-size 1 only"),
         ({"enable_lora": True}, "--enable-torch-compile", "--enable-lora"),
-        ({"speculative_algorithm": "NGRAM"}, "--enable-torch-compile", "--speculative-algorithm"),
+        (
+            {"speculative_algorithm": "STANDALONE", "speculative_draft_model_path": "/m"},
+            "--enable-torch-compile",
+            "STANDALONE yet",
+        ),
         ({"quantization": "w8a8_int8"}, "--enable-torch-compile", "w8a8_int8"),
         ({"attention_backend": "torch_native"}, "--enable-torch-compile", "intel_amx"),
         ({"cuda_graph_bs_decode": [1, 0]}, "--cuda-graph-bs-decode", ">= 1"),
@@ -270,3 +274,38 @@ def test_new_weights_drop_the_compiled_graphs(
     compiled._compiled.add(1)
     assert compiled._function(first) is fn and compiled._compiled == {1}
     assert compiled._function(second) is not fn and not compiled._compiled
+
+
+@pytest.mark.slow  # two engines compile their buckets (~1-2 min)
+def test_ngram_speculation_runs_with_compiled_decode(
+    tiny_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NGRAM under --enable-torch-compile: verify passes run eagerly, draftless rounds through
+    the compiled graphs; greedy output equals the compiled engine without speculation."""
+    from torch._dynamo.utils import counters
+
+    from tests.unit.tiny_model import tiny_engines
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    compile_args = {"enable_torch_compile": True, "torch_compile_max_bs": 4}
+    prompts = [[7, 8, 9, 7, 8, 9, 7, 8], list(range(20, 40)), [5, 6, 7, 8]]
+    params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+    with tiny_engines(tiny_folder) as make:
+        plain = make(**compile_args)
+        want = [r["output_ids"] for r in plain.generate(input_ids=prompts, sampling_params=params)]
+        counters.clear()
+        spec = make(**compile_args, speculative_algorithm="NGRAM")
+        decode_steps = []
+        forward = spec.scheduler.step_runner.runner.forward
+
+        def counting(step: StepInputs, table: torch.Tensor) -> Any:
+            decode_steps.append(step.is_decode)
+            return forward(step, table)
+
+        spec.scheduler.step_runner.runner.forward = counting
+        got = spec.generate(input_ids=prompts, sampling_params=params)
+        assert [r["output_ids"] for r in got] == want
+        assert sum(r["meta_info"]["spec_accept_token_num"] for r in got) > 0
+        assert any(decode_steps)  # some rounds had no drafts and ran compiled
+        # Compiled, one graph per bucket used (no recompiles as contexts grow).
+        assert 1 <= counters["stats"]["unique_graphs"] <= 3
