@@ -43,14 +43,9 @@ def check_torch_compile(v: Mapping[str, Any]) -> None:
     for dest, name in _NOT_WITH_COMPILE:
         if v.get(dest):
             raise ServerArgsError(_COMPILE, f"cannot be combined with {name} yet")
-    # NGRAM's verify passes are extends (eager) and its draftless rounds plain decode steps
-    # (compiled). A draft model's tree steps read a table built per round, whose changing
-    # shape would recompile every round.
-    algo = v.get("speculative_algorithm")
-    if algo is not None and str(algo).upper() != "NGRAM":
-        raise ServerArgsError(
-            _COMPILE, f"cannot be combined with --speculative-algorithm {algo} yet (NGRAM can)"
-        )
+    # With speculation, verify passes (and a draft model's tree steps, which read a table
+    # built per round) are extends and run eagerly; plain decode steps (draftless rounds, a
+    # draft model's chain steps on its own pool's table) run compiled.
     for dest, name in (("tp_size", "--tp-size"), ("pp_size", "--pp-size")):
         if v.get(dest, 1) > 1:
             raise ServerArgsError(_COMPILE, f"runs with {name} 1 only (got {v[dest]})")

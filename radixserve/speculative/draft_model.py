@@ -160,7 +160,9 @@ class DraftModel:
             table[r, s : s + len(path)] = torch.tensor([scratch[(i, n)] for n in path])
         positions = [s + len(p) - 1 for s, p in zip(seen, paths, strict=True)]
         step = StepInputs(
-            is_decode=True,
+            # One-token extends, not decode steps: under --enable-torch-compile a decode step
+            # runs a graph compiled for a fixed table shape, and this table's changes per round.
+            is_decode=False,
             input_ids=[searches[i].nodes[node].token for i, node in frontier],
             positions=positions,
             req_pool_indices=list(range(len(frontier))),

@@ -81,11 +81,6 @@ def test_padded_rows_attend_nothing_and_store_in_the_spare_slot() -> None:
         ({"tp_size": 2}, "--enable-torch-compile", "--tp-size 1 only"),
         ({"pp_size": 2}, "--enable-torch-compile", "--pp-size 1 only"),
         ({"enable_lora": True}, "--enable-torch-compile", "--enable-lora"),
-        (
-            {"speculative_algorithm": "STANDALONE", "speculative_draft_model_path": "/m"},
-            "--enable-torch-compile",
-            "STANDALONE yet",
-        ),
         ({"quantization": "w8a8_int8"}, "--enable-torch-compile", "w8a8_int8"),
         ({"attention_backend": "torch_native"}, "--enable-torch-compile", "intel_amx"),
         ({"cuda_graph_bs_decode": [1, 0]}, "--cuda-graph-bs-decode", ">= 1"),
@@ -276,12 +271,13 @@ def test_new_weights_drop_the_compiled_graphs(
     assert compiled._function(second) is not fn and not compiled._compiled
 
 
-@pytest.mark.slow  # two engines compile their buckets (~1-2 min)
-def test_ngram_speculation_runs_with_compiled_decode(
+@pytest.mark.slow  # the engines compile their buckets (~2-3 min)
+def test_speculation_runs_with_compiled_decode(
     tiny_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """NGRAM under --enable-torch-compile: verify passes run eagerly, draftless rounds through
-    the compiled graphs; greedy output equals the compiled engine without speculation."""
+    """Speculation under --enable-torch-compile: verify passes (and a draft model's tree steps)
+    run eagerly, draftless rounds and a draft model's chain steps through compiled graphs;
+    greedy output equals the compiled engine without speculation."""
     from torch._dynamo.utils import counters
 
     from tests.unit.tiny_model import tiny_engines
@@ -309,3 +305,17 @@ def test_ngram_speculation_runs_with_compiled_decode(
         assert any(decode_steps)  # some rounds had no drafts and ran compiled
         # Compiled, one graph per bucket used (no recompiles as contexts grow).
         assert 1 <= counters["stats"]["unique_graphs"] <= 3
+        for tree in ({}, {"speculative_eagle_topk": 2, "speculative_num_draft_tokens": 5}):
+            counters.clear()
+            standalone = make(
+                **compile_args,
+                speculative_algorithm="STANDALONE",
+                speculative_draft_model_path=str(tiny_folder),
+                speculative_num_steps=3,
+                **tree,
+            )
+            got = standalone.generate(input_ids=prompts, sampling_params=params)
+            assert [r["output_ids"] for r in got] == want
+            assert sum(r["meta_info"]["spec_accept_token_num"] for r in got) > 0
+            # The target's and the draft's graphs, each one per bucket used.
+            assert counters["stats"]["unique_graphs"] <= 6
