@@ -30,8 +30,9 @@ class CpuFeatures:
     flags: frozenset[str]
 
     @property
-    def has_native_bf16(self) -> bool:
-        return "avx512_bf16" in self.flags or "amx_bf16" in self.flags
+    def bf16_flags(self) -> tuple[str, ...]:
+        """The flags of native bfloat16 units this CPU reports (AVX512-BF16, AMX-BF16)."""
+        return tuple(f for f in ("avx512_bf16", "amx_bf16") if f in self.flags)
 
     @property
     def summary(self) -> str:

@@ -13,7 +13,9 @@ logger = logging.getLogger(__name__)
 _COMPILE = "--enable-torch-compile"
 
 # Features whose decode steps the compiled graphs do not carry: adapters' per-request deltas,
-# weights split over ranks, and int8 matmuls the tracer cannot see into.
+# weights split over ranks, and int8 matmuls the tracer cannot see into. (Speculation runs:
+# verify passes and a draft model's tree steps are extends and run eagerly, plain decode steps
+# compiled.)
 _NOT_WITH_COMPILE = (
     ("enable_lora", "--enable-lora"),
     ("lora_paths", "--lora-paths"),
@@ -43,9 +45,6 @@ def check_torch_compile(v: Mapping[str, Any]) -> None:
     for dest, name in _NOT_WITH_COMPILE:
         if v.get(dest):
             raise ServerArgsError(_COMPILE, f"cannot be combined with {name} yet")
-    # With speculation, verify passes (and a draft model's tree steps, which read a table
-    # built per round) are extends and run eagerly; plain decode steps (draftless rounds, a
-    # draft model's chain steps on its own pool's table) run compiled.
     for dest, name in (("tp_size", "--tp-size"), ("pp_size", "--pp-size")):
         if v.get(dest, 1) > 1:
             raise ServerArgsError(_COMPILE, f"runs with {name} 1 only (got {v[dest]})")

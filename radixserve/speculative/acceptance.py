@@ -70,17 +70,3 @@ def accept_tree(
             return tokens, path
         path.append(child)
         node = child
-
-
-def accept_greedy(argmax_rows: Sequence[int], drafts: Sequence[int]) -> list[int]:
-    """Tokens emitted for a greedy request with a chain of drafts: the matching draft prefix,
-    then the target's own token at the first mismatch (or the bonus token after the last)."""
-    return accept_tree(DraftTree.chain(drafts), argmax_rows, None)[0]
-
-
-def accept_sampled(
-    probs: torch.Tensor, drafts: Sequence[int], generator: torch.Generator | None = None
-) -> list[int]:
-    """Tokens emitted for a sampled request with a chain of drafts; probs is
-    [len(drafts) + 1, vocab]."""
-    return accept_tree(DraftTree.chain(drafts), None, probs, generator)[0]

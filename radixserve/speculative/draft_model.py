@@ -31,7 +31,7 @@ import torch
 
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.model_executor.model_runner import ModelRunner, StepInputs
-from radixserve.speculative.draft_tree import DraftTree
+from radixserve.speculative.draft_tree import DraftTree, paths_table
 from radixserve.speculative.tree_search import TreeSearch
 
 if TYPE_CHECKING:
@@ -153,11 +153,13 @@ class DraftModel:
         request's verified tokens and the node's own path of drafts (a table row each)."""
         paths = [searches[i].path(node) for i, node in frontier]
         seen = [reqs[i].spec_state for i, _ in frontier]
-        width = max(s + len(p) for s, p in zip(seen, paths, strict=True))
-        table = torch.zeros((len(frontier), width), dtype=self.req_to_token.dtype)
-        for r, ((i, _), path, s) in enumerate(zip(frontier, paths, seen, strict=True)):
-            table[r, :s] = self.req_to_token[reqs[i].req_pool_idx, :s]
-            table[r, s : s + len(path)] = torch.tensor([scratch[(i, n)] for n in path])
+        table = paths_table(
+            self.req_to_token,
+            [
+                (reqs[i].req_pool_idx, s, [scratch[(i, n)] for n in path])
+                for (i, _), path, s in zip(frontier, paths, seen, strict=True)
+            ],
+        )
         positions = [s + len(p) - 1 for s, p in zip(seen, paths, strict=True)]
         step = StepInputs(
             # One-token extends, not decode steps: under --enable-torch-compile a decode step

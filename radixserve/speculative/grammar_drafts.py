@@ -13,8 +13,6 @@ below it are never read: they are left unfilled, and n-gram drafts are pruned th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from radixserve.sampling.constrained.base import GrammarMatcher
@@ -56,16 +54,3 @@ def fill_tree_masks(
 
     visit(0)
     return filled
-
-
-def grammar_prefix(matcher: GrammarMatcher, draft: Sequence[int]) -> list[int]:
-    """The longest prefix of a chain of drafts the grammar allows (grammar_subtree of a chain)."""
-    return list(grammar_subtree(matcher, DraftTree.chain(draft)).tokens)
-
-
-def fill_verify_masks(
-    matcher: GrammarMatcher, draft: Sequence[int], bitmask: torch.Tensor, first_row: int
-) -> int:
-    """fill_tree_masks for a chain: rows first_row, first_row + 1, ... up to and including the
-    first position whose draft the grammar refuses. Returns the number of rows filled."""
-    return len(fill_tree_masks(matcher, DraftTree.chain(draft), bitmask, first_row))

@@ -34,10 +34,12 @@ class _Node:
     stamp: int = 0  # insertion clock of the last visit: recency breaks count ties
     children: dict[int, _Node] | None = None
 
-    def best_child(self) -> tuple[int, _Node] | None:
+    def ranked_children(self) -> list[int]:
+        """Tokens that followed, most frequent first (ties: the most recently seen)."""
         if not self.children:
-            return None
-        return max(self.children.items(), key=lambda kv: (kv[1].count, kv[1].stamp))
+            return []
+        ranked = sorted(self.children.items(), key=lambda kv: (kv[1].count, kv[1].stamp))
+        return [token for token, _ in reversed(ranked)]
 
     def child(self, token: int) -> _Node | None:
         return self.children.get(token) if self.children else None
@@ -98,10 +100,6 @@ class NgramCache:
                 advanced.append(child)
         frontier.nodes = advanced
 
-    def propose(self, frontier: Frontier, num_tokens: int) -> list[int]:
-        """Up to ``num_tokens`` draft tokens continuing the frontier's sequence (a chain)."""
-        return list(self.propose_tree(frontier, num_tokens, 1, 1).tokens)
-
     def propose_tree(
         self, frontier: Frontier, num_tokens: int, min_breadth: int, max_breadth: int
     ) -> DraftTree:
@@ -120,11 +118,7 @@ class NgramCache:
             if match is None:
                 continue
             breadth = self.breadth_for(match.depth, min_breadth, max_breadth)
-            assert match.children is not None
-            ranked = sorted(
-                match.children.items(), key=lambda kv: (kv[1].count, kv[1].stamp), reverse=True
-            )
-            for token, _ in ranked[:breadth]:
+            for token in match.ranked_children()[:breadth]:
                 if len(tokens) == num_tokens:
                     break
                 tokens.append(token)

@@ -41,7 +41,7 @@ from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 from radixserve.speculative.acceptance import accept_tree, target_probs
 from radixserve.speculative.adaptive import DraftBudget
 from radixserve.speculative.draft_model import DraftModel
-from radixserve.speculative.draft_tree import DraftTree
+from radixserve.speculative.draft_tree import DraftTree, paths_table
 from radixserve.speculative.grammar_drafts import fill_tree_masks, grammar_subtree
 from radixserve.speculative.ngram_cache import NgramCache
 
@@ -74,7 +74,6 @@ class SpecWorker:
         self.step_runner = step_runner
         self.context_len = context_len
         self.ngram: NgramCache | None = None
-        self.trees = config.trees
         self.draft: DraftModel | None = None
         if config.algorithm == "STANDALONE":
             runner = step_runner.runner
@@ -86,7 +85,7 @@ class SpecWorker:
                 max_reqs=kv.req_to_token_pool.max_reqs,
                 context_len=context_len,
                 target_vocab=runner.model_config.vocab_size,
-                topk=config.eagle_topk if self.trees else 1,
+                topk=config.eagle_topk if config.trees else 1,
                 num_steps=config.num_steps,
             )
             # The draft's KV follows the target's: freed when the target releases a request.
@@ -133,7 +132,7 @@ class SpecWorker:
         if room <= 0:
             return DraftTree()
         low, high = self.config.ngram_min_bfs_breadth, self.config.ngram_max_bfs_breadth
-        if not self.trees:
+        if not self.config.trees:
             low = high = 1
         return self.ngram.propose_tree(req.spec_state, room, low, high)
 
@@ -309,7 +308,7 @@ class SpecWorker:
             node_slots.append(slots)
         table = pool.req_to_token
         if branching:
-            table = _chain_table(pool.req_to_token, table_rows)
+            table = paths_table(pool.req_to_token, table_rows)
         return VerifyInputs(step.build(), table, node_rows, node_slots)
 
 
@@ -384,19 +383,6 @@ class _StepBuilder:
             # weights; the target's verification keeps the output exact either way).
             lora_ids=tuple(self.lora_ids) if self.with_lora else (),
         )
-
-
-def _chain_table(
-    req_to_token: torch.Tensor, rows: Sequence[tuple[int, int, list[int]]]
-) -> torch.Tensor:
-    """A request-to-token table with one row per chain: its request's first `context` slots,
-    then the given tail (ancestor and chain slots)."""
-    width = max(context + len(tail) for _, context, tail in rows)
-    table = torch.zeros((len(rows), width), dtype=req_to_token.dtype)
-    for r, (pool_row, context, tail) in enumerate(rows):
-        table[r, :context] = req_to_token[pool_row, :context]
-        table[r, context : context + len(tail)] = torch.tensor(tail, dtype=table.dtype)
-    return table
 
 
 def _with_logprobs(req: Req, tokens: list[int], scaled: torch.Tensor) -> list[TokenResult]:

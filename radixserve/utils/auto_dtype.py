@@ -21,7 +21,6 @@ from radixserve.utils.cache_dir import radixserve_cache_dir
 
 logger = logging.getLogger(__name__)
 
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 MIN_GAIN = 1.15  # float32 time over bfloat16 time needed to switch
 MAX_REL_ERROR = 2e-2  # of the bf16 matmul against float64 (bf16 rounding gives ~3e-3)
 PROBE_TIMEOUT_S = 300
@@ -81,7 +80,7 @@ def _choose() -> DtypeChoice:
     from radixserve.kernels.cpu_features import cpu_features
 
     features = cpu_features()
-    present = [f for f in BF16_FLAGS if f in features.flags]
+    present = features.bf16_flags
     if not present:
         return DtypeChoice("float32", "the CPU has no BF16 units (avx512_bf16, amx_bf16)")
     cache = _cache_file(features.fingerprint)

@@ -15,7 +15,8 @@ import torch
 from radixserve import Engine
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 from radixserve.sampling.sampling_params import SamplingParams
-from radixserve.speculative.acceptance import accept_greedy, accept_sampled, target_probs
+from radixserve.speculative.acceptance import accept_tree, target_probs
+from radixserve.speculative.draft_tree import DraftTree
 from tests.unit.tiny_model import write_tiny_llama
 
 VOCAB = 6
@@ -43,6 +44,16 @@ def chi_square(counts: Counter[int], probs: list[float], total: int) -> tuple[fl
 def info_for(params: dict[str, Any], rows: int) -> SamplingBatchInfo:
     p = SamplingParams.from_dict(params)
     return SamplingBatchInfo.from_requests([p] * rows, [[]] * rows, VOCAB, "cpu")
+
+
+def accept_greedy(argmax_rows: list[int], drafts: list[int]) -> list[int]:
+    """Tokens a greedy request emits for a chain of drafts."""
+    return accept_tree(DraftTree.chain(drafts), argmax_rows, None)[0]
+
+
+def accept_sampled(probs: torch.Tensor, drafts: list[int], generator: torch.Generator) -> list[int]:
+    """Tokens a sampled request emits for a chain of drafts."""
+    return accept_tree(DraftTree.chain(drafts), None, probs, generator)[0]
 
 
 def test_accept_greedy_is_argmax_decoding() -> None:

@@ -9,12 +9,7 @@ import torch
 from radixserve.sampling.constrained.base import GrammarMatcher
 from radixserve.sampling.constrained.bitmask import allocate_bitmask, unpack_bitmask, write_only
 from radixserve.speculative.draft_tree import DraftTree
-from radixserve.speculative.grammar_drafts import (
-    fill_tree_masks,
-    fill_verify_masks,
-    grammar_prefix,
-    grammar_subtree,
-)
+from radixserve.speculative.grammar_drafts import fill_tree_masks, grammar_subtree
 
 VOCAB = 40
 EOS = 3
@@ -49,6 +44,18 @@ class CountingMatcher(GrammarMatcher):
 
     def _rollback(self, num_tokens: int) -> None:
         del self.tokens[-num_tokens:]
+
+
+def grammar_prefix(matcher: GrammarMatcher, draft: list[int]) -> list[int]:
+    """The prefix of a chain of drafts the grammar allows."""
+    return list(grammar_subtree(matcher, DraftTree.chain(draft)).tokens)
+
+
+def fill_verify_masks(
+    matcher: GrammarMatcher, draft: list[int], bitmask: torch.Tensor, first_row: int
+) -> int:
+    """Rows filled for a chain of drafts (consecutive from first_row)."""
+    return len(fill_tree_masks(matcher, DraftTree.chain(draft), bitmask, first_row))
 
 
 def allowed_rows(bitmask: torch.Tensor, rows: range) -> list[list[int]]:
