@@ -52,6 +52,8 @@ def _projection(linear: nn.Module) -> tuple[torch.Tensor, int, torch.Tensor] | N
 
 def fusable(layer: LlamaDecoderLayer) -> bool:
     """Whether llama_layer can run this layer (static properties only)."""
+    if not hasattr(layer.input_layernorm, "variance_epsilon"):
+        return False  # no input norm (an EAGLE head's first layer): the kernel always has one
     eps = layer.input_layernorm.variance_epsilon
     return (
         ops.using_cpp_kernels()

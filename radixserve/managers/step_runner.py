@@ -6,7 +6,7 @@ where logits become per-request results.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -61,10 +61,17 @@ class StepRunner:
         self.kv = kv
         self.eos_token_ids = list(eos_token_ids)
         self.sampler = Sampler()
+        # EAGLE speculation: called with each forward's per-token features (the batch's
+        # requests, their first positions and token counts, the features).
+        self.on_features: (
+            Callable[[Sequence[Req], Sequence[int], Sequence[int], torch.Tensor], None] | None
+        ) = None
 
     def run(self, batch: ScheduledBatch) -> list[TokenResult | EmbeddingResult | None]:
         step, sample_pos, input_rows = self._build_inputs(batch)
         output = self.runner.forward(step, self.kv.req_to_token_pool.req_to_token)
+        if output.features is not None and self.on_features is not None:
+            self.on_features(batch.reqs, step.prefix_lens, step.extend_lens, output.features)
         logits = output.logits
         results: list[TokenResult | EmbeddingResult | None] = [None] * len(batch.reqs)
         if output.hidden is not None:

@@ -60,6 +60,15 @@ class ForwardBatch:
     extend_seq_lens_cpu: list[int]
     # Which rows need logits: index of each request's last new token in the flattened batch.
     logits_indices: torch.Tensor  # [batch_size] int64
+    # EAGLE: the features an EAGLE draft head reads per token (the target's hidden states, or
+    # the head's own from its previous step), [num_tokens, feature size].
+    spec_hidden: torch.Tensor | None = None
+    # EAGLE3: target decoder layers whose inputs (hidden + residual) the model hands back in
+    # `captured`, concatenated per token (num_layers: the last layer's output).
+    capture_layers: tuple[int, ...] = ()
+    # Set by the model during the forward: the captured layer inputs (target), or the next draft
+    # step's features (EAGLE head).
+    captured: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

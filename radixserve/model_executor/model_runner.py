@@ -49,11 +49,16 @@ class StepInputs(NamedTuple):
     logits_rows: list[int]  # flattened token rows whose logits are wanted
     hidden_rows: tuple[int, ...] = ()  # flattened token rows whose final hidden state is wanted
     lora_ids: tuple[int, ...] = ()  # per request, its LoRA adapter id (0: base); () all base
+    # An EAGLE draft head's step: the feature each token reads ([num_tokens, feature size]).
+    spec_hidden: torch.Tensor | None = None
 
 
 class ForwardOutput(NamedTuple):
     logits: torch.Tensor  # [len(logits_rows), vocab] float32
     hidden: torch.Tensor | None  # [len(hidden_rows), hidden] float32, when asked
+    # Every token's features for an EAGLE head, when the runner captures them (capture_final /
+    # capture_layers; an EAGLE head's runner always): [num_tokens, feature size].
+    features: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -75,8 +80,12 @@ class ModelRunner:
     pipeline: PipelineExecutor | None = None
     # --enable-torch-compile: decode steps of up to --torch-compile-max-bs requests.
     compiled_decode: CompiledDecode | None = None
+    # EAGLE (set by speculative/eagle_draft.py on the target's runner): return every token's
+    # final hidden state (EAGLE-1) or the inputs of these decoder layers (EAGLE3) as features.
+    capture_final: bool = False
+    capture_layers: tuple[int, ...] = ()
 
-    def __init__(self, server_args: ServerArgs) -> None:
+    def __init__(self, server_args: ServerArgs, draft_head: bool = False) -> None:
         from radixserve.models.loader import load_model
 
         self.server_args = server_args
@@ -94,9 +103,7 @@ class ModelRunner:
             json_model_override_args=server_args.json_model_override_args,
             download_dir=server_args.download_dir,
             seed=server_args.random_seed,
-            check_config=lambda cfg: server_args.validate_against_model(
-                cfg.num_attention_heads, cfg.num_key_value_heads
-            ),
+            check_config=lambda cfg: self._check_config(cfg, draft_head),
         )
         self.model = loaded.model
         self.model_config: ModelConfig = loaded.config
@@ -151,6 +158,22 @@ class ModelRunner:
             self.kv_pool_reason,
             self.plan.max_running_requests,
         )
+
+    def _check_config(self, cfg: ModelConfig, draft_head: bool) -> None:
+        """Refuse a checkpoint in the wrong role (an EAGLE head as the model, or a model as the
+        head) before any weight is read; then the --tp-size rules."""
+        from radixserve.models.registry import get_model_class
+
+        path = self.server_args.model_path
+        if getattr(get_model_class(cfg.architectures), "is_eagle_head", False) != draft_head:
+            raise ValueError(
+                f"--speculative-draft-model-path {path} is not an EAGLE head (config.json "
+                "architectures LlamaForCausalLMEagle or LlamaForCausalLMEagle3)"
+                if draft_head
+                else f"{path} is an EAGLE draft head: pass it as --speculative-draft-model-path "
+                "with --speculative-algorithm EAGLE or EAGLE3"
+            )
+        self.server_args.validate_against_model(cfg.num_attention_heads, cfg.num_key_value_heads)
 
     def _init_compile(self) -> CompiledDecode | None:
         """--enable-torch-compile: the compiled decode graphs (model_executor/compiled_decode.py),
@@ -287,13 +310,18 @@ class ModelRunner:
         if step.hidden_rows:
             rows = torch.tensor(step.hidden_rows, dtype=torch.int64, device=self.device)
             pooled = hidden[rows].float()
-        return ForwardOutput(logits, pooled)
+        features = fb.captured
+        if features is None and self.capture_final:
+            features = hidden
+        return ForwardOutput(logits, pooled, features)
 
     def _compiled_bucket(self, step: StepInputs) -> int | None:
         """The compiled graph's batch size for this step, None to run it eagerly (not a plain
         decode step, or more requests than the largest bucket)."""
         if self.compiled_decode is None or not step.is_decode or step.hidden_rows:
             return None
+        if self.capture_final or self.capture_layers or step.spec_hidden is not None:
+            return None  # EAGLE features: the compiled graphs return logits only
         return self.compiled_decode.bucket(len(step.input_ids))
 
     def _forward_compiled(
@@ -330,6 +358,8 @@ class ModelRunner:
             extend_prefix_lens_cpu=list(step.prefix_lens),
             extend_seq_lens_cpu=list(step.extend_lens),
             logits_indices=torch.tensor(step.logits_rows, dtype=torch.int64, device=dev),
+            spec_hidden=step.spec_hidden,
+            capture_layers=self.capture_layers,
         )
         backend.init_forward_metadata(fb)
         if self.lora is not None:

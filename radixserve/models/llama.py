@@ -182,17 +182,38 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
         residual: torch.Tensor | None = None
-        chain = self._fused_chain()
-        fused = run_fused_layers(chain, positions, hidden, forward_batch) if chain else None
-        if fused is not None:
-            hidden, residual = fused
+        if forward_batch.capture_layers:
+            hidden, residual = self._forward_capturing(positions, hidden, forward_batch)
         else:
-            for layer in self.layers:
-                hidden, residual = layer(positions, hidden, residual, forward_batch)
+            chain = self._fused_chain()
+            fused = run_fused_layers(chain, positions, hidden, forward_batch) if chain else None
+            if fused is not None:
+                hidden, residual = fused
+            else:
+                for layer in self.layers:
+                    hidden, residual = layer(positions, hidden, residual, forward_batch)
         if residual is None:  # a model with no layers
             return self.norm(hidden)
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+    def _forward_capturing(
+        self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The layers one by one (each still one fused call where it can be: the same kernels,
+        so the same results as the chain), keeping the inputs of the layers listed in
+        forward_batch.capture_layers (an EAGLE3 head's features) in forward_batch.captured."""
+        wanted = forward_batch.capture_layers
+        kept: dict[int, torch.Tensor] = {}
+        residual: torch.Tensor | None = None
+        for i, layer in enumerate([*self.layers, None]):
+            if i in wanted:
+                # Copied: the fused norms may reuse these tensors' memory in the next layer.
+                kept[i] = hidden.clone() if residual is None else hidden + residual
+            if layer is not None:
+                hidden, residual = layer(positions, hidden, residual, forward_batch)
+        forward_batch.captured = torch.cat([kept[i] for i in wanted], dim=-1)
+        return hidden, residual
 
     def _fused_chain(self) -> list[FusedLayerArgs] | None:
         """Every layer's fused-call arguments when all layers have them (then the layers can run

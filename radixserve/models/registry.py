@@ -13,6 +13,9 @@ logger = logging.getLogger(__name__)
 # architecture name -> (module under radixserve.models, class name)
 _MODELS: dict[str, tuple[str, str]] = {
     "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    # EAGLE draft heads (--speculative-algorithm EAGLE / EAGLE3 only).
+    "LlamaForCausalLMEagle": ("llama_eagle", "LlamaForCausalLMEagle"),
+    "LlamaForCausalLMEagle3": ("llama_eagle3", "LlamaForCausalLMEagle3"),
     "MistralForCausalLM": ("llama", "MistralForCausalLM"),
     "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),

@@ -19,7 +19,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--speculative-algorithm",
         STR,
         None,
-        "Speculative decoding algorithm (EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, ...).",
+        "Speculative decoding algorithm: NGRAM, STANDALONE (a draft model), EAGLE or EAGLE3 "
+        "(a trained head); NEXTN/MTP need layers no supported model has.",
         support=IMPLEMENTED,
     ),
     value("--uno-lora-path", STR, None, "LoRA adapter path for UNO speculative decoding."),
@@ -27,7 +28,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--speculative-draft-model-path",
         STR,
         None,
-        "Draft model weights for speculative decoding.",
+        "Draft model (STANDALONE) or trained EAGLE/EAGLE3 head folder for speculative decoding.",
         aliases=("--speculative-draft-model",),
         support=IMPLEMENTED,
     ),

@@ -7,9 +7,11 @@ from typing import Any
 
 from radixserve.options.errors import ServerArgsError
 
-IMPLEMENTED_ALGORITHMS = ("NGRAM", "STANDALONE")
-# Algorithms that need trained draft heads (or kernels) not available offline.
-_HEAD_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "MTP")
+IMPLEMENTED_ALGORITHMS = ("NGRAM", "STANDALONE", "EAGLE", "EAGLE3")
+# Algorithms that need a draft model or head given by --speculative-draft-model-path.
+_DRAFT_ALGORITHMS = ("STANDALONE", "EAGLE", "EAGLE3")
+# Multi-token-prediction layers built into the target checkpoint (DeepSeek-V3 style).
+_MTP_ALGORITHMS = ("NEXTN", "MTP")
 
 
 def check_speculative(v: Mapping[str, Any]) -> None:
@@ -18,15 +20,17 @@ def check_speculative(v: Mapping[str, Any]) -> None:
     if algo is None:
         if v.get("speculative_adaptive"):
             raise ServerArgsError(
-                "--speculative-adaptive", "needs --speculative-algorithm NGRAM or STANDALONE"
+                "--speculative-adaptive",
+                "needs --speculative-algorithm NGRAM, STANDALONE, EAGLE or EAGLE3",
             )
         return
     name = str(algo).upper()
-    if name in _HEAD_ALGORITHMS:
+    if name in _MTP_ALGORITHMS:
         raise ServerArgsError(
             "--speculative-algorithm",
-            f"{algo} needs a trained draft head, which radixserve cannot load yet; use NGRAM "
-            "or STANDALONE",
+            f"{algo} runs a model's own multi-token-prediction layers, and none of the "
+            "supported architectures has them; use EAGLE or EAGLE3 with a trained head, "
+            "STANDALONE or NGRAM",
         )
     if name not in IMPLEMENTED_ALGORITHMS:
         raise ServerArgsError(
@@ -34,16 +38,18 @@ def check_speculative(v: Mapping[str, Any]) -> None:
             f"{algo} is not supported (supported: {', '.join(IMPLEMENTED_ALGORITHMS)})",
         )
     draft = v.get("speculative_draft_model_path")
-    if name == "STANDALONE":
+    if name in _DRAFT_ALGORITHMS:
         if not draft:
+            what = "a draft model" if name == "STANDALONE" else "a trained draft head"
             raise ServerArgsError(
-                "--speculative-draft-model-path", "STANDALONE needs a draft model; give its path"
+                "--speculative-draft-model-path", f"{name} needs {what}; give its path"
             )
         if v.get("tp_size", 1) != 1:
-            raise ServerArgsError("--tp-size", "STANDALONE speculation runs with --tp-size 1 only")
+            raise ServerArgsError("--tp-size", f"{name} speculation runs with --tp-size 1 only")
     elif draft:
         raise ServerArgsError(
-            "--speculative-draft-model-path", f"is only used with STANDALONE, not {algo}"
+            "--speculative-draft-model-path",
+            f"is only used with STANDALONE, EAGLE or EAGLE3, not {algo}",
         )
     steps = v.get("speculative_num_steps")
     if steps is not None and steps < 1:

@@ -42,6 +42,7 @@ from radixserve.speculative.acceptance import accept_tree, target_probs
 from radixserve.speculative.adaptive import DraftBudget
 from radixserve.speculative.draft_model import DraftModel
 from radixserve.speculative.draft_tree import DraftTree, paths_table
+from radixserve.speculative.eagle_draft import EAGLE_ALGORITHMS, EagleDraft
 from radixserve.speculative.grammar_drafts import fill_tree_masks, grammar_subtree
 from radixserve.speculative.ngram_cache import NgramCache
 
@@ -74,8 +75,24 @@ class SpecWorker:
         self.step_runner = step_runner
         self.context_len = context_len
         self.ngram: NgramCache | None = None
-        self.draft: DraftModel | None = None
-        if config.algorithm == "STANDALONE":
+        self.draft: DraftModel | EagleDraft | None = None
+        self.eagle: EagleDraft | None = None
+        if config.algorithm in EAGLE_ALGORITHMS:
+            kv = step_runner.kv
+            self.draft = self.eagle = EagleDraft(
+                step_runner.runner,
+                config.algorithm,
+                config.draft_model_path,
+                pool_tokens=kv.allocator.size,
+                max_reqs=kv.req_to_token_pool.max_reqs,
+                context_len=context_len,
+                topk=config.eagle_topk if config.trees else 1,
+                num_steps=config.num_steps,
+            )
+            kv.release_hooks.append(self.eagle.release)
+            kv.reset_hooks.append(self.eagle.reset)
+            step_runner.on_features = self._prefill_features
+        elif config.algorithm == "STANDALONE":
             runner = step_runner.runner
             kv = step_runner.kv
             self.draft = DraftModel(
@@ -93,6 +110,23 @@ class SpecWorker:
             kv.reset_hooks.append(self.draft.reset)
         else:
             self.ngram = NgramCache(config.ngram_max_trie_depth, config.ngram_capacity)
+
+    def _prefill_features(
+        self,
+        reqs: Sequence[Req],
+        starts: Sequence[int],
+        lengths: Sequence[int],
+        features: torch.Tensor,
+    ) -> None:
+        """A prefill batch's features, flattened over its requests in order. Requests that
+        never draft (seeded) and embedding requests keep none."""
+        assert self.eagle is not None
+        offset = 0
+        for req, start, n in zip(reqs, starts, lengths, strict=True):
+            if n and speculable(req) and not req.is_embedding:
+                # A copy: a view would keep the whole batch's features alive.
+                self.eagle.add_features(req, start, features[offset : offset + n].clone())
+            offset += n
 
     @property
     def tokens_per_request(self) -> int:
@@ -114,7 +148,7 @@ class SpecWorker:
         ]
         if self.draft is not None:
             trees = self.draft.propose(reqs, rooms)
-            if self.draft.topk == 1:
+            if self.draft.topk == 1 and self.eagle is None:
                 # Not cut: the draft model's KV bookkeeping (trim) follows the drafted chain; a
                 # draft the grammar refuses is simply never accepted.
                 return trees
@@ -154,7 +188,8 @@ class SpecWorker:
         """Verify every request's drafts in one forward (their slots are already allocated at
         positions kv_len .. kv_len + len(tree))."""
         verify = self._build_inputs(reqs, trees)
-        logits = self.step_runner.runner.forward(verify.step, verify.table).logits
+        output = self.step_runner.runner.forward(verify.step, verify.table)
+        logits = output.logits
         results: list[SpecResult | None] = [None] * len(reqs)
         plain = [i for i, t in enumerate(trees) if not t]
         if plain:
@@ -178,7 +213,23 @@ class SpecWorker:
                 self.step_runner.runner.copy_kv_slots(
                     torch.tensor(src, dtype=torch.int64), torch.tensor(dst, dtype=torch.int64)
                 )
+            if self.eagle is not None:
+                for i, (_, path) in zip(drafted, accepted, strict=True):
+                    self._verified_features(reqs[i], output.features, verify.node_rows[i], path)
+        if self.eagle is not None:
+            for i in plain:
+                self._verified_features(reqs[i], output.features, verify.node_rows[i], [])
         return [r for r in results if r is not None]
+
+    def _verified_features(
+        self, req: Req, features: torch.Tensor | None, rows: list[int], path: list[int]
+    ) -> None:
+        """EAGLE: the target's features at the verified token and the accepted drafts (the
+        positions kv_len, kv_len + 1, ...) go to the head."""
+        assert self.eagle is not None and features is not None
+        if speculable(req):
+            index = torch.tensor([rows[n] for n in [0, *path]], dtype=torch.int64)
+            self.eagle.add_features(req, req.kv_len, features[index])
 
     def _accept(
         self,

@@ -179,7 +179,7 @@ def test_unsupported_options_are_refused_not_ignored() -> None:
     # Leaving them at their defaults is fine.
     args = _cpu(enable_lora_overlap_loading=None, disaggregation_mode="null")
     assert args.other["enable_lora_overlap_loading"] is None
-    # Algorithms that need trained heads are refused in one line.
+    # EAGLE without its trained head is refused in one line.
     with pytest.raises(ServerArgsError, match="EAGLE needs a trained draft head"):
         _cpu(speculative_algorithm="EAGLE")
 

@@ -184,7 +184,11 @@ def test_no_spec_fields_without_speculation(make: Any) -> None:
     [
         ({"speculative_algorithm": "EAGLE"}, "needs a trained draft head"),
         ({"speculative_algorithm": "EAGLE3"}, "needs a trained draft head"),
-        ({"speculative_algorithm": "NEXTN"}, "needs a trained draft head"),
+        ({"speculative_algorithm": "NEXTN"}, "multi-token-prediction layers"),
+        (
+            {"speculative_algorithm": "EAGLE", "speculative_draft_model_path": "/m", "tp_size": 2},
+            "--tp-size: EAGLE speculation runs with --tp-size 1 only",
+        ),
         ({"speculative_algorithm": "MAGIC"}, "not supported"),
         ({"speculative_algorithm": "STANDALONE"}, "needs a draft model"),
         ({**NGRAM, "speculative_draft_model_path": "/m"}, "only used with STANDALONE"),
