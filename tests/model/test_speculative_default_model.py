@@ -199,3 +199,35 @@ def test_continuation_on_a_later_branch_is_accepted_with_its_kv(
         glps = [lp for lp, *_ in g["meta_info"]["output_token_logprobs"]]
         wlps = [lp for lp, *_ in w["meta_info"]["output_token_logprobs"]]
         assert glps == pytest.approx(wlps, abs=2e-3)
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3"])
+def test_eagle_head_keeps_greedy_output(
+    engines: tuple[Engine, Engine], default_gguf: Path, tmp_path: Path, algorithm: str
+) -> None:
+    """A random head in the default model's shapes (EAGLE3: its default feature layers 2, 15
+    and 27 of 30, a 4,096-token draft vocabulary): drafts are proposed, and the output is plain
+    decoding's."""
+    from tests.unit.eagle_heads import write_eagle3_head, write_eagle_head
+
+    plain, _ = engines
+    target_dir = plain.scheduler.step_runner.runner.model_dir
+    if algorithm == "EAGLE":
+        head = write_eagle_head(tmp_path / "head", target_dir)
+    else:
+        head = write_eagle3_head(tmp_path / "head", target_dir, draft_vocab=4096)
+    prompts = [chat(plain, q) for q in QUESTIONS[1:4]]
+    params = {"temperature": 0, "max_new_tokens": 32}
+    with _engine(
+        default_gguf,
+        speculative_algorithm=algorithm,
+        speculative_draft_model_path=str(head),
+        speculative_eagle_topk=2,
+        speculative_num_steps=3,
+        speculative_num_draft_tokens=5,
+    ) as spec:
+        spec.scheduler.check_kv_each_step = True
+        got = spec.generate(prompts, params)
+    want = plain.generate(prompts, params)
+    assert [r["text"] for r in got] == [r["text"] for r in want]
+    assert all(r["meta_info"]["spec_draft_token_num"] > 0 for r in got)

@@ -247,3 +247,46 @@ def test_bad_heads_are_refused(
             speculative_algorithm="EAGLE",
             speculative_draft_model_path=str(write_eagle_head(tmp_path / "e1", other_vocab)),
         )
+
+
+def test_sampled_requests_with_n_and_logprobs(make: Any, heads: dict[str, Path]) -> None:
+    engine = make(
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=str(heads["EAGLE3"]),
+        speculative_eagle_topk=2,
+        speculative_num_steps=2,
+        speculative_num_draft_tokens=4,
+    )
+    params = {"temperature": 0.8, "max_new_tokens": 20, "ignore_eos": True, "n": 2}
+    results = engine.generate(input_ids=prompts()[:3], sampling_params=params, return_logprob=True)
+    assert len(results) == 6
+    for r in results:
+        assert len(r["output_ids"]) == 20
+        assert r["meta_info"]["finish_reason"]["type"] == "length"
+        assert len(r["meta_info"]["output_token_logprobs"]) == 20
+    assert_idle(engine)
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3"])
+def test_retraction_and_streaming(
+    make: Any, heads: dict[str, Path], baseline: list[list[int]], algorithm: str
+) -> None:
+    rng = random.Random(5)
+    inputs = [[rng.randrange(3, TINY_VOCAB) for _ in range(rng.randint(5, 60))] for _ in range(16)]
+    want = ids(make().generate(input_ids=inputs, sampling_params=greedy()))
+    spec = {
+        "speculative_algorithm": algorithm,
+        "speculative_draft_model_path": str(heads[algorithm]),
+    }
+    # Too small for every request's draft slots at once: requests are retracted, their head
+    # state dropped with their KV, and rebuilt from the features of their re-prefill.
+    small = make(**spec, max_total_tokens=256, page_size=4)
+    got = small.generate(input_ids=inputs, sampling_params=greedy())
+    assert ids(got) == want
+    assert sum(r["meta_info"]["num_retractions"] for r in got) > 0
+    assert_idle(small)
+    engine = make(**spec)
+    chunks = list(engine.generate(input_ids=prompts()[0], sampling_params=greedy(), stream=True))
+    assert [t for c in chunks for t in c["output_ids"]] == baseline[0]
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    assert_idle(engine)
