@@ -146,6 +146,18 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
+def model_rope(config: ModelConfig) -> RotaryEmbedding:
+    """The model's RoPE table, shared by all its layers."""
+    return get_rope(
+        config.head_dim,
+        config.head_dim,
+        max_position=config.context_len,
+        base=config.rope_theta,
+        rope_scaling=config.rope_scaling,
+        original_max_position=config.max_position_embeddings,
+    )
+
+
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, options: AttentionOptions) -> None:
         super().__init__()
@@ -157,14 +169,7 @@ class LlamaModel(nn.Module):
             else PPMissingLayer()
         )
         # One table for all layers: it can be large (context_len x head_dim floats).
-        self.rotary_emb = get_rope(
-            config.head_dim,
-            config.head_dim,
-            max_position=config.context_len,
-            base=config.rope_theta,
-            rope_scaling=config.rope_scaling,
-            original_max_position=config.max_position_embeddings,
-        )
+        self.rotary_emb = model_rope(config)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, self.rotary_emb, options)
             if self.stage.owns(i)

@@ -17,10 +17,9 @@ from torch import nn
 
 from radixserve.layers.linear import ReplicatedLinear
 from radixserve.layers.logits_processor import LogitsProcessor
-from radixserve.layers.rotary_embedding import get_rope
 from radixserve.layers.vocab_embedding import VocabParallelEmbedding
 from radixserve.models.eagle_common import FromTarget, has_tensor, head_weight_names
-from radixserve.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+from radixserve.models.llama import LlamaDecoderLayer, LlamaForCausalLM, model_rope
 from radixserve.models.pipeline_stage import stage_plan
 from radixserve.models.weight_utils import load_weights_into
 
@@ -35,14 +34,7 @@ class LlamaEagleModel(nn.Module):
         options = LlamaForCausalLM.attention_options(config)
         self.stage = stage_plan(config.num_hidden_layers)
         self.embed_tokens: nn.Module = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.rotary_emb = get_rope(
-            config.head_dim,
-            config.head_dim,
-            max_position=config.context_len,
-            base=config.rope_theta,
-            rope_scaling=config.rope_scaling,
-            original_max_position=config.max_position_embeddings,
-        )
+        self.rotary_emb = model_rope(config)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, self.rotary_emb, options)
             for i in range(config.num_hidden_layers)

@@ -20,10 +20,16 @@ from torch import nn
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.linear import QKVParallelLinear, ReplicatedLinear
 from radixserve.layers.logits_processor import LogitsProcessor
-from radixserve.layers.rotary_embedding import RotaryEmbedding, get_rope
+from radixserve.layers.rotary_embedding import RotaryEmbedding
 from radixserve.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from radixserve.models.eagle_common import FromTarget, has_tensor, head_weight_names
-from radixserve.models.llama import AttentionOptions, LlamaAttention, LlamaForCausalLM, LlamaMLP
+from radixserve.models.llama import (
+    AttentionOptions,
+    LlamaAttention,
+    LlamaForCausalLM,
+    LlamaMLP,
+    model_rope,
+)
 from radixserve.models.pipeline_stage import stage_plan
 from radixserve.models.weight_utils import load_weights_into
 
@@ -70,14 +76,7 @@ class LlamaEagle3Model(nn.Module):
         self.hidden_size = config.hidden_size
         self.stage = stage_plan(config.num_hidden_layers)
         self.embed_tokens: nn.Module = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.rotary_emb = get_rope(
-            config.head_dim,
-            config.head_dim,
-            max_position=config.context_len,
-            base=config.rope_theta,
-            rope_scaling=config.rope_scaling,
-            original_max_position=config.max_position_embeddings,
-        )
+        self.rotary_emb = model_rope(config)
         self.fc = ReplicatedLinear(3 * target_hidden_size, config.hidden_size, bias=fc_bias)
         options = LlamaForCausalLM.attention_options(config)
         self.midlayer = Eagle3MidLayer(config, self.rotary_emb, options)

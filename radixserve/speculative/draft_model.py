@@ -41,6 +41,25 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def check_draft_vocab(runner: ModelRunner, target_vocab: int, what: str) -> None:
+    vocab = runner.model_config.vocab_size
+    if vocab != target_vocab:
+        raise ValueError(
+            f"--speculative-draft-model-path: the {what}'s vocabulary ({vocab}) differs from "
+            f"the target's ({target_vocab}); the two must share a tokenizer"
+        )
+
+
+def draft_kv_pool(
+    runner: ModelRunner, max_reqs: int, context_len: int
+) -> tuple[TokenToKVPoolAllocator, torch.Tensor]:
+    """A draft's own KV pool: an allocator of one slot per token over the runner's KV cache,
+    and a request-to-token table whose rows are indexed by the target's req_pool_idx."""
+    allocator = TokenToKVPoolAllocator(runner.plan.max_total_tokens, 1, runner.device)
+    table = torch.zeros((max_reqs, context_len), dtype=torch.int64, device=runner.device)
+    return allocator, table
+
+
 class DraftModel:
     def __init__(
         self,
@@ -64,21 +83,11 @@ class DraftModel:
             quantization=None,
         )
         self.runner = ModelRunner(args)
-        vocab = self.runner.model_config.vocab_size
-        if vocab != target_vocab:
-            raise ValueError(
-                f"--speculative-draft-model-path: the draft model's vocabulary ({vocab}) differs "
-                f"from the target's ({target_vocab}); the two must share a tokenizer"
-            )
-        size = self.runner.plan.max_total_tokens
-        self.allocator = TokenToKVPoolAllocator(size, 1, self.runner.device)
-        # Rows indexed by the target's req_pool_idx; a row is in use while the request's
-        # spec_state (tokens the draft has seen) is not None.
-        self.req_to_token = torch.zeros(
-            (max_reqs, context_len), dtype=torch.int64, device=self.runner.device
-        )
+        check_draft_vocab(self.runner, target_vocab, "draft model")
+        # A row is in use while the request's spec_state (tokens the draft has seen) is not None.
+        self.allocator, self.req_to_token = draft_kv_pool(self.runner, max_reqs, context_len)
         self.context_len = context_len
-        logger.info("Draft model %s: KV pool of %d tokens", draft_path, size)
+        logger.info("Draft model %s: KV pool of %d tokens", draft_path, self.allocator.size)
 
     # -- proposing --------------------------------------------------------------------------
     def propose(self, reqs: Sequence[Req], rooms: Sequence[int]) -> list[DraftTree]:

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.model_executor.model_runner import ModelRunner, StepInputs
+from radixserve.speculative.draft_model import check_draft_vocab, draft_kv_pool
 from radixserve.speculative.draft_tree import DraftTree, paths_table
 from radixserve.speculative.tree_search import TreeSearch
 
@@ -91,30 +91,21 @@ class EagleDraft:
                 f"--speculative-draft-model-path {head_path} holds a {type(head).__name__} head; "
                 f"--speculative-algorithm {algorithm} needs a {want}"
             )
-        vocab = self.runner.model_config.vocab_size
-        if vocab != target.model_config.vocab_size:
-            raise ValueError(
-                f"--speculative-draft-model-path: the head's vocabulary ({vocab}) differs from "
-                f"the target's ({target.model_config.vocab_size})"
-            )
+        check_draft_vocab(self.runner, target.model_config.vocab_size, "head")
         head.share_target_parts(target.model)
         layers = head.target_feature_layers(target.model_config.num_hidden_layers)
         if layers:
             target.capture_layers = layers
         else:
             target.capture_final = True
-        size = self.runner.plan.max_total_tokens
-        self.allocator = TokenToKVPoolAllocator(size, 1, self.runner.device)
-        self.req_to_token = torch.zeros(
-            (max_reqs, context_len), dtype=torch.int64, device=self.runner.device
-        )
+        self.allocator, self.req_to_token = draft_kv_pool(self.runner, max_reqs, context_len)
         self.context_len = context_len
         logger.info(
             "%s head %s: features from the target's %s, KV pool of %d tokens",
             algorithm,
             head_path,
             f"decoder layer inputs {list(layers)}" if layers else "final hidden states",
-            size,
+            self.allocator.size,
         )
 
     # -- features from the target -----------------------------------------------------------
