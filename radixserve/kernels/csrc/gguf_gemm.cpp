@@ -177,8 +177,7 @@ void dot_cols4_q4_1(const uint8_t* w, int64_t row_bytes, const QuantizedRows& xq
   const uint8_t* w3 = w + 3 * row_bytes;
   const int64_t ahead = 4 * row_bytes;
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0, offs = acc0;
-  const __m256i lane0 = _mm256_set1_epi32(0), lane2 = _mm256_set1_epi32(2),
-                lane4 = _mm256_set1_epi32(4), lane6 = _mm256_set1_epi32(6);
+  alignas(32) float ds_lanes[8];
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t o = b * kQ4_1Bytes;
     int32_t dm0, dm1, dm2, dm3;
@@ -200,13 +199,17 @@ void dot_cols4_q4_1(const uint8_t* w, int64_t row_bytes, const QuantizedRows& xq
     const __m256 ds = _mm256_mul_ps(dm, xs);
     offs = _mm256_fmadd_ps(dm, xs, offs);
     const int16_t* x = xq.q.data() + b * kBlock;
-#define RS_COL(c, LANE)                                                                         \
+    // Each row's d * sx broadcast from memory: a store and four broadcast loads ran ~1.1x
+    // faster than four lane-crossing permutes (vpermps) in an interleaved A/B on this CPU.
+    _mm256_store_ps(ds_lanes, ds);
+#define RS_COL(c)                                                                               \
   {                                                                                             \
     __m256i w_lo, w_hi;                                                                         \
     unpack_q4(w##c + o + 4, &w_lo, &w_hi);                                                      \
-    acc##c = _mm256_fmadd_ps(dot_block(w_lo, w_hi, x), _mm256_permutevar8x32_ps(ds, LANE), acc##c); \
+    acc##c = _mm256_fmadd_ps(dot_block(w_lo, w_hi, x), _mm256_broadcast_ss(ds_lanes + 2 * c),    \
+                             acc##c);                                                           \
   }
-    RS_COL(0, lane0) RS_COL(1, lane2) RS_COL(2, lane4) RS_COL(3, lane6)
+    RS_COL(0) RS_COL(1) RS_COL(2) RS_COL(3)
 #undef RS_COL
   }
   alignas(32) float off[8];
