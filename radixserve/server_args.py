@@ -168,6 +168,7 @@ class ServerArgs:
     speculative_ngram_max_trie_depth: int = 18
     speculative_ngram_capacity: int = 10000000
     speculative_adaptive: bool = False
+    speculative_token_map: str | None = None
     # Every other `sglang serve` option, by dest.
     other: Mapping[str, Any] = field(default_factory=ReadOnlyMapping)
     # Derived during construction; not arguments.

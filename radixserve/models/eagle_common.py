@@ -9,9 +9,12 @@ are the target model's, shared after loading (`share_target_parts`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import torch
 from torch import nn
+
+from radixserve.layers.linear import GGUFWeight
 
 
 class FromTarget(nn.Module):
@@ -35,3 +38,48 @@ def head_weight_names(
 
 def has_tensor(weights: list[tuple[str, torch.Tensor]], fragment: str) -> bool:
     return any(fragment in name for name, _ in weights)
+
+
+class HotLMHead(nn.Module):
+    """The rows of an LM head (float or GGUF blocks) for a subset of the vocabulary: a draft
+    head that may only draft those tokens pays for a fraction of the full projection."""
+
+    def __init__(self, lm_head: nn.Module, token_ids: torch.Tensor) -> None:
+        super().__init__()
+        self.bias = None if getattr(lm_head, "bias", None) is None else lm_head.bias[token_ids]
+        gguf: GGUFWeight | None = getattr(lm_head, "gguf", None)
+        if gguf is not None:
+            self.gguf = GGUFWeight(
+                gguf.blocks[token_ids].contiguous(), gguf.qtype, int(token_ids.numel())
+            )
+        else:
+            self.weight = nn.Parameter(lm_head.weight[token_ids].clone(), requires_grad=False)
+        self.use_fast_kernels = getattr(lm_head, "use_fast_kernels", False)
+
+
+def scatter_hot_logits(logits: torch.Tensor, token_ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Logits over a draft vocabulary placed at their target ids; every other token gets -inf
+    (never drafted)."""
+    full = logits.new_full((logits.shape[0], vocab), float("-inf"))
+    full[:, token_ids] = logits
+    return full
+
+
+def load_token_map(path: str, vocab_size: int) -> torch.Tensor:
+    """--speculative-token-map (SGLang's format): a .pt file holding a list or tensor of token
+    ids. Returns them sorted and unique."""
+    if not Path(path).is_file():
+        raise ValueError(f"--speculative-token-map {path}: no such file")
+    try:
+        raw = torch.load(path, weights_only=True)
+        ids = torch.as_tensor(raw, dtype=torch.int64).flatten().unique()
+    except Exception as exc:
+        raise ValueError(
+            f"--speculative-token-map {path}: not a .pt list of token ids ({exc})"
+        ) from exc
+    if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+        raise ValueError(
+            f"--speculative-token-map {path}: token ids must lie in [0, {vocab_size}) and "
+            "there must be at least one"
+        )
+    return ids

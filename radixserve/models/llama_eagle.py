@@ -18,7 +18,13 @@ from torch import nn
 from radixserve.layers.linear import ReplicatedLinear
 from radixserve.layers.logits_processor import LogitsProcessor
 from radixserve.layers.vocab_embedding import VocabParallelEmbedding
-from radixserve.models.eagle_common import FromTarget, has_tensor, head_weight_names
+from radixserve.models.eagle_common import (
+    FromTarget,
+    HotLMHead,
+    has_tensor,
+    head_weight_names,
+    scatter_hot_logits,
+)
 from radixserve.models.llama import LlamaDecoderLayer, LlamaForCausalLM, model_rope
 from radixserve.models.pipeline_stage import stage_plan
 from radixserve.models.weight_utils import load_weights_into
@@ -69,6 +75,7 @@ class LlamaForCausalLMEagle(nn.Module):
         self.model = LlamaEagleModel(config)
         self.lm_head: nn.Module = FromTarget()  # always the target's
         self.logits_processor = LogitsProcessor(config.vocab_size)
+        self.hot_token_ids: torch.Tensor | None = None  # --speculative-token-map
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
@@ -76,7 +83,16 @@ class LlamaForCausalLMEagle(nn.Module):
         return self.model(input_ids, positions, forward_batch)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.logits_processor(hidden, self.lm_head)
+        logits = self.logits_processor(hidden, self.lm_head)
+        if self.hot_token_ids is None:
+            return logits
+        return scatter_hot_logits(logits, self.hot_token_ids, self.config.vocab_size)
+
+    def use_hot_tokens(self, token_ids: torch.Tensor) -> None:
+        """Draft only these tokens (--speculative-token-map): the LM head keeps their rows."""
+        self.lm_head = HotLMHead(self.lm_head, token_ids)
+        self.logits_processor = LogitsProcessor(int(token_ids.numel()))
+        self.hot_token_ids = token_ids
 
     def target_feature_layers(self, target_num_layers: int) -> tuple[int, ...]:
         """EAGLE-1 reads the target's final normed hidden state, not intermediate layers."""

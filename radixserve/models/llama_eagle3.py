@@ -22,7 +22,12 @@ from radixserve.layers.linear import QKVParallelLinear, ReplicatedLinear
 from radixserve.layers.logits_processor import LogitsProcessor
 from radixserve.layers.rotary_embedding import RotaryEmbedding
 from radixserve.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
-from radixserve.models.eagle_common import FromTarget, has_tensor, head_weight_names
+from radixserve.models.eagle_common import (
+    FromTarget,
+    has_tensor,
+    head_weight_names,
+    scatter_hot_logits,
+)
 from radixserve.models.llama import (
     AttentionOptions,
     LlamaAttention,
@@ -142,9 +147,7 @@ class LlamaForCausalLMEagle3(nn.Module):
         logits = self.logits_processor(hidden, self.lm_head)
         if self.hot_token_ids is None:
             return logits
-        full = logits.new_full((logits.shape[0], self.config.vocab_size), float("-inf"))
-        full[:, self.hot_token_ids] = logits
-        return full
+        return scatter_hot_logits(logits, self.hot_token_ids, self.config.vocab_size)
 
     def target_feature_layers(self, target_num_layers: int) -> tuple[int, ...]:
         """The target decoder layers whose inputs (hidden + residual) the head reads, in order;

@@ -87,7 +87,14 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "Accumulated acceptance threshold for draft tokens.",
     ),
     flag("--speculative-use-rejection-sampling", "Use rejection sampling to verify draft tokens."),
-    value("--speculative-token-map", STR, None, "Small-vocabulary table of the draft model."),
+    value(
+        "--speculative-token-map",
+        STR,
+        None,
+        "EAGLE: a .pt file listing the token ids the head may draft (its LM head keeps only "
+        "those rows of the target's).",
+        support=IMPLEMENTED,
+    ),
     value(
         "--speculative-attention-mode",
         STR,

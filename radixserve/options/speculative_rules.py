@@ -51,6 +51,16 @@ def check_speculative(v: Mapping[str, Any]) -> None:
             "--speculative-draft-model-path",
             f"is only used with STANDALONE, EAGLE or EAGLE3, not {algo}",
         )
+    if v.get("speculative_token_map") and name != "EAGLE":
+        raise ServerArgsError(
+            "--speculative-token-map",
+            f"is used with EAGLE heads only, not {algo}"
+            + (
+                " (an EAGLE3 head carries its own draft vocabulary, d2t)"
+                if name == "EAGLE3"
+                else ""
+            ),
+        )
     steps = v.get("speculative_num_steps")
     if steps is not None and steps < 1:
         raise ServerArgsError("--speculative-num-steps", f"must be >= 1, got {steps}")

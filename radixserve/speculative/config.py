@@ -27,6 +27,7 @@ class SpecConfig:
     ngram_capacity: int = 10_000_000
     draft_model_path: str = ""
     adaptive: bool = False  # --speculative-adaptive: per-request draft lengths (adaptive.py)
+    token_map: str = ""  # EAGLE: --speculative-token-map, the tokens the head may draft
 
     @property
     def max_drafts(self) -> int:
@@ -60,4 +61,5 @@ class SpecConfig:
             ngram_capacity=args.speculative_ngram_capacity,
             draft_model_path=args.speculative_draft_model_path or "",
             adaptive=bool(args.speculative_adaptive),
+            token_map=args.speculative_token_map or "",
         )

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixserve.model_executor.model_runner import ModelRunner, StepInputs
+from radixserve.models.eagle_common import load_token_map
 from radixserve.speculative.draft_model import check_draft_vocab, draft_kv_pool
 from radixserve.speculative.draft_tree import DraftTree, paths_table
 from radixserve.speculative.tree_search import TreeSearch
@@ -66,6 +67,7 @@ class EagleDraft:
         context_len: int,
         topk: int = 1,
         num_steps: int = 1,
+        token_map: str = "",
     ) -> None:
         self.topk = topk
         self.num_steps = num_steps
@@ -93,6 +95,10 @@ class EagleDraft:
             )
         check_draft_vocab(self.runner, target.model_config.vocab_size, "head")
         head.share_target_parts(target.model)
+        if token_map:
+            ids = load_token_map(token_map, target.model_config.vocab_size)
+            head.use_hot_tokens(ids.to(self.runner.device))
+            logger.info("EAGLE head drafts %d tokens (--speculative-token-map)", ids.numel())
         layers = head.target_feature_layers(target.model_config.num_hidden_layers)
         if layers:
             target.capture_layers = layers

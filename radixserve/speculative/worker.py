@@ -88,6 +88,7 @@ class SpecWorker:
                 context_len=context_len,
                 topk=config.eagle_topk if config.trees else 1,
                 num_steps=config.num_steps,
+                token_map=config.token_map,
             )
             kv.release_hooks.append(self.eagle.release)
             kv.reset_hooks.append(self.eagle.reset)

@@ -290,3 +290,83 @@ def test_retraction_and_streaming(
     assert [t for c in chunks for t in c["output_ids"]] == baseline[0]
     assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
     assert_idle(engine)
+
+
+def test_token_map_limits_drafts_to_its_tokens(
+    make: Any, heads: dict[str, Path], baseline: list[list[int]], tmp_path: Path
+) -> None:
+    token_map = tmp_path / "token_map.pt"
+    hot = list(range(0, TINY_VOCAB, 3))
+    torch.save(hot, token_map)
+    engine = make(
+        speculative_algorithm="EAGLE",
+        speculative_draft_model_path=str(heads["EAGLE"]),
+        speculative_token_map=str(token_map),
+        speculative_eagle_topk=2,
+        speculative_num_steps=3,
+        speculative_num_draft_tokens=5,
+    )
+    head = engine.scheduler.spec.draft.runner.model
+    assert head.lm_head.weight.shape[0] == len(hot)
+    proposed: list[int] = []
+    real_propose = EagleDraft.propose
+
+    def spy(self: EagleDraft, reqs: Any, rooms: Any) -> Any:
+        trees = real_propose(self, reqs, rooms)
+        proposed.extend(t for tree in trees for t in tree.tokens)
+        return trees
+
+    EagleDraft.propose = spy  # type: ignore[method-assign]
+    try:
+        results = engine.generate(input_ids=prompts(), sampling_params=greedy())
+    finally:
+        EagleDraft.propose = real_propose  # type: ignore[method-assign]
+    assert ids(results) == baseline
+    assert proposed and set(proposed) <= set(hot)
+    assert_idle(engine)
+
+
+def test_exact_head_with_a_token_map_still_hits(tmp_path: Path) -> None:
+    """The hot rows are the target's own LM head rows: with every token the target emits in
+    the map, the exact head's drafts are all accepted."""
+    target, tensors = write_bigram_target(tmp_path / "target")
+    head = bigram_oracle_head(tmp_path / "head", target, tensors)
+    with tiny_engines(target, load_format="auto") as make_engine:
+        plain = make_engine().generate(input_ids=prompts(), sampling_params=greedy())
+        token_map = tmp_path / "token_map.pt"
+        torch.save(sorted({t for r in plain for t in r["output_ids"]}), token_map)
+        engine = make_engine(
+            speculative_algorithm="EAGLE",
+            speculative_draft_model_path=str(head),
+            speculative_num_steps=3,
+            speculative_token_map=str(token_map),
+        )
+        results = engine.generate(input_ids=prompts(), sampling_params=greedy())
+        assert ids(results) == ids(plain)
+        assert all(r["meta_info"]["spec_accept_token_num"] == 21 for r in results)
+
+
+def test_bad_token_maps_are_refused(
+    make: Any, heads: dict[str, Path], target_dir: Path, tmp_path: Path
+) -> None:
+    from radixserve.options.errors import ServerArgsError
+    from radixserve.server_args import ServerArgs
+
+    with pytest.raises(ServerArgsError, match="EAGLE3 head carries its own draft vocabulary"):
+        ServerArgs.from_kwargs(
+            model_path=str(target_dir),
+            speculative_algorithm="EAGLE3",
+            speculative_draft_model_path=str(heads["EAGLE3"]),
+            speculative_token_map="/x.pt",
+        )
+    spec = {"speculative_algorithm": "EAGLE", "speculative_draft_model_path": str(heads["EAGLE"])}
+    with pytest.raises(ValueError, match="no such file"):
+        make(**spec, speculative_token_map=str(tmp_path / "missing.pt"))
+    outside = tmp_path / "outside.pt"
+    torch.save([1, 2, TINY_VOCAB], outside)
+    with pytest.raises(ValueError, match=r"must lie in \[0, 512\)"):
+        make(**spec, speculative_token_map=str(outside))
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_text("not a tensor")
+    with pytest.raises(ValueError, match=r"not a \.pt list of token ids"):
+        make(**spec, speculative_token_map=str(garbage))
