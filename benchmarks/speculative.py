@@ -3,7 +3,7 @@
     PYTHONPATH=. nice .venv/bin/python benchmarks/speculative.py --rounds 3
 
 Engines on the same model (plain; --speculative-algorithm NGRAM, or STANDALONE with
---draft-model-path; the same with --speculative-adaptive, unless --no-adaptive; with --chain
+--draft-model-path, or EAGLE / EAGLE3 with --algorithm and a head as --draft-model-path; the same with --speculative-adaptive, unless --no-adaptive; with --chain
 the same drafting chains only, against the default settings' trees) run the same
 workloads in turns (plain, spec, adaptive, plain, ...), so machine noise hits them alike; the
 table reports the median of the rounds and each one's ratio to plain.
@@ -126,6 +126,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--num-draft-tokens", type=int, default=8)
     parser.add_argument("--draft-model-path", default=None, help="STANDALONE instead of NGRAM")
+    parser.add_argument(
+        "--algorithm",
+        default=None,
+        choices=["STANDALONE", "EAGLE", "EAGLE3"],
+        help="with --draft-model-path (default STANDALONE): EAGLE / EAGLE3 for a trained head "
+        "(benchmarks/train_eagle_head.py makes one)",
+    )
+    parser.add_argument("--token-map", default=None, help="EAGLE: --speculative-token-map")
     parser.add_argument("--quantization", default=None)
     parser.add_argument(
         "--no-adaptive", action="store_true", help="leave out the --speculative-adaptive engine"
@@ -151,8 +159,9 @@ def main() -> None:
     spec_args = {"speculative_num_draft_tokens": args.num_draft_tokens}
     if args.draft_model_path:
         spec_args |= {
-            "speculative_algorithm": "STANDALONE",
+            "speculative_algorithm": args.algorithm or "STANDALONE",
             "speculative_draft_model_path": args.draft_model_path,
+            "speculative_token_map": args.token_map,
             "speculative_eagle_topk": args.eagle_topk,
             "speculative_num_steps": args.num_steps,
         }

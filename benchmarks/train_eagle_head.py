@@ -99,7 +99,11 @@ class EagleHead(nn.Module):
         self.up_proj = nn.Linear(h, inter, bias=False)
         self.down_proj = nn.Linear(inter, h, bias=False)
         self.eps = cfg["rms_norm_eps"]
-        theta = cfg.get("rope_theta", 10000.0)
+        # transformers 5 writes RoPE settings under rope_parameters.
+        rope = cfg.get("rope_parameters") or {}
+        if rope.get("rope_type", "default") != "default" or cfg.get("rope_scaling"):
+            raise ValueError("this trainer handles plain RoPE only")
+        theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
         inv = 1.0 / theta ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim)
         self.register_buffer("inv_freq", inv, persistent=False)
 

@@ -370,3 +370,70 @@ def test_bad_token_maps_are_refused(
     garbage.write_text("not a tensor")
     with pytest.raises(ValueError, match=r"not a \.pt list of token ids"):
         make(**spec, speculative_token_map=str(garbage))
+
+
+def test_head_forward_equals_transformers_layers(
+    make: Any, target_dir: Path, tmp_path: Path
+) -> None:
+    """The EAGLE-1 head as radixserve runs it (paged KV, its kernels) equals the same head built
+    from transformers' Llama decoder layer (input norm removed, as EAGLE does) on the features
+    and tokens of a real catch-up step."""
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    gen = torch.Generator().manual_seed(3)
+    norm = 1 + 0.3 * torch.randn(64, generator=gen)
+    head_dir = write_eagle_head(
+        tmp_path / "head",
+        target_dir,
+        seed=3,
+        tensors={
+            "layers.0.post_attention_layernorm.weight": norm,
+            "fc.bias": 0.1 * torch.randn(64, generator=gen),
+        },
+    )
+    engine = make(speculative_algorithm="EAGLE", speculative_draft_model_path=str(head_dir))
+    steps: list[Any] = []
+    real = EagleDraft._catch_up_inputs
+
+    def spy(self: EagleDraft, reqs: Any) -> Any:
+        step, last_rows = real(self, reqs)
+        steps.append(step)
+        return step, last_rows
+
+    EagleDraft._catch_up_inputs = spy  # type: ignore[method-assign]
+    try:
+        engine.generate(input_ids=max(prompts(), key=len), sampling_params=greedy(4))
+    finally:
+        EagleDraft._catch_up_inputs = real  # type: ignore[method-assign]
+    first = steps[0]
+    assert first.positions[0] == 0 and len(first.input_ids) > 20
+    draft = engine.scheduler.spec.draft
+    # Rerun that step (same slots, same values) with every row's output.
+    out = draft.runner.forward(
+        first._replace(logits_rows=list(range(len(first.input_ids)))), draft.req_to_token
+    )
+
+    cfg = LlamaConfig.from_pretrained(head_dir)
+    cfg._attn_implementation = "eager"
+    weights = load_file(str(head_dir / "model.safetensors"))
+    layer = LlamaDecoderLayer(cfg, 0)
+    missing = layer.load_state_dict(
+        {k.removeprefix("layers.0."): v for k, v in weights.items() if k.startswith("layers.0.")},
+        strict=False,
+    ).missing_keys
+    assert missing == ["input_layernorm.weight"]
+    layer.input_layernorm = torch.nn.Identity()
+    fc = torch.nn.Linear(128, 64)
+    fc.load_state_dict({"weight": weights["fc.weight"], "bias": weights["fc.bias"]})
+    embed = engine.scheduler.step_runner.runner.model.model.embed_tokens.weight
+    n = len(first.input_ids)
+    with torch.no_grad():
+        x = fc(torch.cat([embed[torch.tensor(first.input_ids)], first.spec_hidden], dim=-1))[None]
+        pos = torch.arange(n)[None]
+        cos_sin = LlamaRotaryEmbedding(cfg)(x, pos)
+        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        want = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=cos_sin)[0]
+    torch.testing.assert_close(out.features, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out.logits, want @ embed.T, atol=1e-3, rtol=1e-4)
