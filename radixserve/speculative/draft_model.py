@@ -32,7 +32,7 @@ import torch
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.model_executor.model_runner import ModelRunner, StepInputs
 from radixserve.speculative.draft_tree import DraftTree, paths_table
-from radixserve.speculative.tree_search import TreeSearch
+from radixserve.speculative.tree_search import Frontier, ScratchSlots, TreeSearch, grow_searches
 
 if TYPE_CHECKING:
     from radixserve.managers.schedule_batch import Req
@@ -129,24 +129,12 @@ class DraftModel:
             reqs[i].spec_state = reqs[i].seq_len
             searches[i].grow(-1, torch.log_softmax(logits[j], dim=-1))
             searches[i].advance()
-        scratch: dict[tuple[int, int], int] = {}  # (request, search node) -> draft KV slot
-        try:
-            for step in range(1, min(self.num_steps, max(rooms))):
-                frontier = [(i, n) for i in live if step < rooms[i] for n in searches[i].frontier]
-                slots = self.allocator.alloc(len(frontier)) if frontier else None
-                if slots is None:
-                    break  # no scratch KV left (or nothing to grow): verify what there is
-                scratch.update(zip(frontier, slots.tolist(), strict=True))
-                step_inputs, table = self._frontier_inputs(reqs, searches, frontier, scratch)
-                logits = self.runner.forward(step_inputs, table).logits
-                grown = {i for i, _ in frontier}
-                for j, (i, node) in enumerate(frontier):
-                    searches[i].grow(node, torch.log_softmax(logits[j], dim=-1))
-                for i in grown:
-                    searches[i].advance()
-        finally:
-            if scratch:
-                self.allocator.free(torch.tensor(list(scratch.values()), dtype=torch.int64))
+
+        def run_frontier(frontier: Frontier, scratch: ScratchSlots) -> torch.Tensor:
+            step_inputs, table = self._frontier_inputs(reqs, searches, frontier, scratch)
+            return self.runner.forward(step_inputs, table).logits
+
+        grow_searches(searches, rooms, self.num_steps, self.allocator, run_frontier)
         for i in live:
             trees[i] = searches[i].select(rooms[i])
         return trees

@@ -32,7 +32,7 @@ from radixserve.model_executor.model_runner import ModelRunner, StepInputs
 from radixserve.models.eagle_common import load_token_map
 from radixserve.speculative.draft_model import check_draft_vocab, draft_kv_pool
 from radixserve.speculative.draft_tree import DraftTree, paths_table
-from radixserve.speculative.tree_search import TreeSearch
+from radixserve.speculative.tree_search import Frontier, ScratchSlots, TreeSearch, grow_searches
 
 if TYPE_CHECKING:
     from radixserve.managers.schedule_batch import Req
@@ -144,26 +144,16 @@ class EagleDraft:
             feature[(i, -1)] = out.features[last_rows[j]]
             searches[i].grow(-1, torch.log_softmax(out.logits[j], dim=-1))
             searches[i].advance()
-        scratch: dict[tuple[int, int], int] = {}
-        try:
-            for depth in range(1, min(self.num_steps, max(rooms))):
-                frontier = [(i, n) for i in live if depth < rooms[i] for n in searches[i].frontier]
-                slots = self.allocator.alloc(len(frontier)) if frontier else None
-                if slots is None:
-                    break  # no scratch KV left (or nothing to grow): verify what there is
-                scratch.update(zip(frontier, slots.tolist(), strict=True))
-                step = self._frontier_inputs(reqs, searches, frontier, scratch, feature)
-                table = self._frontier_table(reqs, searches, frontier, scratch)
-                out = self.runner.forward(step, table)
-                assert out.features is not None
-                for j, (i, node) in enumerate(frontier):
-                    feature[(i, node)] = out.features[j]
-                    searches[i].grow(node, torch.log_softmax(out.logits[j], dim=-1))
-                for i in {i for i, _ in frontier}:
-                    searches[i].advance()
-        finally:
-            if scratch:
-                self.allocator.free(torch.tensor(list(scratch.values()), dtype=torch.int64))
+
+        def run_frontier(frontier: Frontier, scratch: ScratchSlots) -> torch.Tensor:
+            step = self._frontier_inputs(reqs, searches, frontier, scratch, feature)
+            out = self.runner.forward(step, self._frontier_table(reqs, searches, frontier, scratch))
+            assert out.features is not None
+            for j, node in enumerate(frontier):
+                feature[node] = out.features[j]
+            return out.logits
+
+        grow_searches(searches, rooms, self.num_steps, self.allocator, run_frontier)
         for i in live:
             trees[i] = searches[i].select(rooms[i])
         return trees

@@ -11,11 +11,20 @@ which the acceptance rule (acceptance.py) relies on.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from radixserve.speculative.draft_tree import DraftTree
+
+if TYPE_CHECKING:
+    from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
+
+# (request index, search node) pairs of a step, and each one's scratch KV slot.
+Frontier = list[tuple[int, int]]
+ScratchSlots = dict[tuple[int, int], int]
 
 
 @dataclass(frozen=True)
@@ -74,3 +83,32 @@ class TreeSearch:
             tuple(self.nodes[i].token for i in chosen),
             tuple(index.get(self.nodes[i].parent, 0) for i in chosen),
         )
+
+
+def grow_searches(
+    searches: Mapping[int, TreeSearch],
+    rooms: Sequence[int],
+    num_steps: int,
+    allocator: TokenToKVPoolAllocator,
+    run_frontier: Callable[[Frontier, ScratchSlots], torch.Tensor],
+) -> None:
+    """Steps 2 .. num_steps of every request's search (step 1 grew from the catch-up): each
+    step gives the frontier nodes one scratch KV slot each and `run_frontier` returns their
+    logits. Stops early when scratch KV runs out; the scratch is freed before returning (the
+    next round's catch-up runs the tokens that were accepted)."""
+    scratch: ScratchSlots = {}
+    try:
+        for depth in range(1, min(num_steps, max(rooms[i] for i in searches))):
+            frontier = [(i, n) for i in searches if depth < rooms[i] for n in searches[i].frontier]
+            slots = allocator.alloc(len(frontier)) if frontier else None
+            if slots is None:
+                break  # no scratch KV left (or nothing to grow): verify what there is
+            scratch.update(zip(frontier, slots.tolist(), strict=True))
+            logits = run_frontier(frontier, scratch)
+            for j, (i, node) in enumerate(frontier):
+                searches[i].grow(node, torch.log_softmax(logits[j], dim=-1))
+            for i in {i for i, _ in frontier}:
+                searches[i].advance()
+    finally:
+        if scratch:
+            allocator.free(torch.tensor(list(scratch.values()), dtype=torch.int64))

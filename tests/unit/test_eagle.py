@@ -6,6 +6,7 @@ hits and verify rounds, and bad heads are refused with clear errors."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,6 +70,24 @@ def assert_idle(engine: Any) -> None:
     assert info["available_kv_tokens"] + info["cached_tokens"] == info["max_total_num_tokens"]
     draft = engine.scheduler.spec.draft
     assert draft.allocator.available_size() == draft.allocator.size
+
+
+@contextlib.contextmanager
+def recorded_drafts() -> Iterator[list[int]]:
+    """Every draft token EAGLE heads propose while the block runs."""
+    proposed: list[int] = []
+    real_propose = EagleDraft.propose
+
+    def spy(self: EagleDraft, reqs: Any, rooms: Any) -> Any:
+        trees = real_propose(self, reqs, rooms)
+        proposed.extend(t for tree in trees for t in tree.tokens)
+        return trees
+
+    EagleDraft.propose = spy  # type: ignore[method-assign]
+    try:
+        yield proposed
+    finally:
+        EagleDraft.propose = real_propose  # type: ignore[method-assign]
 
 
 @pytest.fixture(scope="module")
@@ -137,19 +156,8 @@ def test_eagle3_drafts_only_its_draft_vocabulary(make: Any, heads: dict[str, Pat
     cold = torch.ones(TINY_VOCAB, dtype=torch.bool)
     cold[hot] = False
     assert torch.isinf(logits[:, cold]).all()
-    proposed: list[int] = []
-    real_propose = EagleDraft.propose
-
-    def spy(self: EagleDraft, reqs: Any, rooms: Any) -> Any:
-        trees = real_propose(self, reqs, rooms)
-        proposed.extend(t for tree in trees for t in tree.tokens)
-        return trees
-
-    EagleDraft.propose = spy  # type: ignore[method-assign]
-    try:
+    with recorded_drafts() as proposed:
         engine.generate(input_ids=prompts()[:3], sampling_params=greedy(12))
-    finally:
-        EagleDraft.propose = real_propose  # type: ignore[method-assign]
     assert proposed and set(proposed) <= set(hot.tolist())
 
 
@@ -308,19 +316,8 @@ def test_token_map_limits_drafts_to_its_tokens(
     )
     head = engine.scheduler.spec.draft.runner.model
     assert head.lm_head.weight.shape[0] == len(hot)
-    proposed: list[int] = []
-    real_propose = EagleDraft.propose
-
-    def spy(self: EagleDraft, reqs: Any, rooms: Any) -> Any:
-        trees = real_propose(self, reqs, rooms)
-        proposed.extend(t for tree in trees for t in tree.tokens)
-        return trees
-
-    EagleDraft.propose = spy  # type: ignore[method-assign]
-    try:
+    with recorded_drafts() as proposed:
         results = engine.generate(input_ids=prompts(), sampling_params=greedy())
-    finally:
-        EagleDraft.propose = real_propose  # type: ignore[method-assign]
     assert ids(results) == baseline
     assert proposed and set(proposed) <= set(hot)
     assert_idle(engine)
