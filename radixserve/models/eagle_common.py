@@ -10,11 +10,47 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from radixserve.layers.linear import GGUFWeight
+from radixserve.layers.logits_processor import LogitsProcessor
+from radixserve.models.llama import LlamaForCausalLM
+
+if TYPE_CHECKING:
+    from radixserve.model_executor.forward_batch import ForwardBatch
+    from radixserve.models.config import ModelConfig
+
+
+class EagleHead(nn.Module):
+    """What both head kinds share: `model` (set by the subclass) computes the head's hidden
+    states from the batch's features (ForwardBatch.spec_hidden) and leaves the next step's
+    features in ForwardBatch.captured; logits over the target's vocabulary, scattered from a
+    reduced draft vocabulary when the head has one (`hot_token_ids`)."""
+
+    stacked_params = LlamaForCausalLM.stacked_params
+    is_eagle_head = True
+    model: nn.Module
+    lm_head: nn.Module
+    hot_token_ids: torch.Tensor | None
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.logits_processor = LogitsProcessor(config.vocab_size)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, forward_batch)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.logits_processor(hidden, self.lm_head)
+        if self.hot_token_ids is None:
+            return logits
+        return scatter_hot_logits(logits, self.hot_token_ids, self.config.vocab_size)
 
 
 class FromTarget(nn.Module):

@@ -19,11 +19,11 @@ from radixserve.layers.linear import ReplicatedLinear
 from radixserve.layers.logits_processor import LogitsProcessor
 from radixserve.layers.vocab_embedding import VocabParallelEmbedding
 from radixserve.models.eagle_common import (
+    EagleHead,
     FromTarget,
     HotLMHead,
     has_tensor,
     head_weight_names,
-    scatter_hot_logits,
 )
 from radixserve.models.llama import LlamaDecoderLayer, LlamaForCausalLM, model_rope
 from radixserve.models.pipeline_stage import stage_plan
@@ -65,28 +65,12 @@ class LlamaEagleModel(nn.Module):
         return out
 
 
-class LlamaForCausalLMEagle(nn.Module):
-    stacked_params = LlamaForCausalLM.stacked_params
-    is_eagle_head = True
-
+class LlamaForCausalLMEagle(EagleHead):
     def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.model = LlamaEagleModel(config)
-        self.lm_head: nn.Module = FromTarget()  # always the target's
-        self.logits_processor = LogitsProcessor(config.vocab_size)
-        self.hot_token_ids: torch.Tensor | None = None  # --speculative-token-map
-
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
-    ) -> torch.Tensor:
-        return self.model(input_ids, positions, forward_batch)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.logits_processor(hidden, self.lm_head)
-        if self.hot_token_ids is None:
-            return logits
-        return scatter_hot_logits(logits, self.hot_token_ids, self.config.vocab_size)
+        self.lm_head = FromTarget()  # always the target's
+        self.hot_token_ids = None  # --speculative-token-map
 
     def use_hot_tokens(self, token_ids: torch.Tensor) -> None:
         """Draft only these tokens (--speculative-token-map): the LM head keeps their rows."""

@@ -22,12 +22,7 @@ from radixserve.layers.linear import QKVParallelLinear, ReplicatedLinear
 from radixserve.layers.logits_processor import LogitsProcessor
 from radixserve.layers.rotary_embedding import RotaryEmbedding
 from radixserve.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
-from radixserve.models.eagle_common import (
-    FromTarget,
-    has_tensor,
-    head_weight_names,
-    scatter_hot_logits,
-)
+from radixserve.models.eagle_common import EagleHead, FromTarget, has_tensor, head_weight_names
 from radixserve.models.llama import (
     AttentionOptions,
     LlamaAttention,
@@ -103,19 +98,15 @@ class LlamaEagle3Model(nn.Module):
         return normed
 
 
-class LlamaForCausalLMEagle3(nn.Module):
-    stacked_params = LlamaForCausalLM.stacked_params
-    is_eagle_head = True
-
+class LlamaForCausalLMEagle3(EagleHead):
     def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
+        super().__init__(config)
         if config.num_hidden_layers != 1:
             raise ValueError(
                 f"--speculative-draft-model-path: EAGLE3 heads with one decoder layer are "
                 f"supported; this one has {config.num_hidden_layers}"
             )
         hf = config.hf_config
-        self.config = config
         target_hidden = int(_hf_get(hf, "target_hidden_size") or config.hidden_size)
         self.model = LlamaEagle3Model(config, target_hidden, bool(_hf_get(hf, "bias")))
         draft_vocab = _hf_get(hf, "draft_vocab_size")
@@ -135,19 +126,6 @@ class LlamaForCausalLMEagle3(nn.Module):
         self.register_buffer("hot_token_ids", hot_token_ids)
         self.logits_processor = LogitsProcessor(int(draft_vocab))
         self._aux_layer_ids = _aux_layer_ids(hf)
-
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
-    ) -> torch.Tensor:
-        return self.model(input_ids, positions, forward_batch)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits over the target's vocabulary: a reduced draft vocabulary's are scattered to
-        their target ids, every other token at -inf (never drafted)."""
-        logits = self.logits_processor(hidden, self.lm_head)
-        if self.hot_token_ids is None:
-            return logits
-        return scatter_hot_logits(logits, self.hot_token_ids, self.config.vocab_size)
 
     def target_feature_layers(self, target_num_layers: int) -> tuple[int, ...]:
         """The target decoder layers whose inputs (hidden + residual) the head reads, in order;

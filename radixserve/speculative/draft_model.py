@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,6 +39,22 @@ if TYPE_CHECKING:
     from radixserve.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
+
+
+def draft_server_args(
+    target_args: ServerArgs, path: str, pool_tokens: int, **overrides: Any
+) -> ServerArgs:
+    """The target's settings for a draft's own runner: its checkpoint, a KV pool of
+    `pool_tokens` one-token pages, unquantized (plus `overrides`)."""
+    return dataclasses.replace(
+        target_args,
+        model_path=path,
+        tokenizer_path=None,
+        max_total_tokens=pool_tokens,
+        page_size=1,
+        quantization=None,
+        **overrides,
+    )
 
 
 def check_draft_vocab(runner: ModelRunner, target_vocab: int, what: str) -> None:
@@ -74,15 +90,7 @@ class DraftModel:
     ) -> None:
         self.topk = topk
         self.num_steps = num_steps
-        args = dataclasses.replace(
-            target_args,
-            model_path=draft_path,
-            tokenizer_path=None,
-            max_total_tokens=pool_tokens,
-            page_size=1,
-            quantization=None,
-        )
-        self.runner = ModelRunner(args)
+        self.runner = ModelRunner(draft_server_args(target_args, draft_path, pool_tokens))
         check_draft_vocab(self.runner, target_vocab, "draft model")
         # A row is in use while the request's spec_state (tokens the draft has seen) is not None.
         self.allocator, self.req_to_token = draft_kv_pool(self.runner, max_reqs, context_len)

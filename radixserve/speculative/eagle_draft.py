@@ -20,7 +20,6 @@ the positions the target accepts are recomputed from its features at the next ca
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ import torch
 
 from radixserve.model_executor.model_runner import ModelRunner, StepInputs
 from radixserve.models.eagle_common import load_token_map
-from radixserve.speculative.draft_model import check_draft_vocab, draft_kv_pool
+from radixserve.speculative.draft_model import check_draft_vocab, draft_kv_pool, draft_server_args
 from radixserve.speculative.draft_tree import DraftTree, paths_table
 from radixserve.speculative.tree_search import Frontier, ScratchSlots, TreeSearch, grow_searches
 
@@ -52,6 +51,11 @@ class EagleState:
     pending: list[torch.Tensor] = field(default_factory=list)
 
     @property
+    def held(self) -> int:
+        """Positions whose head KV is held: the first `held` columns of the request's row."""
+        return self.seen - self.base
+
+    @property
     def pending_len(self) -> int:
         return sum(int(t.shape[0]) for t in self.pending)
 
@@ -71,13 +75,10 @@ class EagleDraft:
     ) -> None:
         self.topk = topk
         self.num_steps = num_steps
-        args = dataclasses.replace(
+        args = draft_server_args(
             target.server_args,
-            model_path=head_path,
-            tokenizer_path=None,
-            max_total_tokens=pool_tokens,
-            page_size=1,
-            quantization=None,
+            head_path,
+            pool_tokens,
             # A head is always read from its files (also under --load-format dummy, which
             # benchmarks use for the target).
             load_format="auto",
@@ -175,7 +176,7 @@ class EagleDraft:
         slots = self.allocator.alloc(new)
         if slots is None:
             return False
-        self.req_to_token[req.req_pool_idx, state.seen - state.base : end] = slots
+        self.req_to_token[req.req_pool_idx, state.held : end] = slots
         return True
 
     def _catch_up_inputs(self, reqs: Sequence[Req]) -> tuple[StepInputs, list[int]]:
@@ -194,7 +195,7 @@ class EagleDraft:
             n = req.seq_len - 1 - state.seen
             extend.append(n)
             row = self.req_to_token[req.req_pool_idx]
-            slots.append(row[state.seen - state.base : state.seen - state.base + n].clone())
+            slots.append(row[state.held : state.held + n].clone())
             features.extend(state.pending)
             last_rows.append(len(input_ids) - 1)
         step = StepInputs(
@@ -202,7 +203,7 @@ class EagleDraft:
             input_ids=input_ids,
             positions=positions,
             req_pool_indices=[r.req_pool_idx for r in reqs],
-            prefix_lens=[r.spec_state.seen - r.spec_state.base for r in reqs],
+            prefix_lens=[r.spec_state.held for r in reqs],
             extend_lens=extend,
             out_cache_loc=torch.cat(slots),
             logits_rows=last_rows,
@@ -224,7 +225,7 @@ class EagleDraft:
         nodes = [searches[i].nodes[n] for i, n in frontier]
         seen = [reqs[i].spec_state.seen for i, _ in frontier]
         kv_before = [
-            reqs[i].spec_state.seen - reqs[i].spec_state.base + node.depth - 1
+            reqs[i].spec_state.held + node.depth - 1
             for (i, _), node in zip(frontier, nodes, strict=True)
         ]
         return StepInputs(
@@ -254,7 +255,7 @@ class EagleDraft:
             [
                 (
                     reqs[i].req_pool_idx,
-                    reqs[i].spec_state.seen - reqs[i].spec_state.base,
+                    reqs[i].spec_state.held,
                     [scratch[(i, n)] for n in searches[i].path(node)],
                 )
                 for i, node in frontier
@@ -268,10 +269,8 @@ class EagleDraft:
     def release(self, req: Req) -> None:
         """Free everything the head holds for a request the target released."""
         state = req.spec_state
-        if isinstance(state, EagleState) and req.req_pool_idx is not None:
-            held = state.seen - state.base
-            if held > 0:
-                self.allocator.free(self.req_to_token[req.req_pool_idx, :held].clone())
+        if isinstance(state, EagleState) and req.req_pool_idx is not None and state.held > 0:
+            self.allocator.free(self.req_to_token[req.req_pool_idx, : state.held].clone())
         req.spec_state = None
 
     def reset(self) -> None:

@@ -77,8 +77,8 @@ class SpecWorker:
         self.ngram: NgramCache | None = None
         self.draft: DraftModel | EagleDraft | None = None
         self.eagle: EagleDraft | None = None
+        kv = step_runner.kv
         if config.algorithm in EAGLE_ALGORITHMS:
-            kv = step_runner.kv
             self.draft = self.eagle = EagleDraft(
                 step_runner.runner,
                 config.algorithm,
@@ -90,12 +90,9 @@ class SpecWorker:
                 num_steps=config.num_steps,
                 token_map=config.token_map,
             )
-            kv.release_hooks.append(self.eagle.release)
-            kv.reset_hooks.append(self.eagle.reset)
             step_runner.on_features = self._prefill_features
         elif config.algorithm == "STANDALONE":
             runner = step_runner.runner
-            kv = step_runner.kv
             self.draft = DraftModel(
                 runner.server_args,
                 config.draft_model_path,
@@ -106,11 +103,12 @@ class SpecWorker:
                 topk=config.eagle_topk if config.trees else 1,
                 num_steps=config.num_steps,
             )
+        else:
+            self.ngram = NgramCache(config.ngram_max_trie_depth, config.ngram_capacity)
+        if self.draft is not None:
             # The draft's KV follows the target's: freed when the target releases a request.
             kv.release_hooks.append(self.draft.release)
             kv.reset_hooks.append(self.draft.reset)
-        else:
-            self.ngram = NgramCache(config.ngram_max_trie_depth, config.ngram_capacity)
 
     def _prefill_features(
         self,
@@ -193,6 +191,8 @@ class SpecWorker:
         logits = output.logits
         results: list[SpecResult | None] = [None] * len(reqs)
         plain = [i for i, t in enumerate(trees) if not t]
+        # Per request, the draft nodes accepted (none for a request without drafts).
+        paths: dict[int, list[int]] = {i: [] for i in plain}
         if plain:
             rows = [verify.node_rows[i][0] for i in plain]
             if any(reqs[i].custom_logit_processor is not None for i in plain):
@@ -207,6 +207,7 @@ class SpecWorker:
             for i, (tokens, path) in zip(drafted, accepted, strict=True):
                 # Every token but the last is an accepted draft.
                 results[i] = SpecResult(tokens, len(trees[i]), len(tokens) - 1)
+                paths[i] = path
                 slots = verify.node_slots[i]
                 moves.extend((slots[n], slots[d]) for d, n in enumerate(path, 1) if n != d)
             if moves:
@@ -214,12 +215,9 @@ class SpecWorker:
                 self.step_runner.runner.copy_kv_slots(
                     torch.tensor(src, dtype=torch.int64), torch.tensor(dst, dtype=torch.int64)
                 )
-            if self.eagle is not None:
-                for i, (_, path) in zip(drafted, accepted, strict=True):
-                    self._verified_features(reqs[i], output.features, verify.node_rows[i], path)
         if self.eagle is not None:
-            for i in plain:
-                self._verified_features(reqs[i], output.features, verify.node_rows[i], [])
+            for i, path in paths.items():
+                self._verified_features(reqs[i], output.features, verify.node_rows[i], path)
         return [r for r in results if r is not None]
 
     def _verified_features(
