@@ -257,6 +257,22 @@ def llama_layer(*args: object) -> tuple[torch.Tensor, torch.Tensor]:
     return out, residual
 
 
+def make_layer_chain(*flat_args: list[object]) -> object | None:
+    """The extension's LlamaLayerChain (kernels.h: llama_layer's constant arguments of every
+    layer, in flat lists), or None without the C++ kernels."""
+    ext = load_extension()
+    if ext is None or not hasattr(ext, "LlamaLayerChain"):
+        return None
+    return ext.LlamaLayerChain(*flat_args)
+
+
+def run_layer_chain(chain: object, *args: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every decoder layer in one C++ call (LlamaLayerChain.run; the same llama_layer calls as
+    a Python loop over llama_layer, so the same results)."""
+    out, residual = chain.run(*args)  # type: ignore[attr-defined]
+    return out, residual
+
+
 def bind_threads(cpus: list[int]) -> bool:
     """Pin PyTorch's OpenMP thread i to cpus[i]; False where the C++ kernels are not built (the
     pure-PyTorch fallback can only pin the whole process)."""

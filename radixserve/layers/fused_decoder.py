@@ -177,21 +177,71 @@ def run_fused_layer(
     )
 
 
+class LayerChainCache:
+    """The C++ LlamaLayerChain of a model's current fused arguments. It holds the weights
+    itself, so it is rebuilt whenever a layer's FusedLayerArgs object changes
+    (use_fast_kernels makes new ones after the weights change form)."""
+
+    def __init__(self) -> None:
+        self._args: list[FusedLayerArgs] = []
+        self._chain: object | None = None
+
+    def get(self, layer_args: Sequence[FusedLayerArgs]) -> object | None:
+        """The chain for these arguments, or None without the C++ kernels."""
+        same = len(layer_args) == len(self._args) and all(
+            a is b for a, b in zip(layer_args, self._args, strict=True)
+        )
+        if not same:
+            self._args = list(layer_args)
+            self._chain = ops.make_layer_chain(
+                [t for a in layer_args for t in a.norms],
+                [a.eps for a in layer_args],
+                [t for a in layer_args for t in a.weights],
+                [q for a in layer_args for q in a.qtypes],
+                [t for a in layer_args for t in a.biases],
+                [a.cos_sin for a in layer_args],
+                [a.rot_dim for a in layer_args],
+                [a.neox for a in layer_args],
+                [a.heads for a in layer_args],
+                [a.kv_heads for a in layer_args],
+                [a.head_dim for a in layer_args],
+                [a.scale for a in layer_args],
+            )
+        return self._chain
+
+
 def run_fused_layers(
     layer_args: Sequence[FusedLayerArgs],
     positions: torch.Tensor,
     hidden: torch.Tensor,
     forward_batch: ForwardBatch,
+    chains: LayerChainCache | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """All decoder layers from the embeddings, one kernel call each: (output, residual), or None
-    when this batch cannot take the fused path. The same calls, in the same order, as
-    run_fused_layer layer by layer (so the same results); the batch is checked once instead of
+    """All decoder layers from the embeddings: (output, residual), or None when this batch
+    cannot take the fused path. With `chains`, one C++ call runs every layer (LlamaLayerChain);
+    else one llama_layer call per layer from Python. Either way the same calls in the same order
+    as run_fused_layer layer by layer, so the same results; the batch is checked once instead of
     per layer and no module is called in between (at batch 1 the per-layer Python was ~0.4 ms
-    of a ~12 ms step). The kernel returns contiguous float tensors, so what was checked for the
-    first layer holds for the rest."""
+    of a ~12 ms step, and the Python loop with its ~20 arguments per call another ~0.2-0.3 ms).
+    The kernel returns contiguous float tensors, so what was checked for the first layer holds
+    for the rest."""
     if not layer_args or not _can_run_fused(hidden, None, forward_batch):
         return None
     meta = _paged_meta_list(forward_batch)
+    chain = chains.get(layer_args) if chains is not None else None
+    if chain is not None:
+        kv = forward_batch.kv_cache
+        caches = [kv.get_kv(args.layer_id) for args in layer_args]
+        return ops.run_layer_chain(
+            chain,
+            hidden,
+            positions,
+            [k for k, _ in caches],
+            [v for _, v in caches],
+            forward_batch.out_cache_loc,
+            forward_batch.req_to_token,
+            meta,
+        )
     residual: torch.Tensor | None = None
     for args in layer_args:
         hidden, residual = _call_fused(args, positions, hidden, residual, forward_batch, meta)

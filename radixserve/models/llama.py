@@ -14,7 +14,12 @@ import torch
 from torch import nn
 
 from radixserve.layers.activation import get_act_and_mul
-from radixserve.layers.fused_decoder import FusedLayerArgs, run_fused_layer, run_fused_layers
+from radixserve.layers.fused_decoder import (
+    FusedLayerArgs,
+    LayerChainCache,
+    run_fused_layer,
+    run_fused_layers,
+)
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.linear import (
     MergedColumnParallelLinear,
@@ -181,6 +186,7 @@ class LlamaModel(nn.Module):
             if self.stage.last
             else PPMissingLayer()
         )
+        self._layer_chains = LayerChainCache()
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
@@ -191,7 +197,11 @@ class LlamaModel(nn.Module):
             hidden, residual = self._forward_capturing(positions, hidden, forward_batch)
         else:
             chain = self._fused_chain()
-            fused = run_fused_layers(chain, positions, hidden, forward_batch) if chain else None
+            fused = (
+                run_fused_layers(chain, positions, hidden, forward_batch, self._layer_chains)
+                if chain
+                else None
+            )
             if fused is not None:
                 hidden, residual = fused
             else:

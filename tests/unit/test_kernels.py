@@ -193,24 +193,28 @@ def _quantize_tiny(model: torch.nn.Module) -> int:
     return count
 
 
-@pytest.mark.parametrize("fused", [True, "all but the first"], ids=["chain", "per-layer"])
+@pytest.mark.parametrize("fused", ["C++ chain", "Python chain", "per-layer"])
 @pytest.mark.parametrize("weights", ["float", "gguf"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_fused_layer_equals_module_by_module_fast_path(
-    ext: object, arch: str, weights: str, fused: bool | str
+    ext: object, arch: str, weights: str, fused: str
 ) -> None:
     """One C++ call per decoder layer runs the same kernels in the same order as the layer's
     modules do, so prefill, mixed and decode logits are bitwise equal: whether all layers run
-    as one chain of calls (run_fused_layers) or, where one layer cannot, each fusable layer
-    takes its call from its own forward (run_fused_layer)."""
+    in one C++ call (LlamaLayerChain), as a Python loop of per-layer calls (run_fused_layers
+    without the chain) or, where one layer cannot, each fusable layer takes its call from its
+    own forward (run_fused_layer)."""
     from radixserve.models.llama import LlamaDecoderLayer
 
     model, config = _tiny_model(arch)
     if weights == "gguf":
         assert _quantize_tiny(model) == 4 * config.num_hidden_layers
+    if fused == "Python chain":
+        model.model._layer_chains = None
     layers = [m for m in model.modules() if isinstance(m, LlamaDecoderLayer)]
-    calls = []
+    calls, chain_calls = [], []
     real = ops.llama_layer
+    real_chain = ops.run_layer_chain
     ops.tune_float_gemm()  # once per process; the test then forces its own choice
     before = ext.float_packed_min_rows()
     if weights == "float" and ext.float_packed_available():
@@ -222,13 +226,45 @@ def test_fused_layer_equals_module_by_module_fast_path(
             want = _run_steps(model, config, fast=True, fused=False)
             with pytest.MonkeyPatch.context() as mp:
                 mp.setattr(ops, "llama_layer", lambda *a: calls.append(1) or real(*a))
-                got = _run_steps(model, config, fast=True, fused=fused)
+                mp.setattr(
+                    ops, "run_layer_chain", lambda *a: chain_calls.append(1) or real_chain(*a)
+                )
+                got = _run_steps(
+                    model,
+                    config,
+                    fast=True,
+                    fused=True if fused != "per-layer" else "all but the first",
+                )
     finally:
         ext.set_float_packed_min_rows(before)
-    fused_layers = len(layers) if fused is True else len(layers) - 1
-    assert len(calls) == 3 * fused_layers  # every fusable layer of every step took the call
+    # Every fusable layer of every step (three steps) took a fused call.
+    if fused == "C++ chain":
+        assert len(chain_calls) == 3 and not calls
+    else:
+        fused_layers = len(layers) if fused == "Python chain" else len(layers) - 1
+        assert len(calls) == 3 * fused_layers and not chain_calls
     for w, g in zip(want, got, strict=True):
         assert torch.equal(g, w)
+
+
+def test_layer_chain_follows_the_layers_arguments(ext: object) -> None:
+    """The C++ chain holds the weights it was built with: it is reused while every layer keeps
+    its FusedLayerArgs, and rebuilt once use_fast_kernels gives the layers new ones (as it does
+    after the weights change form)."""
+    from radixserve.layers.fused_decoder import LayerChainCache
+    from radixserve.models.llama import LlamaDecoderLayer
+
+    model, _ = _tiny_model("llama")
+    layers = [m for m in model.modules() if isinstance(m, LlamaDecoderLayer)]
+    cache = LayerChainCache()
+    use_fast_kernels(model, True)
+    first = cache.get([m.fused_args for m in layers])
+    assert first is not None and len(first) == len(layers)
+    assert cache.get([m.fused_args for m in layers]) is first
+    use_fast_kernels(model, True)
+    again = cache.get([m.fused_args for m in layers])
+    assert again is not None and again is not first
+    use_fast_kernels(model, False)
 
 
 def test_fused_layer_not_used_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:

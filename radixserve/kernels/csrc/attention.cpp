@@ -184,7 +184,8 @@ void attend_direct_avx2(int64_t h0, int64_t h1, const float* qv, const int64_t* 
   constexpr int S = M <= 1 ? 8 : M <= 3 ? 4 : M <= 6 ? 2 : 1;  // <= 12 accumulators
   constexpr int64_t kAhead = 16;  // keys whose K rows are prefetched ahead of the scoring
   const int64_t n_heads = h1 - h0;
-  std::vector<float> score_buf(n_heads * M * kKeyBlock);
+  static thread_local std::vector<float> score_buf;  // reused, as attend_item's scratch
+  score_buf.assign(n_heads * M * kKeyBlock, 0.0f);
   const C* vrow[kKeyBlock];
   const int64_t range_off = h0 * dim;
   const int64_t range_bytes = n_heads * dim * int64_t(sizeof(C));
@@ -400,6 +401,11 @@ bool attend_gathered_fast(int64_t kv_head, const float* qv, int64_t m_count, con
   return false;
 }
 
+struct ItemScratch {
+  std::vector<float> qv, acc, run_max, run_sum;
+  std::vector<int64_t> limit;
+};
+
 template <typename T, typename C>
 void attend_item(const WorkItem& item, const T* q, int64_t q_stride, const C* k_cache,
                  const C* v_cache, const int64_t* token_row, int64_t prefix, int64_t n_new,
@@ -410,10 +416,20 @@ void attend_item(const WorkItem& item, const T* q, int64_t q_stride, const C* k_
   const int64_t m_count = rows * group;  // query vectors per KV head
   const int64_t n_heads = item.h1 - item.h0;
   const int64_t kv_row = kv_heads * dim;
-  // Per KV head of the range: m_count query vectors, accumulators and softmax state.
-  std::vector<float> qv(n_heads * m_count * dim), acc(n_heads * m_count * dim, 0.0f);
-  std::vector<float> run_max(n_heads * m_count, -1e30f), run_sum(n_heads * m_count, 0.0f);
-  std::vector<int64_t> limit(m_count);
+  // Per KV head of the range: m_count query vectors, accumulators and softmax state. Kept per
+  // thread and reused: a decode step runs ~100 small items, and allocating these for each was a
+  // visible share of batch-1 time.
+  static thread_local ItemScratch scratch;
+  std::vector<float>& qv = scratch.qv;
+  std::vector<float>& acc = scratch.acc;
+  std::vector<float>& run_max = scratch.run_max;
+  std::vector<float>& run_sum = scratch.run_sum;
+  std::vector<int64_t>& limit = scratch.limit;
+  qv.resize(n_heads * m_count * dim);  // every element is written below
+  acc.assign(n_heads * m_count * dim, 0.0f);
+  run_max.assign(n_heads * m_count, -1e30f);
+  run_sum.assign(n_heads * m_count, 0.0f);
+  limit.resize(m_count);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t g = 0; g < group; ++g) limit[r * group + g] = prefix + item.row0 + r + 1;
   }  // keys [0, limit) are visible, for every head

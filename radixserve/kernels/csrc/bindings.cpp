@@ -21,4 +21,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_float_packed_min_rows", &radixserve::set_float_packed_min_rows);
   m.def("float_packed_min_rows", &radixserve::float_packed_min_rows);
   m.def("float_packed_available", &radixserve::float_packed_available);
+  py::class_<radixserve::LlamaLayerChain>(m, "LlamaLayerChain")
+      .def(py::init<const std::vector<at::Tensor>&, const std::vector<double>&,
+                    const std::vector<at::Tensor>&, const std::vector<int64_t>&,
+                    const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+                    const std::vector<int64_t>&, const std::vector<bool>&,
+                    const std::vector<int64_t>&, const std::vector<int64_t>&,
+                    const std::vector<int64_t>&, const std::vector<double>&>())
+      .def("run", &radixserve::LlamaLayerChain::run)
+      .def("__len__", &radixserve::LlamaLayerChain::size);
 }

@@ -71,4 +71,58 @@ std::vector<at::Tensor> llama_layer(
   return {project(act, weights[3], qtypes[3], biases[3]), res};
 }
 
+LlamaLayerChain::LlamaLayerChain(
+    const std::vector<at::Tensor>& norms, const std::vector<double>& eps,
+    const std::vector<at::Tensor>& weights, const std::vector<int64_t>& qtypes,
+    const std::vector<at::Tensor>& biases, const std::vector<at::Tensor>& cos_sin,
+    const std::vector<int64_t>& rot_dim, const std::vector<bool>& neox,
+    const std::vector<int64_t>& heads, const std::vector<int64_t>& kv_heads,
+    const std::vector<int64_t>& head_dim, const std::vector<double>& scale) {
+  const size_t n = eps.size();
+  TORCH_CHECK(n > 0, "a layer chain needs at least one layer");
+  TORCH_CHECK(norms.size() == 2 * n, "norms: two per layer");
+  TORCH_CHECK(weights.size() == 4 * n && qtypes.size() == 4 * n && biases.size() == 4 * n,
+              "weights, qtypes, biases: four per layer");
+  TORCH_CHECK(cos_sin.size() == n && rot_dim.size() == n && neox.size() == n &&
+                  heads.size() == n && kv_heads.size() == n && head_dim.size() == n &&
+                  scale.size() == n,
+              "per-layer settings: one per layer");
+  for (size_t i = 0; i < n; ++i) {
+    Layer layer;
+    layer.norms.assign(norms.begin() + 2 * i, norms.begin() + 2 * i + 2);
+    layer.weights.assign(weights.begin() + 4 * i, weights.begin() + 4 * i + 4);
+    layer.qtypes.assign(qtypes.begin() + 4 * i, qtypes.begin() + 4 * i + 4);
+    layer.biases.assign(biases.begin() + 4 * i, biases.begin() + 4 * i + 4);
+    layer.eps = eps[i];
+    layer.cos_sin = cos_sin[i];
+    layer.rot_dim = rot_dim[i];
+    layer.neox = neox[i];
+    layer.heads = heads[i];
+    layer.kv_heads = kv_heads[i];
+    layer.head_dim = head_dim[i];
+    layer.scale = scale[i];
+    layers_.push_back(std::move(layer));
+  }
+}
+
+std::vector<at::Tensor> LlamaLayerChain::run(const at::Tensor& hidden,
+                                             const at::Tensor& positions,
+                                             const std::vector<at::Tensor>& k_caches,
+                                             const std::vector<at::Tensor>& v_caches,
+                                             const at::Tensor& slots,
+                                             const at::Tensor& req_to_token,
+                                             const std::vector<at::Tensor>& meta) const {
+  TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(),
+              "one K and one V cache per layer");
+  const at::Tensor no_residual = at::empty({0}, hidden.options());
+  std::vector<at::Tensor> state{hidden, no_residual};  // {output, residual} of the last layer
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& l = layers_[i];
+    state = llama_layer(state[0], state[1], l.norms, l.eps, l.weights, l.qtypes, l.biases,
+                        positions, l.cos_sin, l.rot_dim, l.neox, k_caches[i], v_caches[i], slots,
+                        req_to_token, meta, l.heads, l.kv_heads, l.head_dim, l.scale);
+  }
+  return state;
+}
+
 }  // namespace radixserve

@@ -35,4 +35,38 @@ void set_float_packed_min_rows(int64_t rows);
 int64_t float_packed_min_rows();
 bool float_packed_available();
 int64_t bind_threads(const std::vector<int64_t>& cpus);
+
+// llama_layer's per-layer constants (norms, weights, rotary table, head shapes) for every
+// decoder layer of a model, held on the C++ side so a forward pass is one call from Python
+// (run) instead of one per layer with ~20 arguments each. run calls llama_layer layer by layer:
+// the same results.
+class LlamaLayerChain {
+ public:
+  // Flat lists, layer after layer: norms two per layer (input, post-attention), weights,
+  // qtypes and biases four (qkv, o, gate_up, down), the rest one.
+  LlamaLayerChain(const std::vector<at::Tensor>& norms, const std::vector<double>& eps,
+                  const std::vector<at::Tensor>& weights, const std::vector<int64_t>& qtypes,
+                  const std::vector<at::Tensor>& biases, const std::vector<at::Tensor>& cos_sin,
+                  const std::vector<int64_t>& rot_dim, const std::vector<bool>& neox,
+                  const std::vector<int64_t>& heads, const std::vector<int64_t>& kv_heads,
+                  const std::vector<int64_t>& head_dim, const std::vector<double>& scale);
+  // All layers from the embeddings; {output, residual} of the last layer, as llama_layer.
+  std::vector<at::Tensor> run(const at::Tensor& hidden, const at::Tensor& positions,
+                              const std::vector<at::Tensor>& k_caches,
+                              const std::vector<at::Tensor>& v_caches, const at::Tensor& slots,
+                              const at::Tensor& req_to_token,
+                              const std::vector<at::Tensor>& meta) const;
+  int64_t size() const { return static_cast<int64_t>(layers_.size()); }
+
+ private:
+  struct Layer {
+    std::vector<at::Tensor> norms, weights, biases;
+    std::vector<int64_t> qtypes;
+    double eps = 0.0, scale = 0.0;
+    at::Tensor cos_sin;
+    int64_t rot_dim = 0, heads = 0, kv_heads = 0, head_dim = 0;
+    bool neox = false;
+  };
+  std::vector<Layer> layers_;
+};
 }  // namespace radixserve
