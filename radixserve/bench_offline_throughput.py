@@ -150,6 +150,7 @@ def _print(result: dict[str, Any]) -> None:
 def throughput_test(server_args: Any, args: argparse.Namespace) -> dict[str, Any]:
     from radixserve.benchmarking.hardware import detect_hardware
     from radixserve.entrypoints.engine import Engine
+    from radixserve.managers.process_utils import freeze_startup_objects
 
     extra = json.loads(args.extra_request_body) if args.extra_request_body else {}
     ignore_eos = not args.disable_ignore_eos
@@ -159,6 +160,9 @@ def throughput_test(server_args: Any, args: argparse.Namespace) -> dict[str, Any
         rows = get_dataset(args, engine.tokenizer)
         if not rows:
             raise DatasetError("the dataset produced no prompts")
+        # As the scheduler process does after start-up: the model, tokenizer and prompts leave
+        # the collector's generations, so the steps' garbage collections stop walking them.
+        freeze_startup_objects()
         hw = detect_hardware(runner.device)
         print("\n".join(hw.describe()))
         if not args.skip_warmup:
