@@ -31,6 +31,7 @@ SOURCES = (
     "attention.cpp",
     "gguf_gemm.cpp",
     "fused_layer.cpp",
+    "single_row_chain.cpp",
     "threads.cpp",
     "gguf_gemm_tiled.cpp",
     "float_gemm.cpp",

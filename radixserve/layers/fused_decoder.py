@@ -186,6 +186,11 @@ class LayerChainCache:
         self._args: list[FusedLayerArgs] = []
         self._chain: object | None = None
 
+    @property
+    def current(self) -> object | None:
+        """The chain built last (None before the first forward or without the C++ kernels)."""
+        return self._chain
+
     def get(self, layer_args: Sequence[FusedLayerArgs]) -> object | None:
         """The chain for these arguments, or None without the C++ kernels."""
         same = len(layer_args) == len(self._args) and all(

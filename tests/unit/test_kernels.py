@@ -247,6 +247,46 @@ def test_fused_layer_equals_module_by_module_fast_path(
         assert torch.equal(g, w)
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+def test_single_token_chain_equals_module_by_module(ext: object, kv_dtype: torch.dtype) -> None:
+    """One request's single new token (a decode step, a one-token extend, a one-token prompt)
+    on GGUF weights runs every layer in one parallel region (single_row_chain.cpp): its logits
+    are bitwise those of the module-by-module fast path, with a float32 or bfloat16 KV cache."""
+    from radixserve.mem_cache.kv_cache import KVCache
+    from radixserve.models.llama import LlamaDecoderLayer
+
+    model, config = _tiny_model("llama")
+    assert _quantize_tiny(model) == 4 * config.num_hidden_layers
+    layers = [m for m in model.modules() if isinstance(m, LlamaDecoderLayer)]
+
+    def run(fused: bool) -> list[torch.Tensor]:
+        driver = ManualDriver(model, config)
+        driver.backend = CpuPagedAttnBackend()
+        heads = config.num_key_value_heads
+        driver.kv_cache = KVCache(4096, len(layers), heads, config.head_dim, kv_dtype, "cpu")
+        use_fast_kernels(model, True)
+        if not fused:
+            for module in layers:
+                module.fused_args = None
+        try:
+            out = [driver.forward([(0, [5, 6, 7, 8, 9])])]
+            out += [driver.forward([(0, [t])], decode=True) for t in (10, 11, 12, 13)]
+            out.append(driver.forward([(0, [14])]))  # a one-token extend
+            out.append(driver.forward([(1, [3])]))  # a one-token prompt (no prefix)
+            out.append(driver.forward([(1, [4])], decode=True))
+            return out
+        finally:
+            use_fast_kernels(model, False)
+
+    with torch.inference_mode():
+        want = run(fused=False)
+        got = run(fused=True)
+    chain = model.model._layer_chains.current
+    assert chain is not None and chain.single_row_runs() == 7  # every step but the prefill
+    for w, g in zip(want, got, strict=True):
+        assert torch.equal(g, w)
+
+
 def test_layer_chain_follows_the_layers_arguments(ext: object) -> None:
     """The C++ chain holds the weights it was built with: it is reused while every layer keeps
     its FusedLayerArgs, and rebuilt once use_fast_kernels gives the layers new ones (as it does

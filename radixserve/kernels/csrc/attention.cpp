@@ -10,6 +10,7 @@
 
 #include "common.h"
 #include "gemm_micro.h"
+#include "single_row.h"
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -479,6 +480,24 @@ void attend_item(const WorkItem& item, const T* q, int64_t q_stride, const C* k_
 }
 
 }  // namespace
+
+void decode_attention_heads(const float* q_row, const void* k_cache, const void* v_cache,
+                            bool bf16_cache, int64_t kv_heads, int64_t head_dim,
+                            const int64_t* token_row, int64_t prefix, int64_t heads, int64_t h0,
+                            int64_t h1, float scale, float* out_row) {
+  // The work item paged_attention makes for one new token of a request (keys [0, prefix]).
+  const WorkItem item{0, 0, h0, h1, 0};
+  if (bf16_cache) {
+    attend_item<float, c10::BFloat16>(item, q_row, heads * head_dim,
+                                      static_cast<const c10::BFloat16*>(k_cache),
+                                      static_cast<const c10::BFloat16*>(v_cache), token_row,
+                                      prefix, 1, 0, heads, kv_heads, head_dim, scale, out_row);
+  } else {
+    attend_item<float, float>(item, q_row, heads * head_dim, static_cast<const float*>(k_cache),
+                              static_cast<const float*>(v_cache), token_row, prefix, 1, 0, heads,
+                              kv_heads, head_dim, scale, out_row);
+  }
+}
 
 // q: [T, H*D] (rows may be strided); k_cache, v_cache: [S, Hkv, D]; req_to_token: [R, L] int64;
 // per request b: req_pool_indices[b], prefix_lens[b], extend_lens[b], and q_starts[b], the row

@@ -21,7 +21,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_float_packed_min_rows", &radixserve::set_float_packed_min_rows);
   m.def("float_packed_min_rows", &radixserve::float_packed_min_rows);
   m.def("float_packed_available", &radixserve::float_packed_available);
-  py::class_<radixserve::LlamaLayerChain>(m, "LlamaLayerChain")
+  // module_local: two builds loaded in one process (an A/B benchmark) keep their own type.
+  py::class_<radixserve::LlamaLayerChain>(m, "LlamaLayerChain", py::module_local())
       .def(py::init<const std::vector<at::Tensor>&, const std::vector<double>&,
                     const std::vector<at::Tensor>&, const std::vector<int64_t>&,
                     const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
@@ -29,5 +30,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     const std::vector<int64_t>&, const std::vector<int64_t>&,
                     const std::vector<int64_t>&, const std::vector<double>&>())
       .def("run", &radixserve::LlamaLayerChain::run)
-      .def("__len__", &radixserve::LlamaLayerChain::size);
+      .def("__len__", &radixserve::LlamaLayerChain::size)
+      .def("single_row_runs", &radixserve::LlamaLayerChain::single_row_runs);
 }

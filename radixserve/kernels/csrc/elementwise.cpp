@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "common.h"
+#include "single_row.h"
 
 namespace radixserve {
 namespace {
@@ -29,17 +30,41 @@ int64_t grain_for(int64_t work_per_item) {
   return std::max<int64_t>(1, 16384 / std::max<int64_t>(work_per_item, 1));
 }
 
+// rr <- xr + rr; xr <- rms_norm(rr) * w (one row).
+template <typename T>
+void add_rms_norm_row(T* xr, T* rr, const T* wp, int64_t d, float eps) {
+#pragma omp simd
+  for (int64_t i = 0; i < d; ++i) rr[i] = from_float<T>(to_float(xr[i]) + to_float(rr[i]));
+  rms_norm_row(rr, wp, xr, d, eps);
+}
+
 template <typename T>
 void fused_add_rms_norm_rows(T* xp, T* rp, const T* wp, int64_t rows, int64_t d, float eps) {
   at::parallel_for(0, rows, grain_for(d), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      T* xr = xp + r * d;
-      T* rr = rp + r * d;
-#pragma omp simd
-      for (int64_t i = 0; i < d; ++i) rr[i] = from_float<T>(to_float(xr[i]) + to_float(rr[i]));
-      rms_norm_row(rr, wp, xr, d, eps);
-    }
+    for (int64_t r = begin; r < end; ++r) add_rms_norm_row(xp + r * d, rp + r * d, wp, d, eps);
   });
+}
+
+// o[i] = silu(gate[i]) * up[i] for i in [0, n): eight at a time, then one at a time. A span
+// that starts at a multiple of 8 of its row treats every element as the whole row does.
+template <typename T>
+void silu_mul_span(const T* gate, const T* up, T* o, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX2__)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+      const __m256 g = _mm256_loadu_ps(gate + i);
+      const __m256 e = fast_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+      const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
+      _mm256_storeu_ps(o + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+    }
+  }
+#endif
+  for (; i < n; ++i) {
+    const float g = to_float(gate[i]);
+    o[i] = from_float<T>(g / (1.0f + fast_exp(-g)) * to_float(up[i]));
+  }
 }
 
 template <typename T>
@@ -47,24 +72,7 @@ void silu_and_mul_rows(const T* xp, T* op, int64_t rows, int64_t d, int64_t stri
   at::parallel_for(0, rows, grain_for(d), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* gate = xp + r * stride;
-      const T* up = gate + d;
-      T* o = op + r * d;
-      int64_t i = 0;
-#if defined(__AVX2__)
-      if constexpr (std::is_same_v<T, float>) {
-        const __m256 one = _mm256_set1_ps(1.0f);
-        for (; i + 8 <= d; i += 8) {
-          const __m256 g = _mm256_loadu_ps(gate + i);
-          const __m256 e = fast_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
-          const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
-          _mm256_storeu_ps(o + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
-        }
-      }
-#endif
-      for (; i < d; ++i) {
-        const float g = to_float(gate[i]);
-        o[i] = from_float<T>(g / (1.0f + fast_exp(-g)) * to_float(up[i]));
-      }
+      silu_mul_span(gate, gate + d, op + r * d, d);
     }
   });
 }
@@ -151,7 +159,44 @@ inline void store_row(C* dst, const T* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = from_float<C>(to_float(src[i]));
 }
 
+// One token: RoPE on its q and k heads in place, then k and v stored into KV rows kc_row, vc_row.
+template <typename T, typename C>
+inline void rope_store_token(T* qt, T* kt, const T* vt, const float* cos, int64_t heads,
+                             int64_t kv_heads, int64_t head_dim, int64_t rot_dim, bool neox,
+                             C* kc_row, C* vc_row) {
+  const float* sin = cos + rot_dim / 2;
+  for (int64_t h = 0; h < heads; ++h) rotate_head(qt + h * head_dim, cos, sin, rot_dim, neox);
+  for (int64_t h = 0; h < kv_heads; ++h) rotate_head(kt + h * head_dim, cos, sin, rot_dim, neox);
+  store_row(kc_row, kt, kv_heads * head_dim);
+  store_row(vc_row, vt, kv_heads * head_dim);
+}
+
 }  // namespace
+
+void add_rms_norm_row_f32(float* x, float* residual, const float* weight, int64_t d, float eps) {
+  add_rms_norm_row(x, residual, weight, d, eps);
+}
+
+void rms_norm_row_f32(const float* x, const float* weight, float* out, int64_t d, float eps) {
+  rms_norm_row(x, weight, out, d, eps);
+}
+
+void silu_mul_span_f32(const float* gate, const float* up, float* out, int64_t n) {
+  silu_mul_span(gate, up, out, n);
+}
+
+void rope_store_token_f32(float* q, float* k, const float* v, const float* cos, int64_t heads,
+                          int64_t kv_heads, int64_t head_dim, int64_t rot_dim, bool neox,
+                          void* k_cache_row, void* v_cache_row, bool bf16_cache) {
+  if (bf16_cache) {
+    rope_store_token(q, k, v, cos, heads, kv_heads, head_dim, rot_dim, neox,
+                     static_cast<c10::BFloat16*>(k_cache_row),
+                     static_cast<c10::BFloat16*>(v_cache_row));
+  } else {
+    rope_store_token(q, k, v, cos, heads, kv_heads, head_dim, rot_dim, neox,
+                     static_cast<float*>(k_cache_row), static_cast<float*>(v_cache_row));
+  }
+}
 
 // RoPE on q [T, H*D] and k [T, Hkv*D] in place (rows may be strided views of a fused qkv),
 // then k and v [T, Hkv*D] stored at KV slots `slots` of k_cache / v_cache [S, Hkv, D].
@@ -185,7 +230,7 @@ void rope_store_kv(at::Tensor& q, at::Tensor& k, const at::Tensor& v,
     TORCH_CHECK(slot[t] >= 0 && slot[t] < k_cache.size(0), "KV slot out of range");
   }
   const float* table = cos_sin.data_ptr<float>();
-  const int64_t half = rot_dim / 2, row = kv_heads * head_dim;
+  const int64_t row = kv_heads * head_dim;
   dispatch_float_bf16(q.scalar_type(), "rope", [&](auto tag_) {
     using scalar_t = decltype(tag_);
     using T = scalar_t;
@@ -200,14 +245,9 @@ void rope_store_kv(at::Tensor& q, at::Tensor& k, const at::Tensor& v,
           at::parallel_for(0, tokens, grain_for((heads + kv_heads) * head_dim), [&](int64_t b,
                                                                                       int64_t e) {
             for (int64_t t = b; t < e; ++t) {
-              const float* cos = table + pos[t] * rot_dim;
-              const float* sin = cos + half;
-              T* qt = qp + t * q.stride(0);
-              T* kt = kp + t * k.stride(0);
-              for (int64_t h = 0; h < heads; ++h) rotate_head(qt + h * head_dim, cos, sin, rot_dim, neox);
-              for (int64_t h = 0; h < kv_heads; ++h) rotate_head(kt + h * head_dim, cos, sin, rot_dim, neox);
-              store_row(kc + slot[t] * row, kt, row);
-              store_row(vc + slot[t] * row, vp + t * v.stride(0), row);
+              rope_store_token(qp + t * q.stride(0), kp + t * k.stride(0), vp + t * v.stride(0),
+                               table + pos[t] * rot_dim, heads, kv_heads, head_dim, rot_dim,
+                               neox, kc + slot[t] * row, vc + slot[t] * row);
             }
           });
         });

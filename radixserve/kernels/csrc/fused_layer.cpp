@@ -114,6 +114,11 @@ std::vector<at::Tensor> LlamaLayerChain::run(const at::Tensor& hidden,
                                              const std::vector<at::Tensor>& meta) const {
   TORCH_CHECK(k_caches.size() == layers_.size() && v_caches.size() == layers_.size(),
               "one K and one V cache per layer");
+  if (single_row_chain_applies(layers_, hidden, k_caches, v_caches, meta)) {
+    single_row_runs_.fetch_add(1);
+    return run_single_row_chain(layers_, hidden, positions, k_caches, v_caches, slots,
+                                req_to_token, meta);
+  }
   const at::Tensor no_residual = at::empty({0}, hidden.options());
   std::vector<at::Tensor> state{hidden, no_residual};  // {output, residual} of the last layer
   for (size_t i = 0; i < layers_.size(); ++i) {

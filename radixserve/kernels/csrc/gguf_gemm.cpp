@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gguf_blocks.h"
+#include "gguf_gemv.h"
 #include "kernels.h"
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -32,11 +33,23 @@ constexpr int64_t kRowTile = 4;     // activation rows sharing one unpacked weig
 constexpr int64_t kTiledMinRowsQ4_1 = 12;
 constexpr int64_t kTiledMinRowsQ8_0 = 32;
 
-struct QuantizedRows {
-  std::vector<int16_t> q;    // [M, K]
-  std::vector<float> scale;  // [M, K / 32]
-  std::vector<float> sum;    // [M, K / 32], exact float sums of each block
-};
+// One block of 32 activations: int16 values, their scale and their exact float sum.
+template <typename T>
+inline void quantize_block(const T* src, int16_t* dst, float* scale, float* sum_out) {
+  float amax = 0.0f, sum = 0.0f;
+  for (int64_t i = 0; i < kBlock; ++i) {
+    const float v = to_float(src[i]);
+    amax = std::max(amax, std::abs(v));
+    sum += v;
+  }
+  const float d = amax / 32767.0f;
+  const float id = d > 0.0f ? 1.0f / d : 0.0f;
+  for (int64_t i = 0; i < kBlock; ++i) {
+    dst[i] = static_cast<int16_t>(__builtin_nearbyintf(to_float(src[i]) * id));
+  }
+  *scale = d;
+  *sum_out = sum;
+}
 
 // Fills `out` (resized: every element is written below). Callers pass a buffer kept per
 // thread: at batch 1 a fresh set of vectors for each of a step's ~120 matmuls (allocated and
@@ -50,21 +63,8 @@ void quantize_rows(const T* x, int64_t m, int64_t k, int64_t stride, QuantizedRo
   at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t b = 0; b < nb; ++b) {
-        const T* src = x + r * stride + b * kBlock;
-        float amax = 0.0f, sum = 0.0f;
-        for (int64_t i = 0; i < kBlock; ++i) {
-          const float v = to_float(src[i]);
-          amax = std::max(amax, std::abs(v));
-          sum += v;
-        }
-        const float d = amax / 32767.0f;
-        const float id = d > 0.0f ? 1.0f / d : 0.0f;
-        int16_t* dst = out.q.data() + r * k + b * kBlock;
-        for (int64_t i = 0; i < kBlock; ++i) {
-          dst[i] = static_cast<int16_t>(__builtin_nearbyintf(to_float(src[i]) * id));
-        }
-        out.scale[r * nb + b] = d;
-        out.sum[r * nb + b] = sum;
+        quantize_block(x + r * stride + b * kBlock, out.q.data() + r * k + b * kBlock,
+                       &out.scale[r * nb + b], &out.sum[r * nb + b]);
       }
     }
   });
@@ -301,6 +301,35 @@ void dot_row_q8_0(const uint8_t* wrow, const QuantizedRows& xq, int64_t r0, int6
 
 }  // namespace
 
+void size_quantized_row(int64_t k, QuantizedRows& out) {
+  out.q.resize(k);
+  out.scale.resize(k / kBlock);
+  out.sum.resize(k / kBlock);
+}
+
+void quantize_row_blocks(const float* x, int64_t k, int64_t b0, int64_t b1,
+                         QuantizedRows& out) {
+  (void)k;
+  for (int64_t b = b0; b < b1; ++b) {
+    quantize_block(x + b * kBlock, out.q.data() + b * kBlock, &out.scale[b], &out.sum[b]);
+  }
+}
+
+void gguf_gemv_columns(const uint8_t* blocks, int64_t row_bytes, int64_t qtype,
+                       const QuantizedRows& xq, int64_t k, float* out, int64_t begin,
+                       int64_t end) {
+  int64_t col = begin;
+#if defined(__AVX2__)
+  if (qtype == kQ4_1) {  // Q8_0 GEMVs already run at memory bandwidth
+    for (; col + kColTile <= end; col += kColTile) {
+      dot_cols4_q4_1(blocks + col * row_bytes, row_bytes, xq, k, out + col);
+    }
+  }
+#endif
+  auto dot = qtype == kQ4_1 ? dot_row_q4_1 : dot_row_q8_0;
+  for (; col < end; ++col) dot(blocks + col * row_bytes, xq, 0, 1, k, out + col, 1);
+}
+
 // x: [M, K] (rows may be strided); blocks: [N, K / 32 * block_bytes] uint8 in GGUF's layout.
 // Returns x @ W^T as [M, N] in x's dtype.
 at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
@@ -339,15 +368,11 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
   // stays in L1 while every tile of activation rows (quantized, re-read from L2) passes over it;
   // with the tiles outside, the weights would stream from memory once per 4 rows.
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    int64_t col = begin;
-#if defined(__AVX2__)
-    if (m == 1 && qtype == kQ4_1) {  // Q8_0 GEMVs already run at memory bandwidth
-      for (; col + kColTile <= end; col += kColTile) {
-        dot_cols4_q4_1(wp + col * row_bytes, row_bytes, xq, k, op + col);
-      }
+    if (m == 1) {
+      gguf_gemv_columns(wp, row_bytes, qtype, xq, k, op, begin, end);
+      return;
     }
-#endif
-    for (; col < end; ++col) {
+    for (int64_t col = begin; col < end; ++col) {
       for (int64_t r0 = 0; r0 < m; r0 += kRowTile) {
         const int64_t rows = std::min(kRowTile, m - r0);
         dot(wp + col * row_bytes, xq, r0, rows, k, op + r0 * n + col, n);

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <vector>
 
 namespace radixserve {
@@ -57,8 +58,9 @@ class LlamaLayerChain {
                               const at::Tensor& req_to_token,
                               const std::vector<at::Tensor>& meta) const;
   int64_t size() const { return static_cast<int64_t>(layers_.size()); }
+  // How many runs took the single-token path (run_single_row_chain): for tests and profiling.
+  int64_t single_row_runs() const { return single_row_runs_.load(); }
 
- private:
   struct Layer {
     std::vector<at::Tensor> norms, weights, biases;
     std::vector<int64_t> qtypes;
@@ -67,6 +69,24 @@ class LlamaLayerChain {
     int64_t rot_dim = 0, heads = 0, kv_heads = 0, head_dim = 0;
     bool neox = false;
   };
+
+ private:
   std::vector<Layer> layers_;
+  mutable std::atomic<int64_t> single_row_runs_{0};
 };
+
+// single_row_chain.cpp: the whole chain for one token in one parallel region, where it applies
+// (float32 activations, GGUF-block projections without biases, one request's single new token).
+bool single_row_chain_applies(const std::vector<LlamaLayerChain::Layer>& layers,
+                              const at::Tensor& hidden, const std::vector<at::Tensor>& k_caches,
+                              const std::vector<at::Tensor>& v_caches,
+                              const std::vector<at::Tensor>& meta);
+std::vector<at::Tensor> run_single_row_chain(const std::vector<LlamaLayerChain::Layer>& layers,
+                                             const at::Tensor& hidden,
+                                             const at::Tensor& positions,
+                                             const std::vector<at::Tensor>& k_caches,
+                                             const std::vector<at::Tensor>& v_caches,
+                                             const at::Tensor& slots,
+                                             const at::Tensor& req_to_token,
+                                             const std::vector<at::Tensor>& meta);
 }  // namespace radixserve
