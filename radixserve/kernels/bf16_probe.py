@@ -1,5 +1,6 @@
 """Child process of the `--dtype auto` choice (radixserve/utils/auto_dtype.py): times the float
-matmul the model runs (kernels.ops.float_linear) in float32 and in bfloat16 on decoder-like
+matmul the model runs (kernels.ops.float_linear; bfloat16 weights pre-packed for oneDNN where
+the CPU allows, as layers/fast_path.py does) in float32 and in bfloat16 on decoder-like
 shapes, checks the bfloat16 results, and prints one JSON line.
 
 Run in a child because a CPU flag is not proof: a kernel the flags promise may still die with an
@@ -13,10 +14,13 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from radixserve.kernels import ops
+from radixserve.kernels.onednn_linear import onednn_linear, pack_weight, packing_support
 
 # (out, in) features of the default model's projections; rows: one decode request, a decode
 # batch, a prefill chunk.
@@ -25,8 +29,18 @@ ROWS = (1, 32, 128)
 REPEATS = 7
 
 
+def _model_matmul(x: torch.Tensor, w: torch.Tensor, packed_bf16: bool) -> Callable[[], Any]:
+    """x @ w^T as the model's linear layers compute it: bfloat16 weights pre-packed for oneDNN
+    where it can, else kernels.ops.float_linear."""
+    if packed_bf16 and w.dtype == torch.bfloat16:
+        weight = pack_weight(w)
+        return lambda: onednn_linear(x, weight, None)
+    return lambda: ops.float_linear(x, w)
+
+
 def measure() -> dict[str, float]:
     ops.tune_float_gemm()  # the float32 path the model would take
+    packed_bf16 = packing_support(torch.bfloat16)[0]  # and the bfloat16 one (layers/fast_path.py)
     gen = torch.Generator().manual_seed(0)
     times = {"float32": 0.0, "bfloat16": 0.0}
     worst = 0.0
@@ -36,15 +50,15 @@ def measure() -> dict[str, float]:
             w = torch.randn(n, k, generator=gen) * k**-0.5
             exact = x.double() @ w.double().T
             for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-                xd, wd = x.to(dtype), w.to(dtype)
-                out = ops.float_linear(xd, wd)
+                matmul = _model_matmul(x.to(dtype), w.to(dtype), packed_bf16)
+                out = matmul()
                 if name == "bfloat16":
                     err = (out.double() - exact).norm() / exact.norm()
                     worst = max(worst, float(err))
                 samples = []
                 for _ in range(REPEATS):
                     start = time.perf_counter()
-                    ops.float_linear(xd, wd)
+                    matmul()
                     samples.append(time.perf_counter() - start)
                 times[name] += statistics.median(samples)
     return {"float32_s": times["float32"], "bfloat16_s": times["bfloat16"], "bf16_rel_err": worst}

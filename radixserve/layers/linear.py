@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 from radixserve.distributed import parallel_state as ps
 from radixserve.kernels import ops, reference
+from radixserve.kernels.onednn_linear import OneDNNWeight, onednn_linear
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,9 @@ def quantized_or_float_linear(
 def _base_linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     gguf: GGUFWeight | None = getattr(layer, "gguf", None)
     if gguf is None:
+        packed: OneDNNWeight | None = getattr(layer, "onednn", None)  # kernels/onednn_linear.py
+        if packed is not None:
+            return onednn_linear(x, packed, bias)
         if getattr(layer, "use_fast_kernels", False):  # set by layers.fast_path
             return ops.float_linear(x, layer.weight, bias)
         return F.linear(x, layer.weight, bias)

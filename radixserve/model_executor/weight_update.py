@@ -66,7 +66,12 @@ def _install(runner: ModelRunner, loaded: LoadedModel, model_path: str, load_for
     runner.model = loaded.model
     runner.model_dir = loaded.model_dir
     runner.weights_source = (model_path, load_format)
-    use_fast_kernels(loaded.model, runner.server_args.attention_backend in FAST_KERNEL_BACKENDS)
+    args = runner.server_args
+    use_fast_kernels(
+        loaded.model,
+        args.attention_backend in FAST_KERNEL_BACKENDS,
+        onednn_packing=not args.enable_torch_compile,
+    )
 
 
 def weights_source(runner: ModelRunner) -> tuple[str, str]:
