@@ -34,9 +34,10 @@ def _check_replaceable(runner: ModelRunner) -> None:
         raise InvalidRequestError(
             "Changing weights or memory at runtime needs --tp-size 1 and --pp-size 1."
         )
-    if args.quantization is not None:
+    if args.quantization not in (None, "unquant"):
         raise InvalidRequestError(
-            f"Changing weights at runtime is not supported with --quantization {args.quantization}."
+            f"Changing weights at runtime is not supported with --quantization {args.quantization}"
+            " (a .gguf model runs quantized unless started with --quantization unquant)."
         )
 
 

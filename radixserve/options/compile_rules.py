@@ -48,7 +48,7 @@ def check_torch_compile(v: Mapping[str, Any]) -> None:
     for dest, name in (("tp_size", "--tp-size"), ("pp_size", "--pp-size")):
         if v.get(dest, 1) > 1:
             raise ServerArgsError(_COMPILE, f"runs with {name} 1 only (got {v[dest]})")
-    if v.get("quantization") not in (None, "gguf"):
+    if v.get("quantization") not in (None, "gguf", "unquant"):
         raise ServerArgsError(
             _COMPILE,
             f"cannot be combined with --quantization {v['quantization']} yet (float weights "

@@ -21,10 +21,10 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--quantization",
         STR,
         None,
-        "Quantization method of the weights. gguf keeps a GGUF file's Q4_1/Q8_0 blocks and runs the linear layers on them (integer dot products with int16-quantized activations for small batches, float tiles over dequantized blocks for prefill); without it a GGUF is dequantised to --dtype, which is exact. w8a8_int8 quantizes a float checkpoint's projections to int8 (one scale per 32 weights) at load, run by the same kernels (CPU, --tp-size 1).",
+        "Quantization method of the weights. gguf keeps a GGUF file's Q4_1/Q8_0 blocks and runs the linear layers on them (integer dot products with int16-quantized activations for small batches, float tiles over dequantized blocks for prefill); it is the default for a .gguf --model-path on the CPU with --tp-size 1 and --pp-size 1 (as SGLang sets it for GGUF files). unquant dequantises a GGUF to --dtype instead, which is exact (HF transformers' arithmetic in float32). w8a8_int8 quantizes a float checkpoint's projections to int8 (one scale per 32 weights) at load, run by the same kernels (CPU, --tp-size 1).",
         support=IMPLEMENTED,
         choices=QUANTIZATION_CHOICES,
-        supported_choices=("gguf", "w8a8_int8"),
+        supported_choices=("gguf", "w8a8_int8", "unquant"),
     ),
     value(
         "--quantization-param-path",

@@ -18,7 +18,11 @@ TEXTS = ["The cat sat on the mat.", "Quantum computers use qubits.", "I love piz
 @pytest.fixture(scope="module")
 def embedder(default_gguf: Path) -> Iterator[Engine]:
     with Engine(
-        model_path=str(default_gguf), dtype="float32", is_embedding=True, max_total_tokens=4096
+        model_path=str(default_gguf),
+        dtype="float32",
+        quantization="unquant",  # the exact float path (a .gguf runs quantized by default)
+        is_embedding=True,
+        max_total_tokens=4096,
     ) as engine:
         yield engine
 

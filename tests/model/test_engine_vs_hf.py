@@ -25,7 +25,12 @@ GREEDY = {"temperature": 0, "max_new_tokens": MAX_NEW}
 
 @pytest.fixture(scope="module")
 def engine(default_gguf: Path) -> Iterator[Engine]:
-    with Engine(model_path=str(default_gguf), dtype="float32", max_total_tokens=16384) as eng:
+    with Engine(
+        model_path=str(default_gguf),
+        dtype="float32",
+        quantization="unquant",  # the exact float path (a .gguf runs quantized by default)
+        max_total_tokens=16384,
+    ) as eng:
         yield eng
 
 
@@ -93,7 +98,11 @@ def test_greedy_matches_hf_across_cache_and_chunking(
     # depend on the text, and 6-token chunks of all 20 prompts cost a minute on 2 cores.
     prompt_ids, reference = prompt_ids[::2], reference[::2]
     with Engine(
-        model_path=str(default_gguf), dtype="float32", max_total_tokens=16384, **options
+        model_path=str(default_gguf),
+        dtype="float32",
+        quantization="unquant",
+        max_total_tokens=16384,
+        **options,
     ) as eng:
         batched = run_batch(eng, prompt_ids)
         assert_matches_reference(hf_default_model, prompt_ids, batched, reference)

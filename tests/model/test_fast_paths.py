@@ -38,6 +38,7 @@ def test_torch_native_equals_hf_exactly(
     with Engine(
         model_path=str(default_gguf),
         dtype="float32",
+        quantization="unquant",  # the exact float path (a .gguf runs quantized by default)
         max_total_tokens=8192,
         attention_backend="torch_native",
         runtime="thread",
@@ -156,6 +157,7 @@ def test_bfloat16_top1_agreement(
     with Engine(
         model_path=str(default_gguf),
         dtype="bfloat16",
+        quantization="unquant",  # bfloat16 weights, not the GGUF blocks
         max_total_tokens=8192,
         runtime="thread",
     ) as eng:

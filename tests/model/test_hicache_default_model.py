@@ -32,7 +32,12 @@ def test_tiers_keep_greedy_outputs_on_the_default_model(
     default_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(FILE_STORAGE_DIR_ENV, str(tmp_path))
-    base = {"model_path": str(default_gguf), "dtype": "float32", "runtime": "thread"}
+    base = {
+        "model_path": str(default_gguf),
+        "dtype": "float32",
+        "quantization": "unquant",
+        "runtime": "thread",
+    }
     with Engine(max_total_tokens=4096, disable_radix_cache=True, **base) as plain:
         asks = prompts(plain)
         want = [r["output_ids"] for r in twice(plain, asks)]

@@ -41,6 +41,7 @@ def engine(default_gguf: Path) -> Iterator[Engine]:
     with Engine(
         model_path=str(default_gguf),
         dtype="float32",
+        quantization="unquant",  # PEFT runs the float weights
         max_total_tokens=8192,
         attention_backend="torch_native",
         enable_lora=True,

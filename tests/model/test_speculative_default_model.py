@@ -35,7 +35,12 @@ pytestmark = pytest.mark.slow
 
 def _engine(gguf: Path, **kwargs: Any) -> Engine:
     return Engine(
-        model_path=str(gguf), dtype="float32", max_total_tokens=16384, runtime="thread", **kwargs
+        model_path=str(gguf),
+        dtype="float32",
+        quantization="unquant",
+        max_total_tokens=16384,
+        runtime="thread",
+        **kwargs,
     )
 
 

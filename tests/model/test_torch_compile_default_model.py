@@ -23,6 +23,7 @@ def _greedy(default_gguf: Path, **options: object) -> list[list[int]]:
     with Engine(
         model_path=str(default_gguf),
         dtype="float32",
+        quantization="unquant",
         max_total_tokens=4096,
         runtime="thread",
         **options,

@@ -100,6 +100,34 @@ def test_missing_model_path_uses_the_default_model() -> None:
     assert args.model_path == "/cache/smol.gguf"
     assert args.served_model_name == default_model.DEFAULT_MODEL_NAME
     assert args.load_format == "gguf"
+    assert args.quantization == "gguf"  # a .gguf runs on its blocks, as in SGLang
+
+
+def test_a_gguf_model_runs_quantized_where_the_kernels_can(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="radixserve.options.resolve"):
+        assert _cpu(model_path="/m/x.Q4_1.gguf").quantization == "gguf"
+    assert "--quantization unquant dequantises" in caplog.text
+    # what the user chose stands: the exact float path, or another method
+    assert _cpu(model_path="/m/x.gguf", quantization="unquant").quantization == "unquant"
+    assert _cpu(model_path="/m/x.gguf", quantization="w8a8_int8").quantization == "w8a8_int8"
+    # not a GGUF, or not loaded as one
+    assert _cpu(model_path="/models/m").quantization is None
+    assert _cpu(model_path="/m/x.gguf", load_format="dummy").quantization is None
+    # where the GGUF kernels do not run, the blocks are dequantised (and the log says why)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="radixserve.options.resolve"):
+        assert _cpu(model_path="/m/x.gguf", tp_size=2).quantization is None
+    assert "do not run with --tp-size 2" in caplog.text
+    assert _cpu(model_path="/m/x.gguf", pp_size=2).quantization is None
+    monkeypatch.setattr(hardware, "cuda_available", lambda: True)
+    monkeypatch.setattr(hardware, "cuda_memory_bytes", lambda index=0: 80 << 30)
+    monkeypatch.setattr(hardware, "cuda_supports_bf16", lambda: True)
+    assert _cpu(model_path="/m/x.gguf", device="cuda").quantization is None
+    # a replaced copy (TP ranks, DP workers) keeps the resolved choice
+    unquant = _cpu(model_path="/m/x.gguf", quantization="unquant")
+    assert dataclasses.replace(unquant, max_total_tokens=1024).quantization == "unquant"
 
 
 def test_other_options_are_read_only_attributes() -> None:
