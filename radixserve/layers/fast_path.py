@@ -4,11 +4,15 @@ HF transformers in float32) and the fused kernels of radixserve.kernels."""
 from __future__ import annotations
 
 import logging
+import os
+import statistics
+import time
 
 import torch
 from torch import nn
 
 from radixserve.kernels import ops
+from radixserve.kernels.cpu_features import cpu_features
 from radixserve.kernels.onednn_linear import pack_weight, packing_support
 from radixserve.layers.activation import SiluAndMul
 from radixserve.layers.layernorm import RMSNorm
@@ -18,12 +22,13 @@ logger = logging.getLogger(__name__)
 _FUSABLE = (RMSNorm, SiluAndMul)
 
 
-def use_fast_kernels(model: nn.Module, enabled: bool, onednn_packing: bool = True) -> int:
+def use_fast_kernels(model: nn.Module, enabled: bool, repack_weights: bool = True) -> int:
     """Set the fused-kernel switch on every fusable module; returns how many were switched.
     Decoder layers that llama_layer can run whole also get its static arguments, fused_args
     (call this again after changing a model's weights' form, e.g. GGUF quantization). With
-    `onednn_packing` (off under torch.compile, whose freezing packs), bfloat16 linear weights
-    are pre-packed for oneDNN where the CPU allows it (kernels/onednn_linear.py)."""
+    `repack_weights` (off under torch.compile, whose freezing packs), bfloat16 linear weights
+    are pre-packed for oneDNN where the CPU allows it (kernels/onednn_linear.py), and GGUF Q4_1
+    layers take PyTorch's packed int4 matmul where it measures faster (kernels/int4pack.py)."""
     from radixserve.layers.fused_decoder import fusable, fused_layer_args
     from radixserve.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 
@@ -31,7 +36,8 @@ def use_fast_kernels(model: nn.Module, enabled: bool, onednn_packing: bool = Tru
     # measured faster than torch's BLAS); the LM head keeps F.linear.
     linears = (ReplicatedLinear, ColumnParallelLinear, RowParallelLinear)
     # Before fused_args: layers with packed weights do not qualify for the one-call C++ layer.
-    pack_for_onednn(model, linears, enabled and onednn_packing)
+    pack_for_onednn(model, linears, enabled and repack_weights)
+    pack_q4_1_for_int4(model, linears, enabled and repack_weights)
     count = 0
     float_weights = False
     for module in model.modules():
@@ -107,3 +113,92 @@ def drop_packed_weights(model: nn.Module) -> None:
     for module in model.modules():
         if "onednn" in module.__dict__:
             del module.onednn
+
+
+# --quantization gguf's Q4_1 layers on PyTorch's packed int4 matmul (kernels/int4pack.py):
+# "auto" where the CPU has bfloat16 units and it measures faster than our integer kernels on
+# the model's own weights, "1" wherever PyTorch runs it, "0" never.
+INT4_ENV = "RADIXSERVE_GGUF_INT4"
+INT4_MIN_GAIN = 1.1
+
+
+def pack_q4_1_for_int4(model: nn.Module, linears: tuple[type, ...], enabled: bool) -> int:
+    """Give the model's Q4_1 GGUF layers packed int4 weights where that path is chosen (or
+    drop earlier ones); logs the choice and why. Returns how many layers got one."""
+    from radixserve.kernels.int4pack import Q4_1, int4pack_support, pack_q4_1, packable
+
+    for module in model.modules():
+        if "int4" in module.__dict__:
+            del module.int4
+    layers = [
+        m
+        for m in model.modules()
+        if isinstance(m, linears)
+        and getattr(m, "gguf", None) is not None
+        and m.gguf.qtype == Q4_1
+        and packable(m.gguf.out_features)
+        and getattr(m, "tp_size", 1) == 1
+    ]
+    if not enabled or not layers:
+        return 0
+    mode = os.environ.get(INT4_ENV, "auto")
+    supported, why_not = int4pack_support()
+    if mode == "0" or not supported:
+        if mode != "0":
+            logger.info("GGUF Q4_1 on radixserve's integer kernels (int4 matmul: %s)", why_not)
+        return 0
+    if mode != "1":
+        bf16 = cpu_features().bf16_flags
+        if not bf16:
+            logger.info(
+                "GGUF Q4_1 on radixserve's integer kernels (no AVX512-BF16/AMX-BF16 for "
+                "PyTorch's bfloat16 int4 matmul)"
+            )
+            return 0
+        gain = _int4_gain(max(layers, key=lambda m: m.gguf.blocks.numel()))
+        if gain < INT4_MIN_GAIN:
+            logger.info(
+                "GGUF Q4_1 on radixserve's integer kernels: PyTorch's int4 matmul measured "
+                "%.2fx of their speed on this model's largest layer (%s)",
+                gain,
+                ", ".join(bf16),
+            )
+            return 0
+        reason = f"{gain:.2f}x faster than radixserve's integer kernels here ({', '.join(bf16)})"
+    else:
+        reason = f"{INT4_ENV}=1"
+    for module in layers:
+        module.int4 = pack_q4_1(module.gguf.blocks)
+    logger.info(
+        "GGUF Q4_1 on PyTorch's packed int4 matmul, bfloat16 activations: %d layers (%s; they "
+        "run module by module)",
+        len(layers),
+        reason,
+    )
+    return len(layers)
+
+
+def _int4_gain(layer: nn.Module, rounds: int = 5) -> float:
+    """Our integer kernel's time over the int4 matmul's on `layer`'s weight, at 1 and 8 rows
+    (decode), median of `rounds` interleaved rounds."""
+    from radixserve.kernels.int4pack import int4pack_linear, pack_q4_1
+
+    gguf = layer.gguf
+    weight = pack_q4_1(gguf.blocks)
+    k = weight.in_features
+    total = {"ours": 0.0, "int4": 0.0}
+    for rows in (1, 8):
+        x = torch.randn(rows, k)
+        calls = {
+            "ours": lambda x=x: ops.gguf_linear(x, gguf.blocks, gguf.qtype, gguf.out_features),
+            "int4": lambda x=x: int4pack_linear(x, weight),
+        }
+        samples: dict[str, list[float]] = {name: [] for name in calls}
+        for _ in range(rounds + 1):  # the first round warms up
+            for name, call in calls.items():
+                start = time.perf_counter()
+                call()
+                samples[name].append(time.perf_counter() - start)
+        for name in calls:
+            total[name] += statistics.median(samples[name][1:])
+    return total["ours"] / max(total["int4"], 1e-9)

@@ -39,8 +39,8 @@ def _projection(linear: nn.Module) -> tuple[torch.Tensor, int, torch.Tensor] | N
     adapters' deltas, so --enable-lora runs decoder layers module by module)."""
     if getattr(linear, "tp_size", 1) != 1 or getattr(linear, "lora", None) is not None:
         return None
-    if getattr(linear, "onednn", None) is not None:
-        return None  # weights packed for oneDNN (kernels/onednn_linear.py): its matmul, not ours
+    if getattr(linear, "onednn", None) is not None or getattr(linear, "int4", None) is not None:
+        return None  # packed for oneDNN or PyTorch's int4 matmul: their kernels, not ours
     bias = linear.bias if linear.bias is not None else _NO_BIAS
     gguf: GGUFWeight | None = getattr(linear, "gguf", None)
     if gguf is not None:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 from radixserve.distributed import parallel_state as ps
 from radixserve.kernels import ops, reference
+from radixserve.kernels.int4pack import Int4PackWeight, int4pack_linear
 from radixserve.kernels.onednn_linear import OneDNNWeight, onednn_linear
 
 logger = logging.getLogger(__name__)
@@ -81,6 +82,9 @@ def quantized_or_float_linear(
 
 
 def _base_linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    int4: Int4PackWeight | None = getattr(layer, "int4", None)  # layers/fast_path.py
+    if int4 is not None:
+        return int4pack_linear(x, int4, bias)
     gguf: GGUFWeight | None = getattr(layer, "gguf", None)
     if gguf is None:
         packed: OneDNNWeight | None = getattr(layer, "onednn", None)  # kernels/onednn_linear.py

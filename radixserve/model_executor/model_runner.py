@@ -139,7 +139,7 @@ class ModelRunner:
         # Before use_fast_kernels: hooked layers do not qualify for the one-call C++ layer.
         self.lora = self._init_lora()
         fast = server_args.attention_backend in FAST_KERNEL_BACKENDS
-        use_fast_kernels(self.model, fast, onednn_packing=not server_args.enable_torch_compile)
+        use_fast_kernels(self.model, fast, repack_weights=not server_args.enable_torch_compile)
         if fast and ps.get_tp_size() > 1:
             logger.info(
                 "--tp-size %d: decoder layers run module by module (the one-call C++ layer "

@@ -71,7 +71,7 @@ def _install(runner: ModelRunner, loaded: LoadedModel, model_path: str, load_for
     use_fast_kernels(
         loaded.model,
         args.attention_backend in FAST_KERNEL_BACKENDS,
-        onednn_packing=not args.enable_torch_compile,
+        repack_weights=not args.enable_torch_compile,
     )
 
 

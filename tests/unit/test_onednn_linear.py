@@ -101,12 +101,12 @@ def test_packed_model_runs_module_by_module_and_matches_plain(
 
 
 def test_packed_weights_follow_the_switches(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Not with the fast path off (the reference ops), nor with onednn_packing=False (what
+    """Not with the fast path off (the reference ops), nor with repack_weights=False (what
     --enable-torch-compile passes), and only for weights of the packed dtype."""
     _require_packing(torch.float32)
     monkeypatch.setattr(fast_path, "ONEDNN_PACKED_DTYPE", torch.float32)
     model, _ = _tiny_model("llama")
-    use_fast_kernels(model, True, onednn_packing=False)
+    use_fast_kernels(model, True, repack_weights=False)
     assert all(getattr(m, "onednn", None) is None for m in model.modules())
     assert all(m.fused_args is not None for m in model.modules() if hasattr(m, "fused_args"))
     use_fast_kernels(model, True)

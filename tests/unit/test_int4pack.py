@@ -1,0 +1,143 @@
+"""GGUF Q4_1 layers on PyTorch's packed int4 matmul (kernels/int4pack.py, layers/fast_path.py).
+
+PyTorch runs this matmul on any x86 CPU (bfloat16 emulated without BF16 units), so the mapping
+of the blocks, the choice and the module-by-module run are all checked here; only its speed on
+AVX512-BF16/AMX machines is not (there `auto` times it against our kernels at startup).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from radixserve.kernels import reference
+from radixserve.kernels.int4pack import (
+    int4pack_linear,
+    int4pack_support,
+    pack_q4_1,
+    q4_1_codes,
+)
+from radixserve.layers import fast_path
+from radixserve.layers import linear as linear_module
+from radixserve.layers.fast_path import INT4_ENV, use_fast_kernels
+from radixserve.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from radixserve.models.llama import LlamaDecoderLayer
+from tests.unit.test_kernels import _quantize_tiny, _random_gguf_blocks, _run_steps, _tiny_model
+
+LINEARS = (ReplicatedLinear, ColumnParallelLinear, RowParallelLinear)
+Q4_1 = reference.GGML_Q4_1
+
+
+@pytest.fixture(autouse=True)
+def _needs_int4pack() -> None:
+    supported, why_not = int4pack_support()
+    if not supported:
+        pytest.skip(f"PyTorch's int4 matmul does not run here: {why_not}")
+
+
+def _blocks(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    return _random_gguf_blocks(rows, cols, Q4_1, torch.Generator().manual_seed(seed))
+
+
+def test_codes_are_the_blocks_dequantization() -> None:
+    blocks = _blocks(32, 96)
+    q, d, m = q4_1_codes(blocks)
+    got = q.float() * d.repeat_interleave(32, 1) + m.repeat_interleave(32, 1)
+    assert torch.equal(got, reference.dequantize_blocks(blocks, Q4_1, 32))
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_int4pack_linear_matches_the_dequantized_weight(rows: int) -> None:
+    blocks = _blocks(48, 128, seed=rows)
+    weight = pack_q4_1(blocks)
+    assert (weight.out_features, weight.in_features) == (48, 128)
+    dense = reference.dequantize_blocks(blocks, Q4_1, 48)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, rows, 128, generator=gen)
+    bias = torch.randn(48, generator=gen)
+    got = int4pack_linear(x, weight, bias)
+    assert got.shape == (2, rows, 48) and got.dtype == torch.float32
+    want = x.double() @ dense.double().T + bias.double()
+    # bfloat16 activations and scales: ~3 significant digits
+    err = (got.double() - want).norm() / want.norm()
+    assert err < 1e-2, f"relative error {err:.3g}"
+
+
+def test_pack_refuses_shapes_it_cannot_take() -> None:
+    with pytest.raises(ValueError, match="multiple of 16 rows"):
+        pack_q4_1(_blocks(8, 64))
+    with pytest.raises(ValueError, match="uint8"):
+        pack_q4_1(torch.zeros(16, 40, dtype=torch.int32))
+
+
+def _q4_1_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    return [
+        m for m in model.modules() if getattr(m, "gguf", None) is not None and m.gguf.qtype == Q4_1
+    ]
+
+
+def test_forced_int4_runs_module_by_module_and_tracks_our_kernels(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    model, config = _tiny_model("llama")
+    _quantize_tiny(model)
+    with torch.inference_mode():
+        monkeypatch.setenv(INT4_ENV, "0")
+        want = _run_steps(model, config, fast=True, fused=False)
+        monkeypatch.setenv(INT4_ENV, "1")
+        with caplog.at_level(logging.INFO, logger=fast_path.__name__):
+            use_fast_kernels(model, True)
+        q4 = _q4_1_layers(model)
+        assert q4 and all(getattr(m, "int4", None) is not None for m in q4)
+        assert f"packed int4 matmul, bfloat16 activations: {len(q4)} layers" in caplog.text
+        assert all(
+            m.fused_args is None for m in model.modules() if isinstance(m, LlamaDecoderLayer)
+        )
+        calls: list[int] = []
+
+        def counted(x: torch.Tensor, weight: object, bias: object = None) -> torch.Tensor:
+            calls.append(1)
+            return int4pack_linear(x, weight, bias)
+
+        monkeypatch.setattr(linear_module, "int4pack_linear", counted)
+        got = _run_steps(model, config, fast=True)
+    assert len(calls) == 3 * len(q4)  # every Q4_1 layer in each of the three steps
+    for w, g in zip(want, got, strict=True):
+        torch.testing.assert_close(g, w, rtol=5e-2, atol=5e-2)
+        assert torch.equal(g.argmax(-1), w.argmax(-1))
+    assert all(getattr(m, "int4", None) is None for m in model.modules())  # switched off
+
+
+def test_auto_takes_int4_only_with_bf16_units_and_a_measured_gain(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from radixserve.kernels.cpu_features import CpuFeatures
+
+    model, _ = _tiny_model("llama")
+    _quantize_tiny(model)
+    monkeypatch.delenv(INT4_ENV, raising=False)
+    plain = CpuFeatures("test CPU", frozenset({"avx2"}))
+    amx = CpuFeatures("test CPU", frozenset({"avx2", "amx_bf16"}))
+    monkeypatch.setattr(fast_path, "cpu_features", lambda: plain)
+    with caplog.at_level(logging.INFO, logger=fast_path.__name__):
+        assert fast_path.pack_q4_1_for_int4(model, LINEARS, enabled=True) == 0
+    assert "no AVX512-BF16/AMX-BF16" in caplog.text
+    monkeypatch.setattr(fast_path, "cpu_features", lambda: amx)
+    monkeypatch.setattr(fast_path, "_int4_gain", lambda layer: 1.02)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=fast_path.__name__):
+        assert fast_path.pack_q4_1_for_int4(model, LINEARS, enabled=True) == 0
+    assert "measured 1.02x" in caplog.text
+    monkeypatch.setattr(fast_path, "_int4_gain", lambda layer: 2.5)
+    assert fast_path.pack_q4_1_for_int4(model, LINEARS, enabled=True) == len(_q4_1_layers(model))
+    assert fast_path.pack_q4_1_for_int4(model, LINEARS, enabled=False) == 0
+    assert all(getattr(m, "int4", None) is None for m in model.modules())
+
+
+def test_the_gain_probe_times_both_kernels_on_the_layer() -> None:
+    model, _ = _tiny_model("llama")
+    _quantize_tiny(model)
+    gain = fast_path._int4_gain(_q4_1_layers(model)[0], rounds=2)
+    assert 0 < gain < float("inf")
