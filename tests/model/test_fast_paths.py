@@ -82,6 +82,24 @@ def _teacher_forced_top1(
     return agree, total
 
 
+def _assert_top1_agreement(
+    label: str,
+    default_gguf: Path,
+    vs_hf_prompts: list[list[int]],
+    vs_hf_reference: list[list[int]],
+    **options: Any,
+) -> None:
+    """An engine on the default model with `options`, teacher-forced on HF's continuations:
+    its top-1 token must agree with HF's at >= 95% of positions (the figure is logged)."""
+    with Engine(
+        model_path=str(default_gguf), max_total_tokens=8192, runtime="thread", **options
+    ) as eng:
+        agree, total = _teacher_forced_top1(eng, vs_hf_prompts, vs_hf_reference)
+    share = agree / total
+    logger.warning("%s top-1 agreement with HF: %d/%d = %.1f%%", label, agree, total, 100 * share)
+    assert share >= MIN_TOP1_AGREEMENT, f"{label}: top-1 agreement {share:.1%} below 95%"
+
+
 def test_gguf_quantized_top1_agreement(
     quantized_engine: Engine, vs_hf_prompts: list[list[int]], vs_hf_reference: list[list[int]]
 ) -> None:
@@ -117,17 +135,14 @@ def test_w8a8_int8_top1_agreement(
     default_gguf: Path, vs_hf_prompts: list[list[int]], vs_hf_reference: list[list[int]]
 ) -> None:
     """--quantization w8a8_int8 on the float weights (int8 blocks of 32 made at load)."""
-    with Engine(
-        model_path=str(default_gguf),
+    _assert_top1_agreement(
+        "w8a8_int8",
+        default_gguf,
+        vs_hf_prompts,
+        vs_hf_reference,
         dtype="float32",
-        max_total_tokens=8192,
         quantization="w8a8_int8",
-        runtime="thread",
-    ) as eng:
-        agree, total = _teacher_forced_top1(eng, vs_hf_prompts, vs_hf_reference)
-    share = agree / total
-    logger.warning("w8a8_int8 top-1 agreement with HF: %d/%d = %.1f%%", agree, total, 100 * share)
-    assert share >= MIN_TOP1_AGREEMENT, f"top-1 agreement {share:.1%} below 95%"
+    )
 
 
 BF16_PACKED, BF16_NOT_PACKED_WHY = packing_support(torch.bfloat16)
@@ -156,17 +171,14 @@ def test_bfloat16_top1_agreement(
     """--dtype bfloat16: weights pre-packed for oneDNN where the CPU can (kernels/
     onednn_linear.py), in the default run; plain bfloat16 matmuls elsewhere, emulated without
     BF16 units (~30 s on 2 AMD cores, 97.5% agreement), in the slow run."""
-    with Engine(
-        model_path=str(default_gguf),
+    _assert_top1_agreement(
+        "bfloat16",
+        default_gguf,
+        vs_hf_prompts,
+        vs_hf_reference,
         dtype="bfloat16",
         quantization="unquant",  # bfloat16 weights, not the GGUF blocks
-        max_total_tokens=8192,
-        runtime="thread",
-    ) as eng:
-        agree, total = _teacher_forced_top1(eng, vs_hf_prompts, vs_hf_reference)
-    share = agree / total
-    logger.warning("bfloat16 top-1 agreement with HF: %d/%d = %.1f%%", agree, total, 100 * share)
-    assert share >= MIN_TOP1_AGREEMENT, f"top-1 agreement {share:.1%} below 95%"
+    )
 
 
 def test_gguf_int4pack_top1_agreement(
@@ -178,16 +190,11 @@ def test_gguf_int4pack_top1_agreement(
     """--quantization gguf with its Q4_1 layers on PyTorch's packed int4 matmul (bfloat16
     activations; chosen by itself only on BF16/AMX CPUs where it measures faster, forced here)."""
     monkeypatch.setenv(INT4_ENV, "1")
-    with Engine(
-        model_path=str(default_gguf),
+    _assert_top1_agreement(
+        "GGUF int4pack",
+        default_gguf,
+        vs_hf_prompts,
+        vs_hf_reference,
         dtype="float32",
         quantization="gguf",
-        max_total_tokens=8192,
-        runtime="thread",
-    ) as eng:
-        agree, total = _teacher_forced_top1(eng, vs_hf_prompts, vs_hf_reference)
-    share = agree / total
-    logger.warning(
-        "GGUF int4pack top-1 agreement with HF: %d/%d = %.1f%%", agree, total, 100 * share
     )
-    assert share >= MIN_TOP1_AGREEMENT, f"top-1 agreement {share:.1%} below 95%"
