@@ -16,9 +16,11 @@ from typing import NamedTuple
 
 import torch
 
-Q4_1 = 3  # GGML type id
+from radixserve.kernels import reference
+
+Q4_1 = reference.GGML_Q4_1
 BLOCK = 32
-BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of nibbles
+BLOCK_BYTES = reference.BLOCK_BYTES[Q4_1]
 
 
 class Int4PackWeight(NamedTuple):
@@ -28,17 +30,6 @@ class Int4PackWeight(NamedTuple):
     scales_zeros: torch.Tensor  # bfloat16 [in_features / 32, out_features, 2]
     out_features: int
     in_features: int
-
-
-def q4_1_codes(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(q int32 [N, K], d float32 [N, K/32], m float32 [N, K/32]) of Q4_1 blocks [N, K/32*20].
-    GGUF stores a block's weights 0-15 in the low nibbles of its 16 bytes, 16-31 in the high."""
-    n = blocks.shape[0]
-    raw = blocks.reshape(n, -1, BLOCK_BYTES)
-    dm = raw[..., :4].contiguous().view(torch.float16).float()  # [N, nb, 2]
-    nibbles = raw[..., 4:].to(torch.int32)
-    q = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1)  # [N, nb, 32]
-    return q.reshape(n, -1), dm[..., 0], dm[..., 1]
 
 
 def packable(out_features: int) -> bool:
@@ -52,10 +43,13 @@ def pack_q4_1(blocks: torch.Tensor) -> Int4PackWeight:
         raise ValueError("Q4_1 blocks must be a uint8 [rows, K / 32 * 20] tensor")
     if not packable(blocks.shape[0]):
         raise ValueError(f"the int4 layout needs a multiple of 16 rows, not {blocks.shape[0]}")
-    q, d, m = q4_1_codes(blocks)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
-    scales_zeros = torch.stack([d, m + 8 * d], dim=-1).transpose(0, 1).contiguous()
-    return Int4PackWeight(packed, scales_zeros.to(torch.bfloat16), q.shape[0], q.shape[1])
+    q, d, m = reference.q4_1_codes(blocks)  # [N, nb, 32], [N, nb, 1] twice
+    n = blocks.shape[0]
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+        q.reshape(n, -1).to(torch.int32).contiguous(), 1
+    )
+    scales_zeros = torch.cat([d, m + 8 * d], dim=-1).transpose(0, 1).contiguous()
+    return Int4PackWeight(packed, scales_zeros.to(torch.bfloat16), n, q.shape[1] * BLOCK)
 
 
 def int4pack_linear(
@@ -84,8 +78,7 @@ def int4pack_support() -> tuple[bool, str]:
         got = int4pack_linear(x, weight)
     except (RuntimeError, NotImplementedError) as exc:
         return False, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    q, d, m = q4_1_codes(blocks)
-    want = x @ (q.float() * d.repeat_interleave(BLOCK, 1) + m.repeat_interleave(BLOCK, 1)).T
+    want = x @ reference.dequantize_blocks(blocks, Q4_1, blocks.shape[0]).T
     if not torch.allclose(got, want, rtol=3e-2, atol=3e-2):
         return False, "PyTorch's int4 matmul gave wrong results in a self-check"
     return True, ""

@@ -106,17 +106,25 @@ def paged_attention(
     return out
 
 
+def q4_1_codes(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_1 blocks [N, K / 32 * 20] -> (q uint8 [N, nb, 32] in 0..15, d and m float32
+    [N, nb, 1]), with w = d * q + m. A block keeps weights 0-15 in the low nibbles of its 16
+    bytes and 16-31 in the high ones."""
+    b = blocks.reshape(blocks.shape[0], -1, BLOCK_BYTES[GGML_Q4_1])
+    d = b[..., 0:2].contiguous().view(torch.float16).to(torch.float32)
+    m = b[..., 2:4].contiguous().view(torch.float16).to(torch.float32)
+    qs = b[..., 4:]
+    return torch.cat([qs & 0x0F, qs >> 4], dim=-1), d, m
+
+
 def dequantize_blocks(blocks: torch.Tensor, qtype: int, out_features: int) -> torch.Tensor:
     """GGUF Q4_1 / Q8_0 blocks [N, K / 32 * bytes] -> float32 weight [N, K]."""
-    nbytes = BLOCK_BYTES[qtype]
-    b = blocks.reshape(out_features, -1, nbytes)
-    d = b[..., 0:2].contiguous().view(torch.float16).to(torch.float32)  # [N, nb, 1]
     if qtype == GGML_Q4_1:
-        m = b[..., 2:4].contiguous().view(torch.float16).to(torch.float32)
-        qs = b[..., 4:]
-        q = torch.cat([qs & 0x0F, qs >> 4], dim=-1).to(torch.float32)  # [N, nb, 32]
-        w = d * q + m
+        q, d, m = q4_1_codes(blocks.reshape(out_features, -1))
+        w = d * q.to(torch.float32) + m
     elif qtype == GGML_Q8_0:
+        b = blocks.reshape(out_features, -1, BLOCK_BYTES[qtype])
+        d = b[..., 0:2].contiguous().view(torch.float16).to(torch.float32)  # [N, nb, 1]
         q = b[..., 2:].contiguous().view(torch.int8).to(torch.float32)
         w = d * q
     else:

@@ -69,7 +69,7 @@ def pack_for_onednn(model: nn.Module, linears: tuple[type, ...], enabled: bool) 
     """Pack a CPU model's ONEDNN_PACKED_DTYPE linear weights for oneDNN (or drop earlier packs
     when not `enabled`); logs what was done and why. Returns how many weights were packed."""
     dtype = ONEDNN_PACKED_DTYPE
-    drop_packed_weights(model)
+    drop_packed_weights(model, "onednn")
     if not enabled or not any(
         p.dim() == 2 and p.dtype == dtype and p.device.type == "cpu" for p in model.parameters()
     ):
@@ -89,10 +89,8 @@ def pack_for_onednn(model: nn.Module, linears: tuple[type, ...], enabled: bool) 
 
 
 def pack_linear_layers(model: nn.Module, linears: tuple[type, ...], dtype: torch.dtype) -> int:
-    """Pack the float weight of every `linears` module of `dtype` (and the LM head's) and drop
-    earlier packs; returns how many were packed. GGUF-block, int8 and other-dtype layers are
-    left as they are."""
-    drop_packed_weights(model)
+    """Pack the float weight of every `linears` module of `dtype` (and the LM head's); returns
+    how many were packed. GGUF-block, int8 and other-dtype layers are left as they are."""
     head = getattr(model, "lm_head", None)
     count = 0
     for module in model.modules():
@@ -108,11 +106,11 @@ def pack_linear_layers(model: nn.Module, linears: tuple[type, ...], dtype: torch
     return count
 
 
-def drop_packed_weights(model: nn.Module) -> None:
-    """Back to the plain weights everywhere (they were never changed)."""
+def drop_packed_weights(model: nn.Module, attribute: str) -> None:
+    """Remove every module's packed copy held as `attribute` ("onednn", "int4"): back to the
+    weights they were made from, which were never changed."""
     for module in model.modules():
-        if "onednn" in module.__dict__:
-            del module.onednn
+        module.__dict__.pop(attribute, None)
 
 
 # --quantization gguf's Q4_1 layers on PyTorch's packed int4 matmul (kernels/int4pack.py):
@@ -127,9 +125,7 @@ def pack_q4_1_for_int4(model: nn.Module, linears: tuple[type, ...], enabled: boo
     drop earlier ones); logs the choice and why. Returns how many layers got one."""
     from radixserve.kernels.int4pack import Q4_1, int4pack_support, pack_q4_1, packable
 
-    for module in model.modules():
-        if "int4" in module.__dict__:
-            del module.int4
+    drop_packed_weights(model, "int4")
     layers = [
         m
         for m in model.modules()

@@ -17,7 +17,6 @@ from radixserve.kernels.int4pack import (
     int4pack_linear,
     int4pack_support,
     pack_q4_1,
-    q4_1_codes,
 )
 from radixserve.layers import fast_path
 from radixserve.layers import linear as linear_module
@@ -43,9 +42,15 @@ def _blocks(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
 
 def test_codes_are_the_blocks_dequantization() -> None:
     blocks = _blocks(32, 96)
-    q, d, m = q4_1_codes(blocks)
-    got = q.float() * d.repeat_interleave(32, 1) + m.repeat_interleave(32, 1)
-    assert torch.equal(got, reference.dequantize_blocks(blocks, Q4_1, 32))
+    q, d, m = reference.q4_1_codes(blocks)
+    assert q.shape == (32, 3, 32) and int(q.min()) >= 0 and int(q.max()) <= 15
+    assert d.shape == m.shape == (32, 3, 1)
+    dense = reference.dequantize_blocks(blocks, Q4_1, 32)
+    assert torch.equal((d * q.float() + m).reshape(32, 96), dense)
+    # the first block's first and 17th weights: low and high nibble of its first byte
+    byte, scale, offset = int(blocks[0, 4]), d[0, 0, 0], m[0, 0, 0]
+    assert torch.equal(dense[0, 0], scale * (byte & 15) + offset)
+    assert torch.equal(dense[0, 16], scale * (byte >> 4) + offset)
 
 
 @pytest.mark.parametrize("rows", [1, 7, 64])
