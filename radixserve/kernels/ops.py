@@ -158,9 +158,15 @@ def gguf_linear(
     if torch.compiler.is_compiling():
         return torch.ops.radixserve.gguf_linear(x, blocks, qtype, out_features)
     ext = _ext(x)
-    if ext is not None and x.dim() == 2 and x.stride(1) == 1:
+    if ext is not None and x.dim() == 2 and x.stride(1) == 1 and gguf_kernel_type(qtype):
         return ext.gguf_linear(x, blocks, qtype, out_features)
     return reference.gguf_linear(x, blocks, qtype, out_features)
+
+
+def gguf_kernel_type(qtype: int) -> bool:
+    """Whether the C++ kernels run GGML type `qtype` (else gguf_linear dequantizes tiles)."""
+    ext = load_extension()
+    return ext is not None and bool(ext.gguf_kernel_type(qtype))
 
 
 def float_linear(

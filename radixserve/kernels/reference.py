@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from radixserve.kernels import gguf_dequant
+
 GGML_Q4_1 = 3
 GGML_Q8_0 = 8
 BLOCK = 32
@@ -118,24 +120,28 @@ def q4_1_codes(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
 
 
 def dequantize_blocks(blocks: torch.Tensor, qtype: int, out_features: int) -> torch.Tensor:
-    """GGUF Q4_1 / Q8_0 blocks [N, K / 32 * bytes] -> float32 weight [N, K]."""
-    if qtype == GGML_Q4_1:
-        q, d, m = q4_1_codes(blocks.reshape(out_features, -1))
-        w = d * q.to(torch.float32) + m
-    elif qtype == GGML_Q8_0:
-        b = blocks.reshape(out_features, -1, BLOCK_BYTES[qtype])
-        d = b[..., 0:2].contiguous().view(torch.float16).to(torch.float32)  # [N, nb, 1]
-        q = b[..., 2:].contiguous().view(torch.int8).to(torch.float32)
-        w = d * q
-    else:
-        raise ValueError(f"GGML type {qtype} is not supported")
-    return w.reshape(out_features, -1)
+    """GGUF blocks [N, row bytes] of any GGML type -> float32 weight [N, K]."""
+    return gguf_dequant.dequantize_rows(blocks, qtype, out_features)
+
+
+# Output rows dequantized at a time by gguf_linear: a tile, never the whole weight in float.
+GGUF_TILE_ELEMENTS = 1 << 22
 
 
 def gguf_linear(
     x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_features: int
 ) -> torch.Tensor:
-    """x @ W^T with W dequantised from its blocks (exact float weights, no activation
-    quantisation: slower than the C++ kernel but the same function up to rounding)."""
-    w = dequantize_blocks(blocks, qtype, out_features).to(x.dtype)
-    return F.linear(x, w)
+    """x @ W^T with W dequantised from its blocks a tile of rows at a time (exact float weights,
+    no activation quantisation: slower than the C++ kernels but the same function up to
+    rounding, and it runs every block type)."""
+    blocks = blocks.reshape(out_features, -1)
+    k = x.shape[-1]
+    tile = max(1, GGUF_TILE_ELEMENTS // max(k, 1))
+    if tile >= out_features:
+        return F.linear(x, dequantize_blocks(blocks, qtype, out_features).to(x.dtype))
+    out = x.new_empty(*x.shape[:-1], out_features)
+    for start in range(0, out_features, tile):
+        rows = min(tile, out_features - start)
+        w = dequantize_blocks(blocks[start : start + rows], qtype, rows).to(x.dtype)
+        out[..., start : start + rows] = F.linear(x, w)
+    return out

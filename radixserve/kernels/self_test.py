@@ -153,6 +153,28 @@ def check_gguf(ext: object) -> None:
                     )
 
 
+def check_gguf_block_types(ext: object) -> None:
+    """Every other block type gguf_linear runs (gguf_kquant.cpp), integer path and tiles."""
+    from radixserve.kernels import gguf_dequant, gguf_types
+
+    torch.manual_seed(0)
+    n, k = 25, 512
+    for qtype in sorted(gguf_types.NATIVE_TYPES - gguf_types.LEGACY_CHAIN_TYPES):
+        if not ext.gguf_kernel_type(qtype):
+            raise AssertionError(f"gguf_linear lacks {gguf_types.type_name(qtype)}")
+        fmt = gguf_types.FORMATS[qtype]
+        blocks = torch.randint(0, 256, (n, k // fmt.weights, fmt.bytes), dtype=torch.uint8)
+        for offset in gguf_types.FP16_FIELDS[qtype]:
+            scales = (torch.rand(n, k // fmt.weights) * 0.002).to(torch.float16)
+            blocks[..., offset : offset + 2] = scales.view(torch.uint8).reshape(n, -1, 2)
+        blocks = blocks.reshape(n, -1).contiguous()
+        w = gguf_dequant.dequantize_rows(blocks, qtype, n)
+        for rows in (1, 2, 13):
+            x = torch.randn(rows, k)
+            name = f"gguf_linear {gguf_types.type_name(qtype)}"
+            _close(name, ext.gguf_linear(x, blocks, qtype, n), x @ w.T, 1e-3)
+
+
 def _random_blocks(n: int, k: int, qtype: int) -> torch.Tensor:
     """[n, k / 32 * bytes] GGUF blocks of random quants with small fp16 scales (and mins)."""
     nbytes = reference.BLOCK_BYTES[qtype]
@@ -211,6 +233,7 @@ CHECKS: tuple[Check, ...] = (
     check_elementwise,
     check_rope_and_attention,
     check_gguf,
+    check_gguf_block_types,
     check_float_gemm,
     check_gemm_blocking,
 )

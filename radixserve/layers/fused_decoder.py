@@ -19,7 +19,7 @@ from torch import nn
 from radixserve.kernels import ops
 from radixserve.layers.activation import SiluAndMul
 from radixserve.layers.attention.cpu_paged import CpuPagedAttnBackend
-from radixserve.layers.linear import GGUF_BLOCK_BYTES, GGUFWeight
+from radixserve.layers.linear import GGUFWeight
 
 if TYPE_CHECKING:
     from radixserve.model_executor.forward_batch import ForwardBatch
@@ -44,7 +44,7 @@ def _projection(linear: nn.Module) -> tuple[torch.Tensor, int, torch.Tensor] | N
     bias = linear.bias if linear.bias is not None else _NO_BIAS
     gguf: GGUFWeight | None = getattr(linear, "gguf", None)
     if gguf is not None:
-        if gguf.qtype not in GGUF_BLOCK_BYTES or gguf.blocks.shape[0] != gguf.out_features:
+        if not ops.gguf_kernel_type(gguf.qtype) or gguf.blocks.shape[0] != gguf.out_features:
             return None
         return gguf.blocks, gguf.qtype, bias
     if linear.weight.dim() != 2:

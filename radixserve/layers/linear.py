@@ -48,12 +48,20 @@ def default_weight_loader(
 GGUF_BLOCK_BYTES = reference.BLOCK_BYTES
 
 
+# GGUFWeight.qtype of a layer whose parts use different block types (see GGUFWeight.parts).
+MIXED_GGUF_TYPES = -1
+
+
 class GGUFWeight(NamedTuple):
-    """A weight kept as GGUF blocks (--quantization gguf): uint8 [out_features, bytes]."""
+    """A weight kept as GGUF blocks (--quantization gguf): uint8 [out_features, bytes].
+
+    A fused layer whose parts use different block types (q|k|v with a Q6_K v) has qtype
+    MIXED_GGUF_TYPES, empty blocks and one GGUFWeight per part in `parts`, run one by one."""
 
     blocks: torch.Tensor
     qtype: int
     out_features: int
+    parts: tuple[GGUFWeight, ...] = ()
 
 
 def attach_gguf_weight(
@@ -69,6 +77,27 @@ def attach_gguf_weight(
     layer.gguf = GGUFWeight(blocks, qtype, out_features)
     if free_float:
         layer.weight = nn.Parameter(torch.empty(0, dtype=weight.dtype), requires_grad=False)
+
+
+def attach_gguf_parts(layer: nn.Module, parts: Sequence[tuple[torch.Tensor, int]]) -> None:
+    """Make `layer` multiply by GGUF blocks given part by part (rows stacked in order), and drop
+    its float weight; parts of one block type are joined into one matrix."""
+    weight = layer.weight
+    rows = sum(blocks.shape[0] for blocks, _ in parts)
+    if rows != weight.shape[0]:
+        raise ValueError(f"GGUF blocks have {rows} rows, the layer {weight.shape[0]}")
+    if len({qtype for _, qtype in parts}) == 1:
+        blocks = parts[0][0] if len(parts) == 1 else torch.cat([b for b, _ in parts])
+        attach_gguf_weight(layer, blocks, parts[0][1])
+    else:
+        pieces = []
+        for i, (blocks, qtype) in enumerate(parts):
+            layer.register_buffer(f"gguf_blocks_{i}", blocks, persistent=False)
+            pieces.append(GGUFWeight(blocks, qtype, blocks.shape[0]))
+        empty = torch.empty(0, 0, dtype=torch.uint8)
+        layer.gguf = GGUFWeight(empty, MIXED_GGUF_TYPES, rows, tuple(pieces))
+        layer.weight = nn.Parameter(torch.empty(0, dtype=weight.dtype), requires_grad=False)
+    layer.weight.held_as_blocks = True
 
 
 def quantized_or_float_linear(
@@ -93,7 +122,13 @@ def _base_linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -
         if getattr(layer, "use_fast_kernels", False):  # set by layers.fast_path
             return ops.float_linear(x, layer.weight, bias)
         return F.linear(x, layer.weight, bias)
-    out = ops.gguf_linear(x.reshape(-1, x.shape[-1]), gguf.blocks, gguf.qtype, gguf.out_features)
+    flat = x.reshape(-1, x.shape[-1])
+    if gguf.parts:
+        out = torch.cat(
+            [ops.gguf_linear(flat, p.blocks, p.qtype, p.out_features) for p in gguf.parts], dim=-1
+        )
+    else:
+        out = ops.gguf_linear(flat, gguf.blocks, gguf.qtype, gguf.out_features)
     out = out.reshape(*x.shape[:-1], gguf.out_features)
     return out if bias is None else out + bias
 

@@ -104,12 +104,11 @@ class ModelRunner:
             download_dir=server_args.download_dir,
             seed=server_args.random_seed,
             check_config=lambda cfg: self._check_config(cfg, draft_head),
+            gguf_blocks=self._gguf_blocks(),
         )
         self.model = loaded.model
         self.model_config: ModelConfig = loaded.config
-        if server_args.quantization == "gguf":
-            self._quantize_from_gguf()
-        elif server_args.quantization == "w8a8_int8":
+        if server_args.quantization == "w8a8_int8":
             self._quantize_int8()
         self.model_dir = loaded.model_dir
         self.dtype = self.model_config.dtype
@@ -212,29 +211,15 @@ class ModelRunner:
             raise ValueError("--quantization w8a8_int8 runs on the CPU with --tp-size 1 only")
         apply_int8_quantization(self.model)
 
-    def _quantize_from_gguf(self) -> None:
-        from pathlib import Path
-
+    def _gguf_blocks(self) -> bool:
+        """--quantization gguf: the model loads straight from the GGUF's blocks."""
         from radixserve.distributed import parallel_state as ps
-        from radixserve.models.gguf import find_gguf_file
-        from radixserve.models.gguf_quant import apply_gguf_quantization
 
-        gguf_path = find_gguf_file(Path(self.server_args.model_path).expanduser())
-        if gguf_path is None:
-            raise ValueError(
-                "--quantization gguf needs a GGUF model: pass a .gguf file as --model-path"
-            )
+        if self.server_args.quantization != "gguf":
+            return False
         if ps.get_tp_size() != 1:
             raise ValueError("--quantization gguf runs with --tp-size 1 only")
-        cfg = self.model_config
-        apply_gguf_quantization(
-            self.model,
-            gguf_path,
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            permuted_qk=cfg.model_type in ("llama", "mistral"),
-            tied_lm_head=cfg.tie_word_embeddings,
-        )
+        return True
 
     def _kv_dtype(self) -> torch.dtype:
         if self.server_args.kv_cache_dtype == "auto":

@@ -251,7 +251,7 @@ def _config_source(path: str | os.PathLike[str]) -> str:
     text = os.fspath(path)
     local = Path(text).expanduser()
     if local.exists():
-        return str(resolve_local_model(local))
+        return str(resolve_local_model(local, with_weights=False))
     if not looks_like_hub_id(text):
         raise FileNotFoundError(f"model path {text} does not exist")
     return text

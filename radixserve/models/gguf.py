@@ -116,9 +116,24 @@ def cached_folder(gguf_path: Path) -> Path:
 
 def ensure_converted(gguf_path: Path) -> Path:
     """The cached HF folder for `gguf_path`, converting it first if needed."""
+    return _ensure_folder(gguf_path, with_weights=True)
+
+
+def ensure_metadata(gguf_path: Path) -> Path:
+    """A cached folder with `gguf_path`'s config.json and tokenizer files but no weights (what
+    --quantization gguf, which reads the weights from the file itself, and the tokenizer need).
+    A full conversion made earlier serves as well."""
+    if gguf_path.is_file() and cached_folder(gguf_path).is_dir():
+        return cached_folder(gguf_path)
+    return _ensure_folder(gguf_path, with_weights=False)
+
+
+def _ensure_folder(gguf_path: Path, with_weights: bool) -> Path:
     if not gguf_path.is_file():
         raise FileNotFoundError(f"GGUF file {gguf_path} does not exist")
     target = cached_folder(gguf_path)
+    if not with_weights:
+        target = target.with_name(f"{target.name}-meta")
     if target.is_dir():
         logger.info("Using the converted GGUF cached at %s", target)
         return target
@@ -134,7 +149,7 @@ def ensure_converted(gguf_path: Path) -> Path:
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
         try:
-            convert_gguf(gguf_path, tmp)
+            convert_gguf(gguf_path, tmp, with_weights=with_weights)
             os.rename(tmp, target)
         finally:
             if tmp.exists():
@@ -153,8 +168,9 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Write config.json, tokenizer files and dequantised safetensors for `gguf_path`."""
+def convert_gguf(gguf_path: Path, out_dir: Path, with_weights: bool = True) -> None:
+    """Write config.json, tokenizer files and (with_weights) dequantised safetensors for
+    `gguf_path`."""
     from gguf import GGUFReader
 
     try:
@@ -169,10 +185,18 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
         )
     config = _write_config(reader, arch, gguf_path, out_dir)
     _write_tokenizer(gguf_path, out_dir)
-    permute = arch in _PERMUTED_QK
-    heads = (config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads)
-    _write_tensors(reader, gguf_path, out_dir, heads if permute else None)
-    marker = {"source": str(gguf_path.resolve()), "converter_version": CONVERTER_VERSION}
+    if with_weights:
+        permute = arch in _PERMUTED_QK
+        heads = (
+            config.num_attention_heads,
+            config.num_key_value_heads or config.num_attention_heads,
+        )
+        _write_tensors(reader, gguf_path, out_dir, heads if permute else None)
+    marker = {
+        "source": str(gguf_path.resolve()),
+        "converter_version": CONVERTER_VERSION,
+        "weights": with_weights,
+    }
     (out_dir / "radixserve_gguf.json").write_text(json.dumps(marker, indent=2) + "\n")
 
 

@@ -1,25 +1,36 @@
-"""--quantization gguf: keep a GGUF file's quantized blocks and run the linear layers on them.
+"""--quantization gguf: load a GGUF file's weights straight into the model, linear layers on
+their quantized blocks.
 
-The model is first loaded as usual (dequantised float weights from the converted cache); then
-each linear layer whose GGUF tensors are of a supported block type (Q4_1, Q8_0) takes the
-file's blocks instead, and its float weight is freed. Fused layers concatenate their parts'
-rows (q|k|v, gate|up); llama.cpp's q/k row order is undone on whole rows of blocks, which is
-exact. A tied LM head runs on the token embedding's blocks, and lookups dequantize its rows.
-Layers whose tensors use other block types stay in float, and the log says how many.
+No float copy of a quantized weight is ever made: each linear layer takes the file's blocks
+(q|k|v and gate|up rows concatenated; llama.cpp's q/k row order undone on whole rows of blocks,
+which is exact), the token embedding keeps its blocks too (lookups dequantize the rows they
+read; a tied LM head multiplies the same blocks), and only the small float tensors (norms,
+biases, and any weight the file stores as F32/F16/BF16) are dequantized and loaded through the
+model's usual loader. Parts of one fused layer may use different block types (Q4_K_M files store
+attn_v and ffn_down as Q6_K in some layers): the layer then runs one matmul per part.
+
+The file is memory-mapped; each tensor's pages are released from this process once its blocks
+are copied out, so loading holds about one copy of the weights.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
-from radixserve.layers.linear import GGUF_BLOCK_BYTES, attach_gguf_weight
-from radixserve.models.gguf import unpermute_qk
+from radixserve.layers import gguf_formats as gt
+from radixserve.layers.gguf_formats import dequantize
+from radixserve.layers.linear import attach_gguf_parts
+from radixserve.models.gguf import hf_tensor_name, unpermute_qk
 
 logger = logging.getLogger(__name__)
 
@@ -35,66 +46,137 @@ class QuantSummary(NamedTuple):
     quantized_layers: int
     float_layers: int
     quantized_bytes: int
+    types: dict[str, int]  # block type name -> tensors kept on blocks
 
 
-def apply_gguf_quantization(
+class _MappedFile:
+    """The GGUF reader plus page release for tensors already copied out."""
+
+    def __init__(self, path: Path) -> None:
+        from gguf import GGUFReader
+
+        try:
+            self.reader = GGUFReader(path)
+        except Exception as e:  # the reader raises assorted errors on truncated or foreign files
+            raise ValueError(f"corrupt or unreadable GGUF file {path}: {e}") from e
+        self.tensors = {t.name: t for t in self.reader.tensors}
+        self._map: mmap.mmap | None = getattr(self.reader.data, "_mmap", None)
+
+    def release(self, tensor: object) -> None:
+        """Drop the pages of `tensor` from this process (they stay in the page cache)."""
+        if self._map is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start = int(tensor.data_offset)  # type: ignore[attr-defined]
+        end = start + int(tensor.n_bytes)  # type: ignore[attr-defined]
+        page = mmap.PAGESIZE
+        start -= start % page
+        try:
+            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+        except (OSError, ValueError):
+            self._map = None  # not supported here: keep the pages
+
+
+def load_gguf_weights(
     model: nn.Module,
     gguf_path: Path,
     num_heads: int,
     num_kv_heads: int,
     permuted_qk: bool,
     tied_lm_head: bool,
+    progress: bool = True,
 ) -> QuantSummary:
-    from gguf import GGUFReader
-
-    reader = GGUFReader(gguf_path)
-    raw = {t.name: t for t in reader.tensors}
-    heads = {"attn_q": num_heads, "attn_k": num_kv_heads}
+    """Fill `model` (built with uninitialised weights) from `gguf_path`."""
+    mapped = _MappedFile(gguf_path)
+    raw = mapped.tensors
+    heads = {"attn_q": num_heads, "attn_k": num_kv_heads} if permuted_qk else {}
+    on_blocks: set[str] = set()
+    types: Counter[str] = Counter()
+    type_ids: set[int] = set()
     quantized = kept = nbytes = 0
-    for i, layer in enumerate(model.model.layers):
+    layers = list(model.model.layers)
+    bar = tqdm(
+        total=len(raw), desc=f"Loading {gguf_path.name}", unit="tensor", disable=not progress
+    )
+    for i, layer in enumerate(layers):
         for path, parts in _FUSED_PARTS.items():
-            tensors = [raw.get(f"blk.{i}.{p}.weight") for p in parts]
-            blocks = _row_blocks(tensors, parts, heads if permuted_qk else {})
-            if blocks is None:
-                kept += 1
+            names = [f"blk.{i}.{p}.weight" for p in parts]
+            tensors = [raw.get(n) for n in names]
+            if any(t is None or int(t.tensor_type) not in gt.QUANTIZED_TYPES for t in tensors):
+                kept += 1  # loaded as float below (or reported missing by the loader)
                 continue
-            attach_gguf_weight(layer.get_submodule(path), *blocks, free_float=True)
+            blocks = []
+            for tensor, part in zip(tensors, parts, strict=True):
+                blocks.append(
+                    (_copy_blocks(mapped, tensor, heads.get(part)), int(tensor.tensor_type))
+                )
+                types[gt.type_name(int(tensor.tensor_type))] += 1
+                type_ids.add(int(tensor.tensor_type))
+                bar.update()
+            attach_gguf_parts(layer.get_submodule(path), blocks)
+            on_blocks.update(names)
             quantized += 1
-            nbytes += blocks[0].numel()
-    head_name = "token_embd.weight" if tied_lm_head else "output.weight"
-    head = _row_blocks([raw.get(head_name)], ("lm_head",), {})
-    if head is not None:
-        # A tied table's lookups dequantize the rows they read (vocab_embedding.gguf_rows), so
-        # its float copy goes too (113 MB for the default model).
-        attach_gguf_weight(model.lm_head, *head)
+            nbytes += sum(b.numel() for b, _ in blocks)
+    embed_and_head = [("token_embd.weight", model.model.embed_tokens)]
+    if not tied_lm_head:
+        embed_and_head.append(("output.weight", model.lm_head))
+    for name, module in embed_and_head:
+        tensor = raw.get(name)
+        if tensor is None or int(tensor.tensor_type) not in gt.QUANTIZED_TYPES:
+            continue
+        blocks = _copy_blocks(mapped, tensor, None)
+        attach_gguf_parts(module, [(blocks, int(tensor.tensor_type))])
+        types[gt.type_name(int(tensor.tensor_type))] += 1
+        type_ids.add(int(tensor.tensor_type))
+        on_blocks.add(name)
         quantized += 1
-        nbytes += head[0].numel()
-    else:
-        kept += 1
+        nbytes += blocks.numel()
+        bar.update()
+    model.load_weights(_float_tensors(mapped, on_blocks, heads, bar))
+    bar.close()
+    slow = sorted(gt.type_name(t) for t in type_ids if not gt.runs_on_integer_kernels(t))
+    if slow:
+        logger.warning(
+            "GGUF block types without an integer kernel here, dequantized a tile at a time at "
+            "run time: %s",
+            ", ".join(slow),
+        )
+    summary = QuantSummary(quantized, kept, nbytes, dict(types))
     logger.info(
-        "GGUF quantized weights: %d layers on Q4_1/Q8_0 blocks (%.0f MB), %d kept in float",
+        "GGUF weights: %d layers on blocks (%.0f MB; %s), %d in float",
         quantized,
         nbytes / 1e6,
+        ", ".join(f"{n} x{c}" for n, c in sorted(types.items())),
         kept,
     )
-    return QuantSummary(quantized, kept, nbytes)
+    return summary
 
 
-def _row_blocks(
-    tensors: list[object | None], parts: tuple[str, ...], permute_heads: dict[str, int]
-) -> tuple[torch.Tensor, int] | None:
-    """[N, bytes] uint8 blocks of the parts stacked by rows, and their GGML type; None if a
-    part is missing or not of one supported block type."""
-    if any(t is None for t in tensors):
-        return None
-    types = {int(t.tensor_type) for t in tensors}  # type: ignore[union-attr]
-    if len(types) != 1 or next(iter(types)) not in GGUF_BLOCK_BYTES:
-        return None
-    rows = []
-    for tensor, part in zip(tensors, parts, strict=True):
-        data = np.asarray(tensor.data)  # type: ignore[union-attr]
-        if part in permute_heads:
-            data = unpermute_qk(data, permute_heads[part])
-        rows.append(data)
-    stacked = np.ascontiguousarray(np.concatenate(rows, axis=0))
-    return torch.from_numpy(stacked.copy()), types.pop()
+def _copy_blocks(mapped: _MappedFile, tensor: object, permute_heads: int | None) -> torch.Tensor:
+    """A quantized tensor's blocks as a [rows, row bytes] uint8 tensor of its own."""
+    data = np.asarray(tensor.data)  # type: ignore[attr-defined]
+    if permute_heads is not None:
+        data = unpermute_qk(data, permute_heads)
+    out = torch.from_numpy(np.array(data, dtype=np.uint8, order="C", copy=True))
+    mapped.release(tensor)
+    return out
+
+
+def _float_tensors(
+    mapped: _MappedFile, on_blocks: set[str], heads: dict[str, int], bar: tqdm
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """HF-named float tensors of everything not kept on blocks."""
+    for name, tensor in mapped.tensors.items():
+        if name in on_blocks:
+            continue
+        bar.update()
+        hf_name = hf_tensor_name(name)
+        if hf_name is None:
+            continue
+        shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dims fastest first
+        raw_bytes = torch.from_numpy(np.array(np.asarray(tensor.data).view(np.uint8).reshape(-1)))
+        value = dequantize(raw_bytes, int(tensor.tensor_type), shape)
+        part = name.split(".")[-2] if name.startswith("blk.") else ""
+        if part in heads:
+            value = torch.from_numpy(np.ascontiguousarray(unpermute_qk(value.numpy(), heads[part])))
+        mapped.release(tensor)
+        yield hf_name, value

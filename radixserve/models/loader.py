@@ -49,15 +49,25 @@ def load_model(
     download_dir: str | None = None,
     seed: int = 0,
     check_config: Callable[[ModelConfig], None] | None = None,
+    gguf_blocks: bool = False,
 ) -> LoadedModel:
     """Build the model named by config.json and fill its weights (`seed` is for dummy).
-    `check_config` may refuse the config before anything is built (e.g. --tp-size rules)."""
+    `check_config` may refuse the config before anything is built (e.g. --tp-size rules).
+    `gguf_blocks` (--quantization gguf): a GGUF model's linear layers and embedding keep the
+    file's quantized blocks (models/gguf_quant.py), read from the file without conversion."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(
             f"--load-format {load_format!r} is not supported; supported: {', '.join(LOAD_FORMATS)}"
         )
     start = time.perf_counter()
-    model_dir = resolve_model_dir(model_path, load_format, revision, download_dir)
+    gguf_file = _gguf_file(model_path, load_format) if gguf_blocks else None
+    if gguf_blocks and gguf_file is None:
+        raise ValueError(
+            "--quantization gguf needs a GGUF model: pass a .gguf file as --model-path"
+        )
+    model_dir = resolve_model_dir(
+        model_path, load_format, revision, download_dir, with_weights=gguf_file is None
+    )
     config = ModelConfig.from_pretrained(
         model_dir,
         context_length=context_length,
@@ -75,6 +85,18 @@ def load_model(
         model = model_class(config)
     if load_format == "dummy":
         init_dummy_weights(model, seed=seed)
+    elif gguf_file is not None:
+        from radixserve.models.gguf_quant import load_gguf_weights
+
+        load_gguf_weights(
+            model,
+            gguf_file,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            permuted_qk=config.model_type in ("llama", "mistral"),
+            tied_lm_head=config.tie_word_embeddings,
+            progress=_is_first_rank(),
+        )
     else:
         files = find_weight_files(model_dir, "auto" if load_format == "gguf" else load_format)
         model.load_weights(iterate_weights(files, progress=_is_first_rank()))
@@ -92,17 +114,25 @@ def load_model(
     return LoadedModel(model, config, model_dir)
 
 
+def _gguf_file(model_path: str, load_format: str) -> Path | None:
+    from radixserve.models.gguf import find_gguf_file
+
+    path = Path(os.path.expanduser(model_path))
+    return find_gguf_file(path, force=load_format == "gguf") if path.exists() else None
+
+
 def resolve_model_dir(
     model_path: str,
     load_format: str = "auto",
     revision: str | None = None,
     download_dir: str | None = None,
+    with_weights: bool = True,
 ) -> Path:
-    """The local HF folder for a model path: the folder itself, a GGUF's converted cache folder,
-    or a hub download."""
+    """The local HF folder for a model path: the folder itself, a GGUF's converted cache folder
+    (without weights unless `with_weights`), or a hub download."""
     path = Path(os.path.expanduser(model_path))
     if path.exists():
-        return resolve_local_model(path, load_format)
+        return resolve_local_model(path, load_format, with_weights)
     if not looks_like_hub_id(model_path):
         raise FileNotFoundError(f"model path {model_path} does not exist")
     return _download(model_path, load_format, revision, download_dir)

@@ -39,12 +39,15 @@ class WeightFiles(NamedTuple):
     use_safetensors: bool
 
 
-def resolve_local_model(path: Path, load_format: str = "auto") -> Path:
+def resolve_local_model(path: Path, load_format: str = "auto", with_weights: bool = True) -> Path:
     """The HF folder for an existing local model path; a GGUF is converted (or its cached
-    conversion reused) first."""
+    conversion reused) first: in full, or without weights when they are read from the GGUF
+    itself (--quantization gguf) or only the config is wanted."""
     gguf_file = gguf.find_gguf_file(path, force=load_format == "gguf")
     if gguf_file is not None:
-        return gguf.ensure_converted(gguf_file)
+        if with_weights:
+            return gguf.ensure_converted(gguf_file)
+        return gguf.ensure_metadata(gguf_file)
     if path.is_file():
         raise ValueError(f"model path {path} is a file but not a .gguf; pass the model folder")
     if not (path / "config.json").is_file():
@@ -181,6 +184,8 @@ def _check_complete(
 ) -> None:
     missing: list[str] = []
     for name, param in params.items():
+        if getattr(param, "held_as_blocks", False):  # --quantization gguf: loaded as blocks
+            continue
         for shard_id in getattr(param, "shard_ids", (None,)):
             if (name, shard_id) not in loaded:
                 missing.append(_hf_name(name, shard_id, stacked_params))

@@ -37,7 +37,7 @@ def get_tokenizer(
     local = Path(source).expanduser()
     if local.exists():
         gguf_file = gguf.find_gguf_file(local)
-        source = gguf.ensure_converted(gguf_file) if gguf_file is not None else local
+        source = gguf.ensure_metadata(gguf_file) if gguf_file is not None else local
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             source,

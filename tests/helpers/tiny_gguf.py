@@ -108,3 +108,87 @@ def _add_tokenizer(writer: object, vocab_size: int) -> None:
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_chat_template(CHAT_TEMPLATE)
+
+
+def random_blocks(qtype: int, rows: int, k: int, std: float = 0.08, seed: int = 0) -> torch.Tensor:
+    """Random valid blocks of GGML `qtype` for a [rows, k] weight, their fp16 scales set so the
+    dequantized weight has about `std` (any byte pattern is a valid block once its fp16 scales
+    are finite): uint8 [rows, row bytes]."""
+    from radixserve.kernels import gguf_dequant, gguf_types
+
+    fmt = gguf_types.FORMATS[qtype]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(rows, k // fmt.weights, fmt.bytes), dtype=np.uint8)
+    for offset in gguf_types.FP16_FIELDS[qtype]:
+        scale = rng.uniform(0.5, 1.5, size=raw.shape[:2]).astype(np.float16)
+        raw[..., offset : offset + 2] = scale.view(np.uint8).reshape(*raw.shape[:2], 2)
+    blocks = torch.from_numpy(raw.reshape(rows, -1).copy())
+    actual = gguf_dequant.dequantize_rows(blocks, qtype, rows).std().item()
+    factor = std / actual
+    for offset in gguf_types.FP16_FIELDS[qtype]:
+        scale = raw[..., offset : offset + 2].copy().view(np.float16) * factor
+        raw[..., offset : offset + 2] = scale.astype(np.float16).view(np.uint8)
+    return torch.from_numpy(raw.reshape(rows, -1).copy())
+
+
+def write_block_gguf(
+    path: Path, hf_model: torch.nn.Module, types: dict[str, int], default_type: int
+) -> Path:
+    """Write a llama `hf_model` as a GGUF whose 2-D weights are random blocks of the GGML types
+    named per tensor role in `types` (e.g. {"attn_v": Q6_K, "token_embd": Q6_K}; others
+    `default_type`), and set `hf_model`'s weights to those blocks' dequantization, so the file
+    and the model hold the same weights (transformers can then serve as the float reference).
+    q/k block rows are permuted as llama.cpp's converter permutes the weights."""
+    import gguf
+
+    from radixserve.kernels import gguf_dequant
+
+    cfg = hf_model.config
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("tiny-blocks")
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    writer.add_rope_dimension_count(head_dim)
+    _add_tokenizer(writer, cfg.vocab_size)
+    state = hf_model.state_dict()
+    for seed, (name, tensor) in enumerate(state.items()):
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        target = gguf_name(name)
+        if tensor.dim() != 2:
+            writer.add_tensor(target, np.ascontiguousarray(tensor.float().numpy()))
+            continue
+        role = target.split(".")[-2]
+        qtype = types.get(role, default_type)
+        rows, k = tensor.shape
+        blocks = random_blocks(qtype, rows, k, seed=seed)
+        with torch.no_grad():
+            tensor.copy_(gguf_dequant.dequantize_rows(blocks, qtype, rows))
+        stored = blocks.numpy()
+        if role == "attn_q":
+            stored = llama_cpp_permute(stored, heads)
+        elif role == "attn_k":
+            stored = llama_cpp_permute(stored, kv_heads)
+        writer.add_tensor(
+            target,
+            np.ascontiguousarray(stored),
+            raw_dtype=gguf.GGMLQuantizationType(qtype),
+        )
+    if cfg.tie_word_embeddings:
+        hf_model.tie_weights()
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

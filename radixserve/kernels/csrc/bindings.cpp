@@ -4,6 +4,7 @@
 
 #include "common.h"
 
+#include "gguf_kquant.h"
 #include "kernels.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -16,6 +17,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("llama_layer", &radixserve::llama_layer);
   m.def("bind_threads", &radixserve::bind_threads);
   m.def("gguf_linear_tiled", &radixserve::gguf_linear_tiled);
+  // Whether gguf_linear runs GGML type qtype in this build (Q4_1 and Q8_0 always).
+  m.def("gguf_kernel_type", [](int64_t qtype) {
+    return qtype == 3 || qtype == 8 || radixserve::gguf::kquant_type(qtype);
+  });
   m.def("float_linear_packed", &radixserve::float_linear_packed);
   m.def("float_linear", &radixserve::float_linear);
   m.def("set_float_packed_min_rows", &radixserve::set_float_packed_min_rows);

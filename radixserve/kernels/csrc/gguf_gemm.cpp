@@ -9,6 +9,7 @@
 
 #include "gguf_blocks.h"
 #include "gguf_gemv.h"
+#include "gguf_kquant.h"
 #include "kernels.h"
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -318,6 +319,10 @@ void quantize_row_blocks(const float* x, int64_t k, int64_t b0, int64_t b1,
 void gguf_gemv_columns(const uint8_t* blocks, int64_t row_bytes, int64_t qtype,
                        const QuantizedRows& xq, int64_t k, float* out, int64_t begin,
                        int64_t end) {
+  if (gguf::kquant_type(qtype)) {
+    kquant_dot_columns(blocks, row_bytes, qtype, xq, k, 0, 1, out, 0, begin, end);
+    return;
+  }
   int64_t col = begin;
 #if defined(__AVX2__)
   if (qtype == kQ4_1) {  // Q8_0 GEMVs already run at memory bandwidth
@@ -338,13 +343,16 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x must be [rows, K] with unit stride");
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.dim() == 2,
               "blocks must be a contiguous uint8 [N, bytes] tensor");
-  TORCH_CHECK(qtype == kQ4_1 || qtype == kQ8_0, "only Q4_1 and Q8_0 blocks are supported");
+  const bool kquant = gguf::kquant_type(qtype);
+  TORCH_CHECK(qtype == kQ4_1 || qtype == kQ8_0 || kquant,
+              "GGML type ", qtype, " has no kernel in this build");
   const int64_t m = x.size(0), k = x.size(1), n = out_features;
   TORCH_CHECK(k % kBlock == 0, "K must be a multiple of 32");
-  const int64_t block_bytes = qtype == kQ4_1 ? kQ4_1Bytes : kQ8_0Bytes;
-  TORCH_CHECK(blocks.size(0) == n && blocks.size(1) == k / kBlock * block_bytes,
+  const int64_t expected_bytes = kquant ? gguf::kquant_row_bytes(qtype, k)
+                                        : k / kBlock * (qtype == kQ4_1 ? kQ4_1Bytes : kQ8_0Bytes);
+  TORCH_CHECK(blocks.size(0) == n && blocks.size(1) == expected_bytes,
               "blocks do not match [N, K]");
-  const int64_t tiled_min_rows = qtype == kQ4_1 ? kTiledMinRowsQ4_1 : kTiledMinRowsQ8_0;
+  const int64_t tiled_min_rows = qtype == kQ8_0 ? kTiledMinRowsQ8_0 : kTiledMinRowsQ4_1;
   if (m >= tiled_min_rows && gguf_tiled_available()) {
     // Many rows (prefill): float tiles over dequantized weights (gguf_gemm_tiled.cpp).
     const bool is_float = x.scalar_type() == at::kFloat;
@@ -368,6 +376,10 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
   // stays in L1 while every tile of activation rows (quantized, re-read from L2) passes over it;
   // with the tiles outside, the weights would stream from memory once per 4 rows.
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    if (kquant) {
+      kquant_dot_columns(wp, row_bytes, qtype, xq, k, 0, m, op, n, begin, end);
+      return;
+    }
     if (m == 1) {
       gguf_gemv_columns(wp, row_bytes, qtype, xq, k, op, begin, end);
       return;

@@ -11,6 +11,7 @@
 
 #include "gemm_micro.h"
 #include "gguf_blocks.h"
+#include "gguf_kquant.h"
 
 namespace radixserve {
 namespace {
@@ -37,6 +38,8 @@ inline void dequantize_block(const uint8_t* row, int64_t qtype, int64_t b, __m25
     for (int i = 0; i < 4; ++i) {
       v[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[i])), m);
     }
+  } else if (qtype != kQ8_0) {
+    gguf::kquant_dequantize_group(row, qtype, b, v);
   } else {
     const uint8_t* blk = row + b * kQ8_0Bytes;
     const __m256 d = _mm256_set1_ps(half_to_float(blk));
@@ -97,11 +100,14 @@ at::Tensor gguf_linear_tiled(const at::Tensor& x, const at::Tensor& blocks, int6
   TORCH_CHECK(gguf_tiled_available(), "gguf_linear_tiled needs AVX2");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.stride(1) == 1,
               "x must be float32 [rows, K] with unit stride");
-  TORCH_CHECK(qtype == kQ4_1 || qtype == kQ8_0, "only Q4_1 and Q8_0 blocks are supported");
+  const bool kquant = gguf::kquant_type(qtype);
+  TORCH_CHECK(qtype == kQ4_1 || qtype == kQ8_0 || kquant,
+              "GGML type ", qtype, " has no kernel in this build");
   const int64_t m = x.size(0), k = x.size(1), n = out_features;
-  const int64_t block_bytes = qtype == kQ4_1 ? kQ4_1Bytes : kQ8_0Bytes;
-  TORCH_CHECK(k % kBlockW == 0 && blocks.is_contiguous() && blocks.size(0) == n &&
-                  blocks.size(1) == k / kBlockW * block_bytes,
+  TORCH_CHECK(k % kBlockW == 0, "K must be a multiple of 32");
+  const int64_t expected_bytes = kquant ? gguf::kquant_row_bytes(qtype, k)
+                                        : k / kBlockW * (qtype == kQ4_1 ? kQ4_1Bytes : kQ8_0Bytes);
+  TORCH_CHECK(blocks.is_contiguous() && blocks.size(0) == n && blocks.size(1) == expected_bytes,
               "blocks do not match [N, K]");
   auto out = at::empty({m, n}, x.options());
 #if defined(__AVX2__)

@@ -19,6 +19,7 @@
 #include "common.h"
 #include "gguf_blocks.h"
 #include "gguf_gemv.h"
+#include "gguf_kquant.h"
 #include "kernels.h"
 #include "single_row.h"
 
@@ -27,10 +28,16 @@ namespace {
 
 constexpr int64_t kQKV = 0, kO = 1, kGateUp = 2, kDown = 3;
 
-bool is_block_type(int64_t qtype) { return qtype == gguf::kQ4_1 || qtype == gguf::kQ8_0; }
+bool is_block_type(int64_t qtype) {
+  return qtype == gguf::kQ4_1 || qtype == gguf::kQ8_0 || gguf::kquant_type(qtype);
+}
 
-// K of GGUF blocks [N, row_bytes].
+// K of GGUF blocks [N, row_bytes] (0 when the bytes are not a whole number of blocks).
 int64_t block_k(const at::Tensor& blocks, int64_t qtype) {
+  if (gguf::kquant_type(qtype)) {
+    const int64_t per_256 = gguf::kquant_row_bytes(qtype, 256);  // bytes per 256 weights
+    return blocks.size(1) % per_256 == 0 ? blocks.size(1) / per_256 * 256 : 0;
+  }
   const int64_t bytes = qtype == gguf::kQ4_1 ? gguf::kQ4_1Bytes : gguf::kQ8_0Bytes;
   return blocks.size(1) / bytes * gguf::kBlock;
 }

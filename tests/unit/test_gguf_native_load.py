@@ -1,0 +1,131 @@
+"""--quantization gguf loads a GGUF's blocks straight from the file (no float conversion) and
+runs every block type of real files: greedy output equals transformers' on the same weights."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from radixserve import Engine
+from radixserve.kernels import gguf_types as gt
+from radixserve.kernels.build import DISABLE_ENV
+from radixserve.layers.linear import MIXED_GGUF_TYPES
+from radixserve.models.loader import load_model
+from radixserve.utils.cache_dir import CACHE_DIR_ENV
+from tests.helpers.tiny_gguf import write_block_gguf
+from tests.helpers.tiny_models import tiny_hf_config, tiny_hf_model
+
+# A Q4_K_M-like mix (Q4_K with Q6_K v/down/embedding) plus the other native types, so one small
+# model covers them all; K-quants need K to be a multiple of 256.
+TYPES = {
+    "attn_v": gt.Q6_K,
+    "ffn_down": gt.Q5_K,
+    "token_embd": gt.Q6_K,
+    "output": gt.Q8_0,
+    "attn_output": gt.IQ4_XS,
+    "ffn_up": gt.Q3_K,
+}
+PROMPTS = [[1, 5, 9, 30, 12], [1, 40, 41, 42], [1, 7]]
+NEW_TOKENS = 10
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
+
+
+def _model_and_file(tmp_path: Path, tied: bool, types: dict[str, int] = TYPES) -> tuple:
+    cfg = tiny_hf_config(
+        "llama",
+        vocab_size=59,
+        hidden_size=256,
+        intermediate_size=512,
+        head_dim=64,
+        tie_word_embeddings=tied,
+    )
+    hf = tiny_hf_model(cfg)
+    path = write_block_gguf(tmp_path / "blocks.gguf", hf, types, gt.Q4_K)
+    return hf, path
+
+
+def _hf_greedy(hf: torch.nn.Module) -> list[list[int]]:
+    out = []
+    for prompt in PROMPTS:
+        ids = hf.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        out.append(ids[0, len(prompt) :].tolist())
+    return out
+
+
+def _engine_greedy(path: Path, **kwargs: object) -> list[list[int]]:
+    with Engine(
+        model_path=str(path), runtime="thread", dtype="float32", max_total_tokens=2048, **kwargs
+    ) as engine:
+        outs = engine.generate(
+            input_ids=PROMPTS,
+            sampling_params={"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True},
+        )
+    return [o["output_ids"] for o in outs]
+
+
+@pytest.mark.parametrize(
+    ("tied", "backend", "cpp"),
+    [
+        (False, "intel_amx", True),
+        (True, "intel_amx", True),
+        (False, "torch_native", True),
+        (False, "intel_amx", False),
+    ],
+    ids=["untied", "tied", "torch_native", "no_cpp_kernels"],
+)
+def test_greedy_equals_transformers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tied: bool, backend: str, cpp: bool
+) -> None:
+    if not cpp:
+        monkeypatch.setenv(DISABLE_ENV, "1")  # every type through the PyTorch tile fallback
+    hf, path = _model_and_file(tmp_path, tied)
+    assert _engine_greedy(path, attention_backend=backend) == _hf_greedy(hf)
+
+
+def test_q2_k_layers_run_through_the_tile_fallback(tmp_path: Path) -> None:
+    """A type without an integer kernel (Q2_K) still stays on its blocks."""
+    hf, path = _model_and_file(tmp_path, tied=False, types={**TYPES, "ffn_gate": gt.Q2_K})
+    assert _engine_greedy(path) == _hf_greedy(hf)
+
+
+def test_no_float_copy_of_quantized_weights(tmp_path: Path) -> None:
+    """Only norms are float; the linear layers and the embedding hold the file's blocks (a
+    fused layer with mixed types part by part), and the cache holds no converted weights."""
+    _, path = _model_and_file(tmp_path, tied=False)
+    loaded = load_model(str(path), dtype="float32", gguf_blocks=True)
+    model = loaded.model
+    float_numel = sum(p.numel() for p in model.parameters())
+    cfg = loaded.config
+    norms = (2 * cfg.num_hidden_layers + 1) * cfg.hidden_size
+    assert float_numel == norms
+    qkv = model.model.layers[0].self_attn.qkv_proj.gguf
+    assert qkv.qtype == MIXED_GGUF_TYPES
+    assert [p.qtype for p in qkv.parts] == [gt.Q4_K, gt.Q4_K, gt.Q6_K]
+    assert model.model.embed_tokens.gguf.qtype == gt.Q6_K
+    assert model.lm_head.gguf.qtype == gt.Q8_0
+    assert model.model.layers[0].self_attn.o_proj.gguf.qtype == gt.IQ4_XS
+    assert not list(loaded.model_dir.glob("*.safetensors"))
+    assert (loaded.model_dir / "config.json").is_file()
+    assert (loaded.model_dir / "tokenizer.json").is_file()
+
+
+def test_gguf_blocks_needs_a_gguf_file(tmp_path: Path) -> None:
+    hf = tiny_hf_model(tiny_hf_config("llama", vocab_size=59))
+    hf.save_pretrained(tmp_path / "folder")
+    with pytest.raises(ValueError, match="needs a GGUF model"):
+        load_model(str(tmp_path / "folder"), gguf_blocks=True)
