@@ -62,19 +62,7 @@ def write_tiny_gguf(
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{arch}")
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_vocab_size(cfg.vocab_size)
-    writer.add_rope_dimension_count(head_dim)
-    _add_tokenizer(writer, cfg.vocab_size)
+    _add_model_metadata(writer, cfg, heads, kv_heads, head_dim)
     for name, tensor in hf_model.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
@@ -94,6 +82,25 @@ def write_tiny_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _add_model_metadata(
+    writer: object, cfg: object, heads: int, kv_heads: int, head_dim: int
+) -> None:
+    """The hyperparameters and tokenizer llama.cpp's converter writes for a llama-like model."""
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    writer.add_rope_dimension_count(head_dim)
+    _add_tokenizer(writer, cfg.vocab_size)
 
 
 def _add_tokenizer(writer: object, vocab_size: int) -> None:
@@ -148,19 +155,7 @@ def write_block_gguf(
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name("tiny-blocks")
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_vocab_size(cfg.vocab_size)
-    writer.add_rope_dimension_count(head_dim)
-    _add_tokenizer(writer, cfg.vocab_size)
+    _add_model_metadata(writer, cfg, heads, kv_heads, head_dim)
     state = hf_model.state_dict()
     for seed, (name, tensor) in enumerate(state.items()):
         if name == "lm_head.weight" and cfg.tie_word_embeddings:

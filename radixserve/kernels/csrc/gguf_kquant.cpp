@@ -70,13 +70,30 @@ inline __m256i nibbles32(const uint8_t* p, int shift) {
 // ---- decoders: kGroups groups of 32 per block of kBytes; scales(a, o) once per block, then
 // codes(g) per group.
 
-struct DecQ4_0 {
-  static constexpr int64_t kGroups = 1, kBytes = 18;
+// Blocks of 32 with one fp16 scale d at byte 0 and no offset (Q4_0, Q5_0, IQ4_NL).
+template <int64_t Bytes>
+struct ScaleOnly {
+  static constexpr int64_t kGroups = 1, kBytes = Bytes;
   static constexpr bool kOffset = false;
   static void scales(const uint8_t* b, float* a, float* o) {
     a[0] = half_to_float(b);
     o[0] = 0.0f;
   }
+};
+
+// Super-blocks of 256 whose fp16 scale d at byte DAt applies to every group, the sub-block
+// scales being folded into the codes (Q3_K, Q6_K).
+template <int64_t Bytes, int64_t DAt>
+struct SuperScale {
+  static constexpr int64_t kGroups = 8, kBytes = Bytes;
+  static constexpr bool kOffset = false;
+  static void scales(const uint8_t* b, float* a, float* o) {
+    const float d = half_to_float(b + DAt);
+    for (int j = 0; j < 8; ++j) a[j] = d, o[j] = 0.0f;
+  }
+};
+
+struct DecQ4_0 : ScaleOnly<18> {
   static void codes(const uint8_t* b, int, __m256i* lo, __m256i* hi) {
     __m128i l, h;
     split_nibbles16(b + 2, &l, &h);
@@ -86,13 +103,7 @@ struct DecQ4_0 {
   }
 };
 
-struct DecQ5_0 {
-  static constexpr int64_t kGroups = 1, kBytes = 22;
-  static constexpr bool kOffset = false;
-  static void scales(const uint8_t* b, float* a, float* o) {
-    a[0] = half_to_float(b);
-    o[0] = 0.0f;
-  }
+struct DecQ5_0 : ScaleOnly<22> {
   static void codes(const uint8_t* b, int, __m256i* lo, __m256i* hi) {
     __m128i l, h;
     split_nibbles16(b + 6, &l, &h);
@@ -121,13 +132,7 @@ struct DecQ5_1 {
   }
 };
 
-struct DecIQ4_NL {
-  static constexpr int64_t kGroups = 1, kBytes = 18;
-  static constexpr bool kOffset = false;
-  static void scales(const uint8_t* b, float* a, float* o) {
-    a[0] = half_to_float(b);
-    o[0] = 0.0f;
-  }
+struct DecIQ4_NL : ScaleOnly<18> {
   static void codes(const uint8_t* b, int, __m256i* lo, __m256i* hi) {
     __m128i l, h;
     split_nibbles16(b + 2, &l, &h);
@@ -177,13 +182,7 @@ struct DecQ5_K {
   }
 };
 
-struct DecQ6_K {
-  static constexpr int64_t kGroups = 8, kBytes = 210;
-  static constexpr bool kOffset = false;
-  static void scales(const uint8_t* b, float* a, float* o) {
-    const float d = half_to_float(b + 208);
-    for (int j = 0; j < 8; ++j) a[j] = d, o[j] = 0.0f;
-  }
+struct DecQ6_K : SuperScale<210, 208> {
   static void codes(const uint8_t* b, int g, __m256i* lo, __m256i* hi) {
     const __m256i low = nibbles32(b + 64 * (g / 4) + 32 * (g % 2), 4 * ((g % 4) / 2));
     const __m256i high = _mm256_and_si256(_mm256_srli_epi16(load32(b + 128 + 32 * (g / 4)), 2 * (g % 4)),
@@ -204,13 +203,7 @@ inline int q3_k_scale(const uint8_t* s, int i) {
   return (low | (high << 4)) - 32;
 }
 
-struct DecQ3_K {
-  static constexpr int64_t kGroups = 8, kBytes = 110;
-  static constexpr bool kOffset = false;
-  static void scales(const uint8_t* b, float* a, float* o) {
-    const float d = half_to_float(b + 108);
-    for (int j = 0; j < 8; ++j) a[j] = d, o[j] = 0.0f;
-  }
+struct DecQ3_K : SuperScale<110, 108> {
   static void codes(const uint8_t* b, int g, __m256i* lo, __m256i* hi) {
     const __m256i low = _mm256_and_si256(_mm256_srli_epi16(load32(b + 32 + 32 * (g / 4)), 2 * (g % 4)),
                                          _mm256_set1_epi8(3));
