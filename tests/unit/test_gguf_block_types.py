@@ -69,6 +69,19 @@ def test_cpp_kernels_run_every_native_type() -> None:
 
 
 @pytest.mark.skipif(not ops.using_cpp_kernels(), reason="C++ kernels not built here")
+@pytest.mark.parametrize("qtype", sorted(gguf_types.NATIVE_TYPES), ids=gguf_types.type_name)
+def test_a_row_does_not_depend_on_its_batch(qtype: int) -> None:
+    """On the integer kernels, batch-1 decode (column-tiled kernel) and a row among others
+    (row-tiled kernel) give the same bits, so a request's output does not depend on what it is
+    batched with."""
+    n, k = 21, 512
+    blocks = random_blocks(qtype, n, k)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(1))
+    alone = ops.gguf_linear(x[:1].contiguous(), blocks, qtype, n)
+    assert torch.equal(alone[0], ops.gguf_linear(x, blocks, qtype, n)[0])
+
+
+@pytest.mark.skipif(not ops.using_cpp_kernels(), reason="C++ kernels not built here")
 @pytest.mark.parametrize("qtype", [gguf_types.Q4_K, gguf_types.Q6_K], ids=gguf_types.type_name)
 def test_bfloat16_activations(qtype: int) -> None:
     n, k = 24, 256

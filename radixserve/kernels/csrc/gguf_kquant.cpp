@@ -6,6 +6,8 @@
 // gguf-py's dequantizers, which kernels/gguf_dequant.py follows and the tests compare with).
 #include "gguf_kquant.h"
 
+#include <cmath>
+
 #include "gguf_blocks.h"
 
 namespace radixserve {
@@ -268,7 +270,8 @@ void dot_rows(const uint8_t* wrow, const QuantizedRows& xq, int64_t r0, int64_t 
       for (int r = 0; r < R; ++r) {
         const __m256 p = dot_group(lo, hi, xq_base + r * k + b * kGroup);
         acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(a[g] * scale_base[r * nb + b]), acc[r]);
-        if constexpr (Dec::kOffset) off[r] += o[g] * sum_base[r * nb + b];
+        // std::fma here and in dot_cols4: the same rounding whatever the compiler contracts
+        if constexpr (Dec::kOffset) off[r] = std::fma(o[g], sum_base[r * nb + b], off[r]);
       }
     }
   }
@@ -276,10 +279,53 @@ void dot_rows(const uint8_t* wrow, const QuantizedRows& xq, int64_t r0, int64_t 
   for (int r = 0; r < R; ++r) out[r * out_stride] = hsum(acc[r]) + off[r];
 }
 
+// One activation row against 4 consecutive weight rows (batch-1 decode): with one row,
+// dot_rows<Dec, 1> is one FMA chain per output (latency-bound); four independent chains share
+// each activation block's loads. Per output the arithmetic is dot_rows<Dec, 1>'s, in the same
+// order, so a request's outputs do not depend on the batch it decodes in.
+template <class Dec>
+void dot_cols4(const uint8_t* w, int64_t row_bytes, const QuantizedRows& xq, int64_t k,
+               float* out) {
+  const int64_t nb = k / kGroup, nsb = nb / Dec::kGroups;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  float off[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const uint8_t* rows[4] = {w, w + row_bytes, w + 2 * row_bytes, w + 3 * row_bytes};
+  for (int64_t s = 0; s < nsb; ++s) {
+    float a[4][Dec::kGroups], o[4][Dec::kGroups];
+    for (int c = 0; c < 4; ++c) {
+      Dec::scales(rows[c] + s * Dec::kBytes, a[c], o[c]);
+      _mm_prefetch(reinterpret_cast<const char*>(rows[c] + (s + 4) * Dec::kBytes), _MM_HINT_T0);
+    }
+    for (int g = 0; g < Dec::kGroups; ++g) {
+      const int64_t b = s * Dec::kGroups + g;
+      const int16_t* x = xq.q.data() + b * kGroup;
+      const float sx = xq.scale[b];
+#define RS_KQ_COL(c)                                                                      \
+  {                                                                                       \
+    __m256i lo, hi;                                                                       \
+    Dec::codes(rows[c] + s * Dec::kBytes, g, &lo, &hi);                                   \
+    acc##c = _mm256_fmadd_ps(dot_group(lo, hi, x), _mm256_set1_ps(a[c][g] * sx), acc##c); \
+    if constexpr (Dec::kOffset) off[c] = std::fma(o[c][g], xq.sum[b], off[c]);            \
+  }
+      RS_KQ_COL(0) RS_KQ_COL(1) RS_KQ_COL(2) RS_KQ_COL(3)
+#undef RS_KQ_COL
+    }
+  }
+  out[0] = hsum(acc0) + off[0];
+  out[1] = hsum(acc1) + off[1];
+  out[2] = hsum(acc2) + off[2];
+  out[3] = hsum(acc3) + off[3];
+}
+
 template <class Dec>
 void dot_columns(const uint8_t* blocks, int64_t row_bytes, const QuantizedRows& xq, int64_t k,
                  int64_t r0, int64_t rows, float* out, int64_t out_stride, int64_t begin,
                  int64_t end) {
+  if (rows == 1 && r0 == 0) {
+    for (; begin + 4 <= end; begin += 4) {
+      dot_cols4<Dec>(blocks + begin * row_bytes, row_bytes, xq, k, out + begin);
+    }
+  }
   for (int64_t col = begin; col < end; ++col) {
     const uint8_t* wrow = blocks + col * row_bytes;
     for (int64_t r = 0; r < rows; r += 4) {
