@@ -46,9 +46,15 @@ def judge(measured: dict[str, float]) -> DtypeChoice:
 
 
 def _cache_file(fingerprint: str) -> Path:
-    import torch
+    # The installed version from its metadata: importing torch here would make option parsing
+    # (which resolves --dtype auto) import it on every CPU with BF16 units.
+    from importlib.metadata import PackageNotFoundError, version
 
-    return radixserve_cache_dir() / f"auto-dtype-{fingerprint}-torch{torch.__version__}.json"
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "unknown"
+    return radixserve_cache_dir() / f"auto-dtype-{fingerprint}-torch{torch_version}.json"
 
 
 def _probe() -> DtypeChoice:
