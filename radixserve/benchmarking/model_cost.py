@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from radixserve.kernels.reference import BLOCK_BYTES as GGUF_BLOCK_BYTES
+from radixserve.kernels.gguf_types import FORMATS as GGUF_FORMATS
 
 
 @dataclass(frozen=True)
@@ -86,13 +86,15 @@ class ModelCost:
             gguf = getattr(module, "gguf", None)
             if gguf is None:
                 continue
-            rows, row_bytes = gguf.blocks.shape
-            cols = row_bytes // GGUF_BLOCK_BYTES[gguf.qtype] * 32
-            if rows >= vocab and cols == hidden:
-                head_params, head_bytes = rows * cols, gguf.blocks.numel()
-            else:
-                total_params += rows * cols
-                total_bytes += gguf.blocks.numel()
+            for part in gguf.parts or (gguf,):  # a fused layer of mixed types, part by part
+                rows, row_bytes = part.blocks.shape
+                fmt = GGUF_FORMATS[part.qtype]
+                cols = row_bytes // fmt.bytes * fmt.weights
+                if rows >= vocab and cols == hidden:
+                    head_params, head_bytes = rows * cols, part.blocks.numel()
+                else:
+                    total_params += rows * cols
+                    total_bytes += part.blocks.numel()
         return cls(
             body_params=total_params - vocab_params,
             body_bytes=total_bytes - vocab_bytes,

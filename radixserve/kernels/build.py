@@ -35,6 +35,7 @@ SOURCES = (
     "threads.cpp",
     "gguf_gemm_tiled.cpp",
     "gguf_kquant.cpp",
+    "gguf_q8k.cpp",
     "float_gemm.cpp",
 )
 BUILD_VERSION = 2  # bump when the sources change in a way the file hashes would not show

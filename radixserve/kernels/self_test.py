@@ -155,10 +155,20 @@ def check_gguf(ext: object) -> None:
 
 def check_gguf_block_types(ext: object) -> None:
     """Every other block type gguf_linear runs (gguf_kquant.cpp), integer path and tiles."""
-    from radixserve.kernels import gguf_dequant, gguf_types
 
     torch.manual_seed(0)
     n, k = 25, 512
+    previous = ext.kquant_int8()  # a process-wide choice: checked both ways, then restored
+    ext.set_kquant_int8(False)
+    try:
+        _check_block_types(ext, n, k)
+    finally:
+        ext.set_kquant_int8(previous)
+
+
+def _check_block_types(ext: object, n: int, k: int) -> None:
+    from radixserve.kernels import gguf_dequant, gguf_types
+
     for qtype in sorted(gguf_types.NATIVE_TYPES - gguf_types.LEGACY_CHAIN_TYPES):
         if not ext.gguf_kernel_type(qtype):
             raise AssertionError(f"gguf_linear lacks {gguf_types.type_name(qtype)}")
@@ -173,6 +183,10 @@ def check_gguf_block_types(ext: object) -> None:
             x = torch.randn(rows, k)
             name = f"gguf_linear {gguf_types.type_name(qtype)}"
             _close(name, ext.gguf_linear(x, blocks, qtype, n), x @ w.T, 1e-3)
+            if qtype in gguf_types.Q8K_TYPES:  # and on int8 activations per 256 (gguf_q8k.cpp)
+                ext.set_kquant_int8(True)
+                _close(f"{name} (Q8_K)", ext.gguf_linear(x, blocks, qtype, n), x @ w.T, 3e-2)
+                ext.set_kquant_int8(False)
 
 
 def _random_blocks(n: int, k: int, qtype: int) -> torch.Tensor:

@@ -3,11 +3,14 @@ within a stated bound of a float64 matmul, and the tile-wise PyTorch fallback.""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 import torch
 
 from radixserve.kernels import gguf_dequant, gguf_types, ops, reference
+from radixserve.kernels.build import load_extension
 from tests.helpers.tiny_gguf import random_blocks
 
 ALL_TYPES = sorted(gguf_types.FORMATS)
@@ -112,3 +115,33 @@ def test_fallback_dequantizes_a_tile_at_a_time(monkeypatch: pytest.MonkeyPatch) 
     assert seen == [8, 8, 4]
     w = real(blocks, gguf_types.Q2_K, n)
     torch.testing.assert_close(got, x @ w.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def kquant_int8() -> Iterator[object]:
+    """K-quants on int8 (Q8_K) activations for the test, int16 again after it."""
+    ext = load_extension()
+    if ext is None:
+        pytest.skip("C++ kernels not built here")
+    ext.set_kquant_int8(True)
+    yield ext
+    ext.set_kquant_int8(False)
+
+
+@pytest.mark.parametrize("qtype", sorted(gguf_types.Q8K_TYPES), ids=gguf_types.type_name)
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_q8k_activations_match_float64_reference(
+    kquant_int8: object, qtype: int, rows: int
+) -> None:
+    """int8 activations per 256 (llama.cpp's Q8_K): within 2e-2 of the float64 product relative
+    to its largest output (int8 rounding of every activation, ~4e-3 per value), the same bits
+    for a row alone and among others, and not the int16 path's results."""
+    n, k = 24, 768
+    blocks = random_blocks(qtype, n, k, seed=rows)
+    w = gguf_dequant.dequantize_rows(blocks, qtype, n)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    got = ops.gguf_linear(x, blocks, qtype, n)
+    assert _relative_error(got, x, w) < 2e-2
+    assert torch.equal(ops.gguf_linear(x[:1].contiguous(), blocks, qtype, n)[0], got[0])
+    kquant_int8.set_kquant_int8(False)
+    assert not torch.equal(ops.gguf_linear(x, blocks, qtype, n), got)

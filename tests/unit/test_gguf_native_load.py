@@ -13,7 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from radixserve import Engine
 from radixserve.kernels import gguf_types as gt
-from radixserve.kernels.build import DISABLE_ENV
+from radixserve.kernels.build import DISABLE_ENV, load_extension
+from radixserve.layers.fast_path import KQUANT_INT8_ENV
 from radixserve.layers.linear import MIXED_GGUF_TYPES
 from radixserve.models.loader import load_model
 from radixserve.utils.cache_dir import CACHE_DIR_ENV
@@ -37,6 +38,8 @@ NEW_TOKENS = 10
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
+    # Exact comparisons need the int16 activations (int8 ones are tested on their own below).
+    monkeypatch.setenv(KQUANT_INT8_ENV, "0")
 
 
 def _model_and_file(tmp_path: Path, tied: bool, types: dict[str, int] = TYPES) -> tuple:
@@ -129,3 +132,23 @@ def test_gguf_blocks_needs_a_gguf_file(tmp_path: Path) -> None:
     hf.save_pretrained(tmp_path / "folder")
     with pytest.raises(ValueError, match="needs a GGUF model"):
         load_model(str(tmp_path / "folder"), gguf_blocks=True)
+
+
+def test_int8_activations_keep_the_top_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With K-quants on int8 (Q8_K) activations (forced here; auto picks them where they measure
+    faster) the first token of each prompt is still transformers' greedy choice, and the log
+    names the choice."""
+    monkeypatch.setenv(KQUANT_INT8_ENV, "1")
+    hf, path = _model_and_file(tmp_path, tied=False)
+    ext = load_extension()
+    try:
+        with caplog.at_level("INFO"):
+            ours = _engine_greedy(path)
+    finally:
+        if ext is not None:
+            ext.set_kquant_int8(False)  # process-wide: the in-process engine set it
+    if ext is not None:
+        assert "int8 activations per 256" in caplog.text
+    assert [o[0] for o in ours] == [r[0] for r in _hf_greedy(hf)]

@@ -5,6 +5,7 @@
 #include "common.h"
 
 #include "gguf_kquant.h"
+#include "gguf_q8k.h"
 #include "kernels.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -21,6 +22,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_kernel_type", [](int64_t qtype) {
     return qtype == 3 || qtype == 8 || radixserve::gguf::kquant_type(qtype);
   });
+  // K-quants (Q3_K..Q6_K) on int8 Q8_K activations instead of int16 blocks: a process-wide
+  // choice (layers/fast_path.py measures both at startup).
+  m.def("set_kquant_int8", &radixserve::set_kquant_int8);
+  m.def("kquant_int8", &radixserve::kquant_int8);
   m.def("float_linear_packed", &radixserve::float_linear_packed);
   m.def("float_linear", &radixserve::float_linear);
   m.def("set_float_packed_min_rows", &radixserve::set_float_packed_min_rows);

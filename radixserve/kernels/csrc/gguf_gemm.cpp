@@ -10,6 +10,7 @@
 #include "gguf_blocks.h"
 #include "gguf_gemv.h"
 #include "gguf_kquant.h"
+#include "gguf_q8k.h"
 #include "kernels.h"
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -335,6 +336,27 @@ void gguf_gemv_columns(const uint8_t* blocks, int64_t row_bytes, int64_t qtype,
   for (; col < end; ++col) dot(blocks + col * row_bytes, xq, 0, 1, k, out + col, 1);
 }
 
+// Small batches of K-quant weights on Q8_K activations (gguf_q8k.cpp).
+at::Tensor gguf_linear_q8k(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
+                           int64_t n) {
+  const int64_t m = x.size(0), k = x.size(1);
+  static thread_local Q8KRows caller_rows;  // reused, as in gguf_linear
+  Q8KRows& xq = caller_rows;
+  dispatch_float_bf16(x.scalar_type(), "quantize", [&](auto tag_) {
+    using scalar_t = decltype(tag_);
+    quantize_q8k(x.data_ptr<scalar_t>(), m, k, x.stride(0), xq);
+  });
+  auto out32 = at::empty({m, n}, x.options().dtype(at::kFloat));
+  float* op = out32.data_ptr<float>();
+  const uint8_t* wp = blocks.data_ptr<uint8_t>();
+  const int64_t row_bytes = blocks.size(1);
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    q8k_dot_columns(wp, row_bytes, qtype, xq, k, 0, m, op, n, begin, end);
+  });
+  if (xq.q.size() > (size_t{1} << 20)) xq = Q8KRows{};
+  return x.scalar_type() == at::kFloat ? out32 : out32.to(x.scalar_type());
+}
+
 // x: [M, K] (rows may be strided); blocks: [N, K / 32 * block_bytes] uint8 in GGUF's layout.
 // Returns x @ W^T as [M, N] in x's dtype.
 at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
@@ -358,6 +380,9 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
     const bool is_float = x.scalar_type() == at::kFloat;
     auto out = gguf_linear_tiled(is_float ? x : x.to(at::kFloat), blocks, qtype, n);
     return is_float ? out : out.to(x.scalar_type());
+  }
+  if (kquant && kquant_int8() && q8k_type(qtype) && k % 256 == 0) {
+    return gguf_linear_q8k(x, blocks, qtype, n);
   }
   // Reused: see quantize_rows. Bound to a plain reference, which the lambdas below capture: a
   // thread_local named inside them would be each OpenMP thread's own (empty) instance.

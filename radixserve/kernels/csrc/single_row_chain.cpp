@@ -20,6 +20,7 @@
 #include "gguf_blocks.h"
 #include "gguf_gemv.h"
 #include "gguf_kquant.h"
+#include "gguf_q8k.h"
 #include "kernels.h"
 #include "single_row.h"
 
@@ -28,8 +29,11 @@ namespace {
 
 constexpr int64_t kQKV = 0, kO = 1, kGateUp = 2, kDown = 3;
 
+// The block types the chain's GEMV runs: its activations are the int16 blocks, so K-quants
+// step aside while they run on Q8_K activations (gguf_q8k.cpp).
 bool is_block_type(int64_t qtype) {
-  return qtype == gguf::kQ4_1 || qtype == gguf::kQ8_0 || gguf::kquant_type(qtype);
+  return qtype == gguf::kQ4_1 || qtype == gguf::kQ8_0 ||
+         (gguf::kquant_type(qtype) && !(kquant_int8() && q8k_type(qtype)));
 }
 
 // K of GGUF blocks [N, row_bytes] (0 when the bytes are not a whole number of blocks).

@@ -1,0 +1,33 @@
+// K-quant matmuls on int8 activations per super-block of 256 (Q8_K), gguf_q8k.cpp.
+#pragma once
+
+#include <vector>
+
+#include "common.h"
+
+namespace radixserve {
+
+// Activation rows quantized per 256 values: int8 codes, one float scale, and the integer sum of
+// each 16 codes (for the weights' zero points and mins).
+struct Q8KRows {
+  std::vector<int8_t> q;        // [M, K]
+  std::vector<float> d;         // [M, K / 256]
+  std::vector<int16_t> bsums;   // [M, K / 16]
+};
+
+// Whether qtype (Q3_K, Q4_K, Q5_K, Q6_K) has a Q8_K kernel in this build (AVX2).
+bool q8k_type(int64_t qtype);
+// Whether gguf_linear and the batch-1 chain run those types on Q8_K activations (a process-wide
+// choice, made at startup by measurement; off: the int16 kernels of gguf_kquant.cpp).
+void set_kquant_int8(bool on);
+bool kquant_int8();
+
+template <typename T>
+void quantize_q8k(const T* x, int64_t m, int64_t k, int64_t stride, Q8KRows& out);
+
+// Output columns [begin, end) of activation rows [r0, r0 + rows): out[r * out_stride + col].
+void q8k_dot_columns(const uint8_t* blocks, int64_t row_bytes, int64_t qtype, const Q8KRows& xq,
+                     int64_t k, int64_t r0, int64_t rows, float* out, int64_t out_stride,
+                     int64_t begin, int64_t end);
+
+}  // namespace radixserve
