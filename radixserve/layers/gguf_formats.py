@@ -7,6 +7,7 @@ import torch
 from radixserve.kernels import gguf_dequant, gguf_types, ops
 
 QUANTIZED_TYPES = gguf_types.QUANTIZED_TYPES
+SUPPORTED_TYPES = frozenset(gguf_types.FORMATS)  # every type the loader reads
 type_name = gguf_types.type_name
 
 

@@ -183,6 +183,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, with_weights: bool = True) -> N
         raise ValueError(
             f"GGUF architecture {arch!r} in {gguf_path} is not supported; supported: {supported}"
         )
+    _check_tensor_types(reader, gguf_path)
     config = _write_config(reader, arch, gguf_path, out_dir)
     _write_tokenizer(gguf_path, out_dir)
     if with_weights:
@@ -198,6 +199,26 @@ def convert_gguf(gguf_path: Path, out_dir: Path, with_weights: bool = True) -> N
         "weights": with_weights,
     }
     (out_dir / "radixserve_gguf.json").write_text(json.dumps(marker, indent=2) + "\n")
+
+
+def _check_tensor_types(reader: object, gguf_path: Path) -> None:
+    """Refuse a file with tensors of block types radixserve cannot read, naming them, before
+    anything is converted or loaded."""
+    from radixserve.layers.gguf_formats import SUPPORTED_TYPES, type_name
+
+    unknown: dict[str, list[str]] = {}
+    for tensor in reader.tensors:  # type: ignore[attr-defined]
+        qtype = int(tensor.tensor_type)
+        if qtype not in SUPPORTED_TYPES:
+            name = getattr(tensor.tensor_type, "name", type_name(qtype))
+            unknown.setdefault(name, []).append(tensor.name)
+    if unknown:
+        found = "; ".join(f"{t} ({len(n)} tensors, e.g. {n[0]})" for t, n in unknown.items())
+        supported = ", ".join(sorted(type_name(t) for t in SUPPORTED_TYPES))
+        raise ValueError(
+            f"GGUF file {gguf_path} uses block types radixserve cannot read: {found}; "
+            f"supported: {supported}"
+        )
 
 
 def _read_string(reader: object, key: str, gguf_path: Path) -> str:

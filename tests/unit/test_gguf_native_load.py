@@ -152,3 +152,37 @@ def test_int8_activations_keep_the_top_token(
     if ext is not None:
         assert "int8 activations per 256" in caplog.text
     assert [o[0] for o in ours] == [r[0] for r in _hf_greedy(hf)]
+
+
+def test_unknown_block_type_is_refused_before_loading(tmp_path: Path) -> None:
+    """A tensor of a type radixserve cannot read (here IQ2_XXS) is named in a one-line error
+    when the config is read, before any weight is loaded."""
+    import gguf
+    import numpy as np
+
+    from radixserve.models.config import ModelConfig
+
+    hf, path = _model_and_file(tmp_path, tied=False)
+    reader = gguf.GGUFReader(path)
+    writer = gguf.GGUFWriter(str(tmp_path / "odd.gguf"), "llama")
+    for field in reader.fields.values():
+        if field.name.startswith(("GGUF.", "general.architecture")):
+            continue
+        value_type = field.types[0]
+        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), value_type, sub_type=sub_type)
+    for tensor in reader.tensors:
+        if tensor.name == "blk.0.ffn_up.weight":
+            iq2 = gguf.GGMLQuantizationType.IQ2_XXS
+            size = gguf.GGML_QUANT_SIZES[iq2]
+            rows, k = 512, 256
+            data = np.zeros((rows, k // size[0] * size[1]), dtype=np.uint8)
+            writer.add_tensor(tensor.name, data, raw_dtype=iq2)
+        else:
+            writer.add_tensor(tensor.name, np.array(tensor.data), raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match=r"IQ2_XXS \(1 tensors, e.g. blk.0.ffn_up.weight\)"):
+        ModelConfig.from_pretrained(tmp_path / "odd.gguf")
