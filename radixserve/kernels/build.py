@@ -37,6 +37,7 @@ SOURCES = (
     "gguf_kquant.cpp",
     "gguf_q8k.cpp",
     "float_gemm.cpp",
+    "half_weight_gemm.cpp",
 )
 BUILD_VERSION = 2  # bump when the sources change in a way the file hashes would not show
 

@@ -163,6 +163,28 @@ def gguf_linear(
     return reference.gguf_linear(x, blocks, qtype, out_features)
 
 
+_NO_BIAS = torch.empty(0)
+
+
+def half_weight_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """float32 x @ W^T (+ bias) for a bfloat16/float16 weight, widened as it is multiplied (the
+    C++ kernel), else widened whole for F.linear."""
+    ext = _ext(x)
+    if (
+        ext is not None
+        and x.dtype == torch.float32
+        and x.dim() == 2
+        and x.stride(1) == 1
+        and x.shape[1] % 8 == 0
+        and weight.is_contiguous()
+        and ext.half_weight_linear_available()
+    ):
+        return ext.half_weight_linear(x, weight, _NO_BIAS if bias is None else bias)
+    return F.linear(x, weight.to(x.dtype), bias)
+
+
 def gguf_kernel_type(qtype: int) -> bool:
     """Whether the C++ kernels run GGML type `qtype` (else gguf_linear dequantizes tiles)."""
     ext = load_extension()

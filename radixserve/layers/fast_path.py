@@ -74,6 +74,9 @@ def pack_for_onednn(model: nn.Module, linears: tuple[type, ...], enabled: bool) 
     when not `enabled`); logs what was done and why. Returns how many weights were packed."""
     dtype = ONEDNN_PACKED_DTYPE
     drop_packed_weights(model, "onednn")
+    compute = getattr(getattr(model, "config", None), "dtype", dtype)
+    if compute != dtype:  # 16-bit weights under float32 compute: widened as multiplied instead
+        return 0
     if not enabled or not any(
         p.dim() == 2 and p.dtype == dtype and p.device.type == "cpu" for p in model.parameters()
     ):

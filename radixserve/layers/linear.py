@@ -22,6 +22,7 @@ from radixserve.distributed import parallel_state as ps
 from radixserve.kernels import ops, reference
 from radixserve.kernels.int4pack import Int4PackWeight, int4pack_linear
 from radixserve.kernels.onednn_linear import OneDNNWeight, onednn_linear
+from radixserve.layers.weight_storage import weight_dtype, widened
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +120,11 @@ def _base_linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -
         packed: OneDNNWeight | None = getattr(layer, "onednn", None)  # kernels/onednn_linear.py
         if packed is not None:
             return onednn_linear(x, packed, bias)
+        if widened(layer.weight, x.dtype):  # 16-bit weights, float32 activations
+            if getattr(layer, "use_fast_kernels", False):
+                flat = ops.half_weight_linear(x.reshape(-1, x.shape[-1]), layer.weight, bias)
+                return flat.reshape(*x.shape[:-1], flat.shape[-1])
+            return F.linear(x, layer.weight.to(x.dtype), bias)  # exact: HF's float32 weights
         if getattr(layer, "use_fast_kernels", False):  # set by layers.fast_path
             return ops.float_linear(x, layer.weight, bias)
         return F.linear(x, layer.weight, bias)
@@ -133,9 +139,11 @@ def _base_linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -
     return out if bias is None else out + bias
 
 
-def _new_param(*shape: int) -> nn.Parameter:
+def _new_param(*shape: int, weight: bool = False) -> nn.Parameter:
     # torch.empty: the checkpoint overwrites everything, so initialising would be wasted work.
-    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+    # A weight may be stored 16-bit under float32 compute (layers/weight_storage.py).
+    dtype = weight_dtype() if weight else torch.get_default_dtype()
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
 
 
 class ReplicatedLinear(nn.Module):
@@ -147,7 +155,7 @@ class ReplicatedLinear(nn.Module):
         super().__init__()
         self.input_size = input_size
         self.output_size = output_size
-        self.weight = _new_param(output_size, input_size)
+        self.weight = _new_param(output_size, input_size, weight=True)
         self.weight.weight_loader = default_weight_loader
         self.bias = _new_param(output_size) if bias else None
         if self.bias is not None:
@@ -173,7 +181,7 @@ class ColumnParallelLinear(nn.Module):
         self.input_size = input_size
         self.output_size = output_size
         self.output_size_per_partition = ps.divide(output_size, self.tp_size, "output size")
-        self.weight = _new_param(self.output_size_per_partition, input_size)
+        self.weight = _new_param(self.output_size_per_partition, input_size, weight=True)
         self.weight.weight_loader = self.weight_loader
         self.bias = _new_param(self.output_size_per_partition) if bias else None
         if self.bias is not None:
@@ -285,7 +293,7 @@ class RowParallelLinear(nn.Module):
         self.input_size = input_size
         self.output_size = output_size
         self.input_size_per_partition = ps.divide(input_size, self.tp_size, "input size")
-        self.weight = _new_param(output_size, self.input_size_per_partition)
+        self.weight = _new_param(output_size, self.input_size_per_partition, weight=True)
         self.weight.weight_loader = self.weight_loader
         self.bias = _new_param(output_size) if bias else None
         if self.bias is not None:

@@ -11,6 +11,7 @@ from torch import nn
 from radixserve.distributed import parallel_state as ps
 from radixserve.kernels.reference import dequantize_blocks
 from radixserve.layers.linear import GGUFWeight, copy_checked
+from radixserve.layers.weight_storage import weight_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +45,12 @@ class VocabParallelEmbedding(nn.Module):
         self.rows_per_partition = -(-num_embeddings // self.tp_size)
         self.vocab_start = self.tp_rank * self.rows_per_partition
         self.vocab_end = min(self.vocab_start + self.rows_per_partition, num_embeddings)
+        # The table may be stored 16-bit under float32 compute (layers/weight_storage.py):
+        # lookups widen the rows they read to the compute dtype.
+        self.output_dtype = torch.get_default_dtype()
         self.weight = nn.Parameter(
-            torch.empty(self.rows_per_partition, embedding_dim), requires_grad=False
+            torch.empty(self.rows_per_partition, embedding_dim, dtype=weight_dtype()),
+            requires_grad=False,
         )
         self.weight.weight_loader = self.weight_loader
 
@@ -71,10 +76,11 @@ class VocabParallelEmbedding(nn.Module):
             # is bitwise the float lookup's.
             return gguf_rows(blocks, input_ids).to(self.weight.dtype)
         if self.tp_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return F.embedding(input_ids, self.weight).to(self.output_dtype)
         owned = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)
         local_ids = torch.where(owned, input_ids - self.vocab_start, 0)
-        out = F.embedding(local_ids, self.weight) * owned.unsqueeze(-1).to(self.weight.dtype)
+        out = F.embedding(local_ids, self.weight).to(self.output_dtype)
+        out = out * owned.unsqueeze(-1).to(self.output_dtype)
         return ps.tensor_model_parallel_all_reduce(out)
 
 

@@ -13,10 +13,12 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from radixserve.layers.weight_storage import HALF_DTYPES, stored_weights
 from radixserve.models.config import ModelConfig, looks_like_hub_id
 from radixserve.models.dummy import init_dummy_weights
 from radixserve.models.registry import get_model_class
 from radixserve.models.weight_utils import (
+    WeightFiles,
     find_weight_files,
     iterate_weights,
     resolve_local_model,
@@ -81,7 +83,11 @@ def load_model(
         check_config(config)
     model_class = get_model_class(config.architectures)
     target = torch.device(device)
-    with _default_dtype(config.dtype), target:
+    files = None
+    if load_format != "dummy" and gguf_file is None:
+        files = find_weight_files(model_dir, "auto" if load_format == "gguf" else load_format)
+    stored = _stored_weight_dtype(files, config.dtype, target) if files is not None else None
+    with _default_dtype(config.dtype), target, stored_weights(stored):
         model = model_class(config)
     if load_format == "dummy":
         init_dummy_weights(model, seed=seed)
@@ -98,7 +104,7 @@ def load_model(
             progress=_is_first_rank(),
         )
     else:
-        files = find_weight_files(model_dir, "auto" if load_format == "gguf" else load_format)
+        assert files is not None
         model.load_weights(iterate_weights(files, progress=_is_first_rank()))
     model.eval()
     num_params = sum(p.numel() for p in model.parameters())
@@ -112,6 +118,47 @@ def load_model(
         time.perf_counter() - start,
     )
     return LoadedModel(model, config, model_dir)
+
+
+def _stored_weight_dtype(
+    files: WeightFiles, dtype: torch.dtype, device: torch.device
+) -> torch.dtype | None:
+    """A bfloat16/float16 safetensors checkpoint computed in float32 on the CPU keeps its big
+    weights 16-bit (layers/weight_storage.py): half the memory, and exact, since every 16-bit
+    value is a float32 value. Not under tensor or pipeline parallelism (their layers multiply
+    the weights themselves)."""
+    from radixserve.distributed import parallel_state
+
+    if device.type != "cpu" or dtype != torch.float32 or not files.use_safetensors:
+        return None
+    if parallel_state.get_tp_size() != 1 or parallel_state.get_pp_size() != 1:
+        return None
+    found = _checkpoint_matrix_dtype(files.files[0])
+    if found not in HALF_DTYPES:
+        return None
+    logger.info(
+        "%s checkpoint: linear weights and the embedding stay %s in memory, widened to "
+        "float32 as they are used",
+        str(found).removeprefix("torch."),
+        str(found).removeprefix("torch."),
+    )
+    return found
+
+
+def _checkpoint_matrix_dtype(path: Path) -> torch.dtype | None:
+    """The dtype of the first 2-D tensor in a safetensors file (read from its header)."""
+    from safetensors import safe_open
+
+    names = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                tensor = f.get_slice(key)
+                if len(tensor.get_shape()) == 2:
+                    return names.get(tensor.get_dtype())
+    except Exception:  # a corrupt file: the weight loader reports it, naming the file
+        return None
+    return None
 
 
 def _gguf_file(model_path: str, load_format: str) -> Path | None:

@@ -162,7 +162,7 @@ def test_unknown_block_type_is_refused_before_loading(tmp_path: Path) -> None:
 
     from radixserve.models.config import ModelConfig
 
-    hf, path = _model_and_file(tmp_path, tied=False)
+    _, path = _model_and_file(tmp_path, tied=False)
     reader = gguf.GGUFReader(path)
     writer = gguf.GGUFWriter(str(tmp_path / "odd.gguf"), "llama")
     for field in reader.fields.values():

@@ -31,6 +31,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_float_packed_min_rows", &radixserve::set_float_packed_min_rows);
   m.def("float_packed_min_rows", &radixserve::float_packed_min_rows);
   m.def("float_packed_available", &radixserve::float_packed_available);
+  m.def("half_weight_linear", &radixserve::half_weight_linear);
+  m.def("half_weight_linear_available", &radixserve::half_weight_linear_available);
   // module_local: two builds loaded in one process (an A/B benchmark) keep their own type.
   py::class_<radixserve::LlamaLayerChain>(m, "LlamaLayerChain", py::module_local())
       .def(py::init<const std::vector<at::Tensor>&, const std::vector<double>&,

@@ -16,6 +16,9 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& weight, int64_t qtype,
                    const at::Tensor& bias) {
   const bool has_bias = bias.numel() > 0;
   if (qtype == kFloatWeight) {
+    if (weight.scalar_type() != x.scalar_type()) {  // 16-bit weights, float32 activations
+      return half_weight_linear(x, weight, bias);
+    }
     return float_linear(x, weight, bias);  // at::linear, or the packed kernel (float_gemm.cpp)
   }
   // The block count per row fixes N: blocks are [N, bytes].

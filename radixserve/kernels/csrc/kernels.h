@@ -35,6 +35,8 @@ at::Tensor float_linear(const at::Tensor& x, const at::Tensor& w, const at::Tens
 void set_float_packed_min_rows(int64_t rows);
 int64_t float_packed_min_rows();
 bool float_packed_available();
+at::Tensor half_weight_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias);
+bool half_weight_linear_available();
 int64_t bind_threads(const std::vector<int64_t>& cpus);
 
 // llama_layer's per-layer constants (norms, weights, rotary table, head shapes) for every
