@@ -27,7 +27,8 @@ constexpr int64_t kBlockW = gguf::kBlock;
 using micro::kNR;
 
 // The 32 values of one GGUF block of weight row `row` starting at block b, as 4 vectors of 8.
-inline void dequantize_block(const uint8_t* row, int64_t qtype, int64_t b, __m256 v[4]) {
+inline void dequantize_block(const uint8_t* row, int64_t qtype, int64_t b, __m256 v[4],
+                             gguf::GroupScales* cache) {
   if (qtype == kQ4_1) {
     const uint8_t* blk = row + b * kQ4_1Bytes;
     const __m256 d = _mm256_set1_ps(half_to_float(blk)), m = _mm256_set1_ps(half_to_float(blk + 2));
@@ -39,7 +40,7 @@ inline void dequantize_block(const uint8_t* row, int64_t qtype, int64_t b, __m25
       v[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[i])), m);
     }
   } else if (qtype != kQ8_0) {
-    gguf::kquant_dequantize_group(row, qtype, b, v);
+    gguf::kquant_dequantize_group(row, qtype, b, v, cache);
   } else {
     const uint8_t* blk = row + b * kQ8_0Bytes;
     const __m256 d = _mm256_set1_ps(half_to_float(blk));
@@ -57,6 +58,7 @@ void pack_panel(const uint8_t* wp, int64_t row_bytes, int64_t qtype, int64_t k, 
   for (int64_t half = 0; half < 2; ++half) {
     const uint8_t* rows[8];
     bool live[8];
+    gguf::GroupScales scales[8];
     for (int c = 0; c < 8; ++c) {
       const int64_t col = half * 8 + c;
       live[c] = col < cols;
@@ -66,7 +68,7 @@ void pack_panel(const uint8_t* wp, int64_t row_bytes, int64_t qtype, int64_t k, 
       __m256 v[8][4];
       for (int c = 0; c < 8; ++c) {
         if (live[c]) {
-          dequantize_block(rows[c], qtype, b, v[c]);
+          dequantize_block(rows[c], qtype, b, v[c], &scales[c]);
         } else {
           for (int i = 0; i < 4; ++i) v[c][i] = _mm256_setzero_ps();
         }

@@ -341,15 +341,18 @@ void dot_columns(const uint8_t* blocks, int64_t row_bytes, const QuantizedRows& 
 }
 
 template <class Dec>
-void dequantize_group(const uint8_t* row, int64_t b, __m256 v[4]) {
+void dequantize_group(const uint8_t* row, int64_t b, __m256 v[4], GroupScales* cache) {
+  static_assert(Dec::kGroups <= 8, "GroupScales holds 8 groups");
   const int64_t s = b / Dec::kGroups;
   const int g = static_cast<int>(b % Dec::kGroups);
   const uint8_t* blk = row + s * Dec::kBytes;
-  float a[Dec::kGroups], o[Dec::kGroups];
-  Dec::scales(blk, a, o);
+  if (cache->block != blk) {
+    Dec::scales(blk, cache->a, cache->o);
+    cache->block = blk;
+  }
   __m256i lo, hi;
   Dec::codes(blk, g, &lo, &hi);
-  const __m256 va = _mm256_set1_ps(a[g]), vo = _mm256_set1_ps(o[g]);
+  const __m256 va = _mm256_set1_ps(cache->a[g]), vo = _mm256_set1_ps(cache->o[g]);
   const __m128i parts[4] = {_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1),
                             _mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1)};
   for (int i = 0; i < 4; ++i) {
@@ -411,8 +414,9 @@ int64_t kquant_row_bytes(int64_t qtype, int64_t k) {
 }
 
 #if defined(__AVX2__)
-void kquant_dequantize_group(const uint8_t* row, int64_t qtype, int64_t b, __m256 v[4]) {
-  with_decoder(qtype, [&](auto dec) { dequantize_group<decltype(dec)>(row, b, v); });
+void kquant_dequantize_group(const uint8_t* row, int64_t qtype, int64_t b, __m256 v[4],
+                             GroupScales* cache) {
+  with_decoder(qtype, [&](auto dec) { dequantize_group<decltype(dec)>(row, b, v, cache); });
 }
 #endif
 
