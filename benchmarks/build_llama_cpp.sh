@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Build llama.cpp's llama-server and llama-bench for the side-by-side benchmark (compare.py).
+# Build llama.cpp's llama-server and llama-bench for the side-by-side benchmark (compare.py), and
+# llama-quantize, llama-simple and llama-completion for the GGUF test files and reference text
+# (make_gguf_models.py; llama-simple decodes greedily with llama.cpp's default 4 threads,
+# llama-completion takes -t and gives the same greedy text with --temp 0 -no-cnv).
 #
 # llama.cpp's source comes from the llama-cpp-python sdist on the Python package index (it vendors
 # llama.cpp under vendor/llama.cpp), so nothing is fetched except through pip. The binaries are
@@ -21,6 +24,9 @@
 #   LLAMA_SERVER=/path/llama-server
 #   LLAMA_BENCH=/path/llama-bench
 #   LLAMA_CPP_INFO=/path/info.txt   (version, commit, variant, cmake flags, build seconds)
+#   LLAMA_QUANTIZE=/path/llama-quantize
+#   LLAMA_SIMPLE=/path/llama-simple
+#   LLAMA_COMPLETION=/path/llama-completion
 set -euo pipefail
 
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
@@ -38,12 +44,23 @@ while [[ $# -gt 0 ]]; do
         --model) model="$2"; shift 2 ;;
         --force) force=1; shift ;;
         --no-amx) variant="noamx"; shift ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
 
 log() { echo "[build_llama_cpp] $*" >&2; }
+
+# Everything built and cached; the first two are what compare.py needs.
+TARGETS=(llama-server llama-bench llama-quantize llama-simple llama-completion)
+
+have_all() {
+    # $1: bin folder. True when every target is there.
+    local target
+    for target in "${TARGETS[@]}"; do
+        [[ -x "$1/$target" ]] || return 1
+    done
+}
 
 fetch_source() {
     # Prints the extracted llama-cpp-python source folder.
@@ -78,7 +95,7 @@ cmake_flags() {
     # $1: variant ("native" or "noamx")
     local flags=(
         -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
-        -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+        -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON
         -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF
         -DLLAMA_USE_PREBUILT_UI=OFF
     )
@@ -101,15 +118,18 @@ build_variant() {
     mkdir -p "$out/bin"
     local -a flags
     mapfile -t flags < <(cmake_flags "$variant")
-    log "building llama-server and llama-bench ($variant, -j$JOBS); this takes several minutes ..."
+    log "building ${TARGETS[*]} ($variant, -j$JOBS); this takes several minutes ..."
     start=$(date +%s)
     local -a generator=()
     command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
     cmake -S "$src" -B "$build" "${generator[@]}" "${flags[@]}" >"$out/cmake-configure.log" 2>&1 \
         || { tail -30 "$out/cmake-configure.log" >&2; return 1; }
-    nice -n 10 cmake --build "$build" --target llama-server llama-bench -j "$JOBS" >"$out/cmake-build.log" 2>&1 \
+    nice -n 10 cmake --build "$build" --target "${TARGETS[@]}" -j "$JOBS" >"$out/cmake-build.log" 2>&1 \
         || { tail -30 "$out/cmake-build.log" >&2; return 1; }
-    cp "$build/bin/llama-server" "$build/bin/llama-bench" "$out/bin/"
+    local target
+    for target in "${TARGETS[@]}"; do
+        cp "$build/bin/$target" "$out/bin/"
+    done
     local seconds=$(( $(date +%s) - start ))
     local commit
     commit="$(git -C "$src" rev-parse HEAD 2>/dev/null || echo unknown)"
@@ -151,7 +171,7 @@ main() {
         variant="$(cat "$chosen_file" 2>/dev/null || echo native)"
     fi
     local bin="$CACHE/$name-$variant/bin"
-    if [[ $force -eq 1 || ! -x "$bin/llama-server" || ! -x "$bin/llama-bench" ]]; then
+    if [[ $force -eq 1 ]] || ! have_all "$bin"; then
         [[ $force -eq 1 ]] && rm -rf "${CACHE:?}/$name-$variant"
         build_variant "$src" "$variant"
         if ! probe "$bin"; then
@@ -174,6 +194,9 @@ main() {
     echo "LLAMA_SERVER=$bin/llama-server"
     echo "LLAMA_BENCH=$bin/llama-bench"
     echo "LLAMA_CPP_INFO=$CACHE/$name-$variant/info.txt"
+    echo "LLAMA_QUANTIZE=$bin/llama-quantize"
+    echo "LLAMA_SIMPLE=$bin/llama-simple"
+    echo "LLAMA_COMPLETION=$bin/llama-completion"
 }
 
 main
