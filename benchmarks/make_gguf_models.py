@@ -199,15 +199,8 @@ def copy_tokenizer(writer: object, source: Path) -> int:
     return vocab
 
 
-def write_random_f16(path: Path, shape: Shape, tokenizer_source: Path, seed: int) -> Path:
-    """Writes a random-weight F16 llama GGUF at `path`, streaming tensor by tensor."""
-    import gguf
-
-    tmp = path.with_name(path.name + ".tmp")
-    writer = gguf.GGUFWriter(str(tmp), "llama")
-    writer.add_name(path.stem)
-    writer.add_type(gguf.GGUFType.MODEL)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+def add_llama_metadata(writer: object, shape: Shape) -> None:
+    """The llama.* hyperparameters of `shape` (context 8192, RMS norm epsilon 1e-5)."""
     writer.add_block_count(shape.layers)
     writer.add_context_length(8192)
     writer.add_embedding_length(shape.hidden)
@@ -219,6 +212,18 @@ def write_random_f16(path: Path, shape: Shape, tokenizer_source: Path, seed: int
     writer.add_rope_freq_base(shape.rope_theta)
     writer.add_rope_dimension_count(shape.head_dim)
     writer.add_layer_norm_rms_eps(1e-5)
+
+
+def write_random_f16(path: Path, shape: Shape, tokenizer_source: Path, seed: int) -> Path:
+    """Writes a random-weight F16 llama GGUF at `path`, streaming tensor by tensor."""
+    import gguf
+
+    tmp = path.with_name(path.name + ".tmp")
+    writer = gguf.GGUFWriter(str(tmp), "llama")
+    writer.add_name(path.stem)
+    writer.add_type(gguf.GGUFType.MODEL)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    add_llama_metadata(writer, shape)
     vocab = copy_tokenizer(writer, tokenizer_source)
     writer.add_vocab_size(vocab)
     specs = tensor_specs(shape, vocab)

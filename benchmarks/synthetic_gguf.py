@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,28 +26,16 @@ from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.make_gguf_models import (  # the same shapes and metadata
+    SHAPES,
+    Shape,
+    add_llama_metadata,
+    copy_tokenizer,
+)
 from radixserve.kernels import gguf_types as gt
 
 logger = logging.getLogger("synthetic_gguf")
 DEFAULT_OUT = Path.home() / ".cache" / "radixserve-bench" / "models"
-
-
-@dataclass(frozen=True)
-class Shape:
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    tied: bool
-    rope_theta: float = 500000.0
-
-
-SHAPES = {
-    "1b": Shape(2048, 8192, 16, 32, 8, tied=True),  # Llama-3.2-1B
-    "3b": Shape(3072, 8192, 28, 24, 8, tied=True),  # Llama-3.2-3B
-    "8b": Shape(4096, 14336, 32, 32, 8, tied=False),  # Llama-3.1-8B
-}
 
 
 def more_bits(layer: int, layers: int) -> bool:
@@ -81,42 +68,18 @@ def random_blocks(qtype: int, rows: int, k: int, rng: np.random.Generator) -> np
     return raw.reshape(rows, -1)
 
 
-def copy_tokenizer(writer: object, source: Path) -> None:
-    """The default model's tokenizer and chat template."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(source)
-    for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.chat_template"):
-        writer.add_string(key, str(reader.fields[key].contents()))  # type: ignore[attr-defined]
-    writer.add_token_list(reader.fields["tokenizer.ggml.tokens"].contents())  # type: ignore[attr-defined]
-    writer.add_token_types(reader.fields["tokenizer.ggml.token_type"].contents())  # type: ignore[attr-defined]
-    writer.add_token_merges(reader.fields["tokenizer.ggml.merges"].contents())  # type: ignore[attr-defined]
-    writer.add_bos_token_id(1)  # type: ignore[attr-defined]
-    writer.add_eos_token_id(2)  # type: ignore[attr-defined]
-    writer.add_add_bos_token(False)  # type: ignore[attr-defined]
-
-
 def write_model(path: Path, shape: Shape, ftype: str, seed: int = 0) -> Path:
     import gguf
 
     from radixserve.default_model import ensure_default_model
 
-    vocab = 49152
     head_dim = shape.hidden // shape.heads
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name(f"synthetic-{path.stem}")
-    writer.add_block_count(shape.layers)
-    writer.add_context_length(8192)
-    writer.add_embedding_length(shape.hidden)
-    writer.add_feed_forward_length(shape.intermediate)
-    writer.add_head_count(shape.heads)
-    writer.add_head_count_kv(shape.kv_heads)
-    writer.add_rope_freq_base(shape.rope_theta)
-    writer.add_layer_norm_rms_eps(1e-5)
+    add_llama_metadata(writer, shape)
+    vocab = copy_tokenizer(writer, ensure_default_model())
     writer.add_vocab_size(vocab)
-    writer.add_rope_dimension_count(head_dim)
-    copy_tokenizer(writer, ensure_default_model())
     kv = shape.kv_heads * head_dim
     per_layer = {
         "attn_q": (shape.hidden, shape.hidden),

@@ -69,3 +69,20 @@ def argmax_agrees(ours: torch.Tensor, ref: torch.Tensor, tie_gap: float = 1e-3) 
     near_tie = (top2[:, 0] - top2[:, 1]) < tie_gap
     same = ours.argmax(-1) == ref.argmax(-1)
     return bool((same | near_tie).all())
+
+
+def hf_greedy_ids(
+    hf_model: torch.nn.Module, prompts: list[list[int]], new_tokens: int
+) -> list[list[int]]:
+    """transformers' greedy continuation (token ids, EOS ignored) of each prompt."""
+    out = []
+    for prompt in prompts:
+        ids = hf_model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        out.append(ids[0, len(prompt) :].tolist())
+    return out

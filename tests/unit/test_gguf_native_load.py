@@ -18,6 +18,7 @@ from radixserve.layers.fast_path import KQUANT_INT8_ENV
 from radixserve.layers.linear import MIXED_GGUF_TYPES
 from radixserve.models.loader import load_model
 from radixserve.utils.cache_dir import CACHE_DIR_ENV
+from tests.helpers.hf_reference import hf_greedy_ids
 from tests.helpers.tiny_gguf import write_block_gguf
 from tests.helpers.tiny_models import tiny_hf_config, tiny_hf_model
 
@@ -57,17 +58,7 @@ def _model_and_file(tmp_path: Path, tied: bool, types: dict[str, int] = TYPES) -
 
 
 def _hf_greedy(hf: torch.nn.Module) -> list[list[int]]:
-    out = []
-    for prompt in PROMPTS:
-        ids = hf.generate(
-            torch.tensor([prompt]),
-            max_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-        out.append(ids[0, len(prompt) :].tolist())
-    return out
+    return hf_greedy_ids(hf, PROMPTS, NEW_TOKENS)
 
 
 def _engine_greedy(path: Path, **kwargs: object) -> list[list[int]]:

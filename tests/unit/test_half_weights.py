@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from radixserve import Engine
 from radixserve.kernels import ops
 from radixserve.models.loader import load_model
+from tests.helpers.hf_reference import hf_greedy_ids
 from tests.helpers.tiny_models import tiny_hf_config, tiny_hf_model
 
 PROMPTS = [[1, 5, 9, 30, 12, 7], [1, 40, 41, 42], [3]]
@@ -42,17 +43,7 @@ def _checkpoint(tmp_path: Path, dtype: torch.dtype, tied: bool = False) -> tuple
 
 
 def _hf_greedy(hf: torch.nn.Module) -> list[list[int]]:
-    out = []
-    for prompt in PROMPTS:
-        ids = hf.generate(
-            torch.tensor([prompt]),
-            max_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-        out.append(ids[0, len(prompt) :].tolist())
-    return out
+    return hf_greedy_ids(hf, PROMPTS, NEW_TOKENS)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
