@@ -16,28 +16,10 @@ namespace {
 std::atomic<int64_t> g_packed_min_rows{0};  // 0: never use the packed kernel
 
 #if defined(__AVX2__)
-using micro::kNR;
-
 // panel[kk * 16 + c] = W[c0 + c, kk] (zero for the padding columns); k a multiple of 8.
 void pack_float_panel(const float* w, int64_t ldw, int64_t k, int64_t cols, float* panel) {
-  for (int64_t half = 0; half < 2; ++half) {
-    const float* rows[8];
-    bool live[8];
-    for (int c = 0; c < 8; ++c) {
-      const int64_t col = half * 8 + c;
-      live[c] = col < cols;
-      rows[c] = w + (live[c] ? col : 0) * ldw;
-    }
-    for (int64_t k0 = 0; k0 < k; k0 += 8) {
-      __m256 r[8];
-      for (int c = 0; c < 8; ++c) {
-        r[c] = live[c] ? _mm256_loadu_ps(rows[c] + k0) : _mm256_setzero_ps();
-      }
-      micro::transpose8(r);
-      float* dst = panel + k0 * kNR + half * 8;
-      for (int j = 0; j < 8; ++j) _mm256_storeu_ps(dst + j * kNR, r[j]);
-    }
-  }
+  micro::pack_rows_panel(w, ldw, k, cols, panel,
+                         [](const float* row, int64_t k0) { return _mm256_loadu_ps(row + k0); });
 }
 #endif
 

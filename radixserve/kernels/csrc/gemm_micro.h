@@ -171,6 +171,29 @@ void packed_gemm(const float* x, int64_t ldx, int64_t m, int64_t n, int64_t k, f
   });
 }
 
+// panel[kk * 16 + c] = W[c, kk] for the `cols` rows of W starting at w (ldw elements apart;
+// zero for the padding columns), K a multiple of 8: load(row, k0) gives W[row][k0..k0+8) as
+// float32 (float weights are loaded as they are, 16-bit ones widened).
+template <class T, class Load>
+void pack_rows_panel(const T* w, int64_t ldw, int64_t k, int64_t cols, float* panel, Load load) {
+  for (int64_t half = 0; half < 2; ++half) {
+    const T* rows[8];
+    bool live[8];
+    for (int c = 0; c < 8; ++c) {
+      const int64_t col = half * 8 + c;
+      live[c] = col < cols;
+      rows[c] = w + (live[c] ? col : 0) * ldw;
+    }
+    for (int64_t k0 = 0; k0 < k; k0 += 8) {
+      __m256 r[8];
+      for (int c = 0; c < 8; ++c) r[c] = live[c] ? load(rows[c], k0) : _mm256_setzero_ps();
+      transpose8(r);
+      float* dst = panel + k0 * kNR + half * 8;
+      for (int j = 0; j < 8; ++j) _mm256_storeu_ps(dst + j * kNR, r[j]);
+    }
+  }
+}
+
 }  // namespace micro
 }  // namespace radixserve
 #endif

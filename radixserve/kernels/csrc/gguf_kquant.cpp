@@ -330,12 +330,9 @@ void dot_columns(const uint8_t* blocks, int64_t row_bytes, const QuantizedRows& 
     const uint8_t* wrow = blocks + col * row_bytes;
     for (int64_t r = 0; r < rows; r += 4) {
       float* o = out + (r0 + r) * out_stride + col;
-      switch (std::min<int64_t>(4, rows - r)) {
-        case 1: dot_rows<Dec, 1>(wrow, xq, r0 + r, k, o, out_stride); break;
-        case 2: dot_rows<Dec, 2>(wrow, xq, r0 + r, k, o, out_stride); break;
-        case 3: dot_rows<Dec, 3>(wrow, xq, r0 + r, k, o, out_stride); break;
-        default: dot_rows<Dec, 4>(wrow, xq, r0 + r, k, o, out_stride); break;
-      }
+      with_row_tile(std::min<int64_t>(4, rows - r), [&](auto tile) {
+        dot_rows<Dec, decltype(tile)::value>(wrow, xq, r0 + r, k, o, out_stride);
+      });
     }
   }
 }

@@ -6,6 +6,7 @@
 // enough for exact int32 sums.
 #pragma once
 
+#include <type_traits>
 #include <vector>
 
 #include "common.h"
@@ -39,6 +40,18 @@ struct GroupScales {
 void kquant_dequantize_group(const uint8_t* row, int64_t qtype, int64_t b, __m256 v[4],
                              GroupScales* cache);
 #endif
+
+// Calls f(std::integral_constant<int, R>{}) for R = rows (1 to 4): the dot kernels take their
+// activation-row count as a template parameter, so their accumulators stay in registers.
+template <class F>
+inline void with_row_tile(int64_t rows, F&& f) {
+  switch (rows) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    default: f(std::integral_constant<int, 4>{}); break;
+  }
+}
 
 }  // namespace gguf
 

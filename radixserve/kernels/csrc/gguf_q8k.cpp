@@ -45,6 +45,7 @@ void quantize_super_block(const T* src, int8_t* q, float* d_out, int16_t* bsums)
 #if defined(__AVX2__)
 using gguf::half_to_float;
 using gguf::hsum;
+using gguf::with_row_tile;
 
 inline __m256i load32(const uint8_t* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -218,12 +219,9 @@ void dot_columns(const uint8_t* blocks, int64_t row_bytes, const Q8KRows& xq, in
     }
     for (int64_t r = 0; r < rows; r += 4) {
       float* o = out + (r0 + r) * out_stride + col;
-      switch (std::min<int64_t>(4, rows - r)) {
-        case 1: dot_rows<Dec, 1>(wrow, xq, r0 + r, k, o, out_stride); break;
-        case 2: dot_rows<Dec, 2>(wrow, xq, r0 + r, k, o, out_stride); break;
-        case 3: dot_rows<Dec, 3>(wrow, xq, r0 + r, k, o, out_stride); break;
-        default: dot_rows<Dec, 4>(wrow, xq, r0 + r, k, o, out_stride); break;
-      }
+      with_row_tile(std::min<int64_t>(4, rows - r), [&](auto tile) {
+        dot_rows<Dec, decltype(tile)::value>(wrow, xq, r0 + r, k, o, out_stride);
+      });
     }
   }
 }

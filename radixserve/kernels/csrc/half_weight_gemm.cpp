@@ -6,6 +6,7 @@
 // while packed.
 #include "gemm_micro.h"
 #include "gguf_blocks.h"
+#include "gguf_kquant.h"
 #include "kernels.h"
 
 namespace radixserve {
@@ -42,23 +43,8 @@ void dot_rows(const uint16_t* w, const float* x, int64_t ldx, int64_t k, float* 
 
 template <bool kBf16>
 void pack_half_panel(const uint16_t* w, int64_t ldw, int64_t k, int64_t cols, float* panel) {
-  using micro::kNR;
-  for (int64_t half = 0; half < 2; ++half) {
-    const uint16_t* rows[8];
-    bool live[8];
-    for (int c = 0; c < 8; ++c) {
-      const int64_t col = half * 8 + c;
-      live[c] = col < cols;
-      rows[c] = w + (live[c] ? col : 0) * ldw;
-    }
-    for (int64_t k0 = 0; k0 < k; k0 += 8) {
-      __m256 r[8];
-      for (int c = 0; c < 8; ++c) r[c] = live[c] ? widen8<kBf16>(rows[c] + k0) : _mm256_setzero_ps();
-      micro::transpose8(r);
-      float* dst = panel + k0 * kNR + half * 8;
-      for (int j = 0; j < 8; ++j) _mm256_storeu_ps(dst + j * kNR, r[j]);
-    }
-  }
+  micro::pack_rows_panel(w, ldw, k, cols, panel,
+                         [](const uint16_t* row, int64_t k0) { return widen8<kBf16>(row + k0); });
 }
 
 template <bool kBf16>
@@ -76,12 +62,9 @@ void half_linear(const float* xp, int64_t ldx, const uint16_t* wp, int64_t m, in
       for (int64_t r = 0; r < m; r += 4) {
         float* o = op + r * n + col;
         const float* x = xp + r * ldx;
-        switch (std::min<int64_t>(4, m - r)) {
-          case 1: dot_rows<kBf16, 1>(w, x, ldx, k, o, n); break;
-          case 2: dot_rows<kBf16, 2>(w, x, ldx, k, o, n); break;
-          case 3: dot_rows<kBf16, 3>(w, x, ldx, k, o, n); break;
-          default: dot_rows<kBf16, 4>(w, x, ldx, k, o, n); break;
-        }
+        gguf::with_row_tile(std::min<int64_t>(4, m - r), [&](auto tile) {
+          dot_rows<kBf16, decltype(tile)::value>(w, x, ldx, k, o, n);
+        });
       }
     }
   });
