@@ -1,8 +1,8 @@
 """The C++ kernels that torch.compile must not look inside, as opaque torch custom ops.
 
 Under torch.compile (--enable-torch-compile, model_executor/compiled_decode.py) the decoder runs
-module by module on plain PyTorch ops that inductor fuses, except for two calls:
-- attention with its RoPE and KV store: one opaque op per layer, so a changing context length
+module by module on plain PyTorch ops that inductor fuses, except for these calls:
+- attention with its RoPE (if the layer has one) and KV store: one opaque op per layer, so a changing context length
   (how many keys each request reads) is data the op reads at run time, never a shape dynamo
   specialises on, and a decode step does not recompile as sequences grow (SGLang registers its
   CPU attention as an opaque op for the same reason);
@@ -61,6 +61,45 @@ def rope_paged_attention(
 
 
 @rope_paged_attention.register_fake
+def _(q: torch.Tensor, *args: object) -> torch.Tensor:
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("radixserve::store_paged_attention", mutates_args=("k_cache", "v_cache"))
+def store_paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    q_starts: torch.Tensor,
+    heads: int,
+    scale: float,
+) -> torch.Tensor:
+    """rope_paged_attention without the RoPE, for layers that apply none (SmolLM3's NoPE
+    layers): stores k and v at `slots`, then attends."""
+    kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
+    k_cache[slots] = k.reshape(-1, kv_heads, head_dim).to(k_cache.dtype)
+    v_cache[slots] = v.reshape(-1, kv_heads, head_dim).to(v_cache.dtype)
+    meta = ops.PagedMeta(
+        req_pool_indices,
+        prefix_lens,
+        extend_lens,
+        q_starts,
+        req_pool_indices.tolist(),
+        prefix_lens.tolist(),
+        extend_lens.tolist(),
+        q_starts.tolist(),
+    )
+    return ops.paged_attention(q, k_cache, v_cache, req_to_token, meta, heads, scale)
+
+
+@store_paged_attention.register_fake
 def _(q: torch.Tensor, *args: object) -> torch.Tensor:
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 

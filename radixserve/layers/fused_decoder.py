@@ -5,7 +5,10 @@ about ten Python module calls and dispatches; at batch sizes 1 to 8 those cost a
 of a ~20 ms decode step. llama_layer runs the same kernels in the same order, so its output is
 bitwise equal to the layer-by-layer fast path. It is used only where it can be: the C++ kernels
 are built, the batch runs on the CPU paged-attention backend, one tensor-parallel rank, SiLU MLP,
-no per-head q/k norm, and every projection is a float or GGUF-block weight.
+no q/k norm, RoPE on every layer, block outputs joining the residual unscaled, and every
+projection is a float or GGUF-block weight. Layers that differ (Qwen3's and OLMo 2's q/k norms,
+SmolLM3's NoPE layers, Granite's residual_multiplier) run module by module, still on the fused
+norm, activation and RoPE + attention kernels.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ if TYPE_CHECKING:
     from radixserve.model_executor.forward_batch import ForwardBatch
 
 # A Llama-shaped decoder layer (models/llama.py's LlamaDecoderLayer; layers/ may not import
-# models/): self_attn (qkv_proj, o_proj, q_norm, rotary_emb, attn), mlp (gate_up_proj,
-# down_proj, act_fn), input_layernorm, post_attention_layernorm.
+# models/): self_attn (qkv_proj, o_proj, q_norm, rotary_emb or None, attn), mlp (gate_up_proj,
+# down_proj, act_fn), input_layernorm, post_attention_layernorm, residual_multiplier.
 LlamaDecoderLayer = nn.Module
 
 FLOAT_WEIGHT = -1  # llama_layer's qtype for a plain float weight
@@ -60,6 +63,8 @@ def fusable(layer: LlamaDecoderLayer) -> bool:
     return (
         ops.using_cpp_kernels()
         and layer.self_attn.q_norm is None
+        and layer.self_attn.rotary_emb is not None
+        and layer.residual_multiplier == 1.0
         and isinstance(layer.mlp.act_fn, SiluAndMul)
         and layer.post_attention_layernorm.variance_epsilon == eps
         and fused_layer_args(layer) is not None

@@ -1,4 +1,4 @@
-"""RMSNorm, optionally fused with the residual add that precedes it."""
+"""RMSNorm, optionally fused with the residual add that precedes it; one split over TP ranks."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import logging
 import torch
 from torch import nn
 
+from radixserve.distributed import parallel_state as ps
 from radixserve.kernels import ops
-from radixserve.layers.linear import default_weight_loader
+from radixserve.layers.linear import copy_checked, default_weight_loader
 
 logger = logging.getLogger(__name__)
 
@@ -49,3 +50,39 @@ class RMSNorm(nn.Module):
             return self._norm(x)
         x = x + residual
         return self._norm(x), x
+
+
+class ShardedRMSNorm(RMSNorm):
+    """RMSNorm over a vector whose parts are split over the tensor-parallel ranks (OLMo 2's
+    q and k norms span every head; each rank holds `hidden_size` of the vector and the slice of
+    the weight starting at `weight_start`).
+
+    On one rank it is a plain RMSNorm (the same kernels, bitwise the reference). On several,
+    the mean of squares is summed over all ranks' parts: when a part is replicated on several
+    ranks (kv heads fewer than ranks), every part is counted equally often, so the mean holds.
+    """
+
+    def __init__(self, hidden_size: int, eps: float, weight_start: int) -> None:
+        super().__init__(hidden_size, eps)
+        self.tp_size = ps.get_tp_size()
+        self.weight_start = weight_start
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+    ) -> None:
+        if shard_id is not None:
+            raise ValueError(f"ShardedRMSNorm is not fused; got shard_id {shard_id!r}")
+        copy_checked(param, loaded_weight.narrow(0, self.weight_start, self.hidden_size))
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if self.tp_size == 1:
+            return super().forward(x, residual)
+        if residual is not None:
+            raise ValueError("ShardedRMSNorm does not fuse a residual add")
+        x32 = x.to(torch.float32)
+        squares = ps.tensor_model_parallel_all_reduce(x32.pow(2).sum(-1, keepdim=True))
+        x32 = x32 * torch.rsqrt(squares / (self.hidden_size * self.tp_size) + self.variance_epsilon)
+        return self.weight * x32.to(x.dtype)

@@ -1,7 +1,8 @@
 """Rotary position embedding with a precomputed cos/sin table, looked up by position.
 
-Supported rope_scaling types: default, linear, dynamic (NTK), llama3, yarn. Frequencies are
-computed in float32 the way the Hugging Face reference does, so float32 outputs match it.
+Supported rope_scaling types: default, linear, dynamic (NTK), llama3, yarn, and longrope
+(layers/longrope.py). Frequencies are computed in float32 the way the Hugging Face reference
+does, so float32 outputs match it.
 """
 
 from __future__ import annotations
@@ -9,14 +10,17 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+if TYPE_CHECKING:
+    from radixserve.model_executor.forward_batch import ForwardBatch
+
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 
 
 def rope_type_of(rope_scaling: Mapping[str, Any] | None) -> str:
@@ -108,6 +112,8 @@ def compute_inv_freq(
         return _llama3_inv_freq(base, rotary_dim, params), 1.0
     if rope_type == "yarn":
         return _yarn_inv_freq(base, rotary_dim, params, original_max_position)
+    if rope_type == "longrope":
+        raise ValueError("longrope has two sets of frequencies; build it with get_rope")
     raise ValueError(
         f"rope_scaling type {rope_type!r} is not supported; supported: "
         f"{', '.join(SUPPORTED_ROPE_TYPES)}"
@@ -119,6 +125,8 @@ class RotaryEmbedding(nn.Module):
 
     neox style (Llama/Qwen HF checkpoints) rotates the two halves of the rotary dims; the GPT-J
     style rotates interleaved pairs. Only the first `rotary_dim` dims of each head rotate.
+    Tokens read the table's rows by `table_rows` (their positions here; a subclass may keep
+    several tables in one, as LongRoPE does), and every kernel that rotates reads rows that way.
     """
 
     def __init__(
@@ -140,14 +148,24 @@ class RotaryEmbedding(nn.Module):
         self.rotary_dim = rotary_dim
         self.max_position = max_position
         self.is_neox_style = is_neox_style
-        inv_freq, scale = compute_inv_freq(
-            base, rotary_dim, rope_scaling, original_max_position or max_position
-        )
-        positions = torch.arange(max_position, dtype=torch.float32, device=inv_freq.device)
-        freqs = positions[:, None] * inv_freq[None, :]
-        cache = torch.cat([freqs.cos() * scale, freqs.sin() * scale], dim=-1)
+        cache = self._build_table(base, rope_scaling, original_max_position or max_position)
         # Non-persistent: derived from the config, never part of a checkpoint.
         self.register_buffer("cos_sin_cache", cache.to(torch.float32), persistent=False)
+
+    def _build_table(
+        self, base: float, rope_scaling: Mapping[str, Any] | None, original_max_position: int
+    ) -> torch.Tensor:
+        """The float32 cos/sin table, [max_position, rotary_dim] (cos half, then sin half)."""
+        inv_freq, scale = compute_inv_freq(
+            base, self.rotary_dim, rope_scaling, original_max_position
+        )
+        return cos_sin_table(inv_freq, scale, self.max_position)
+
+    def table_rows(self, positions: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+        """The rows of cos_sin_cache that rotate tokens at `positions` in this batch: the
+        positions themselves (models look rows up once per forward and pass them where
+        positions go; positions serve nothing but the RoPE lookup)."""
+        return positions
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         num_tokens = x.shape[0]
@@ -174,6 +192,13 @@ class RotaryEmbedding(nn.Module):
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
 
+def cos_sin_table(inv_freq: torch.Tensor, scale: float, rows: int) -> torch.Tensor:
+    """[rows, 2 * len(inv_freq)]: cos then sin of position x frequency, times `scale`."""
+    positions = torch.arange(rows, dtype=torch.float32, device=inv_freq.device)
+    freqs = positions[:, None] * inv_freq[None, :]
+    return torch.cat([freqs.cos() * scale, freqs.sin() * scale], dim=-1)
+
+
 def get_rope(
     head_dim: int,
     rotary_dim: int,
@@ -183,7 +208,23 @@ def get_rope(
     original_max_position: int | None = None,
     is_neox_style: bool = True,
 ) -> RotaryEmbedding:
-    """Build the rotary embedding for a model; one instance is shared by all its layers."""
+    """Build the rotary embedding for a model; one instance is shared by all its layers.
+    `original_max_position` is the model's own max_position_embeddings (`max_position` may be
+    the shorter or longer serving context)."""
+    if rope_type_of(rope_scaling) == "longrope":
+        # Imported here: longrope.py builds on this module's RotaryEmbedding.
+        from radixserve.layers.longrope import LongRopeEmbedding
+
+        assert rope_scaling is not None
+        return LongRopeEmbedding(
+            head_dim,
+            rotary_dim,
+            max_position,
+            base,
+            rope_scaling,
+            model_max_position=original_max_position or max_position,
+            is_neox_style=is_neox_style,
+        )
     return RotaryEmbedding(
         head_dim,
         rotary_dim,

@@ -84,7 +84,7 @@ class PipelineExecutor:
         fb = runner.forward_batch(part.step, req_to_token)
         residual: torch.Tensor | None
         if self.stage.first:
-            hidden, residual = body.embed_tokens(fb.input_ids), None
+            hidden, residual = body.embed(fb.input_ids), None
         else:
             assert self.prev_rank is not None
             received = torch.empty(
@@ -92,8 +92,9 @@ class PipelineExecutor:
             )
             dist.recv(received, src=self.prev_rank)
             hidden, residual = received[0], received[1]
+        rope_rows = body.rotary_emb.table_rows(fb.positions, fb)  # as LlamaModel.forward
         for i in self.stage.layers:
-            hidden, residual = body.layers[i](fb.positions, hidden, residual, fb)
+            hidden, residual = body.layers[i](rope_rows, hidden, residual, fb)
         assert residual is not None  # every stage runs at least one layer
         if not self.stage.last:
             assert self.next_rank is not None

@@ -63,6 +63,8 @@ class ModelConfig:
 
     `context_len` is the serving limit (after --context-length); `max_position_embeddings` is the
     model's own. `rope_scaling` is None for plain RoPE, else a dict with a "rope_type" key.
+    RoPE turns the first `rotary_dim` dims of each head (`partial_rotary_factor` of head_dim,
+    as Phi-4-mini sets it).
     """
 
     architectures: tuple[str, ...]
@@ -86,6 +88,11 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     dtype: torch.dtype
     hf_config: Any = field(compare=False, repr=False)
+    partial_rotary_factor: float = 1.0
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @classmethod
     def from_pretrained(
@@ -132,7 +139,7 @@ class ModelConfig:
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // num_heads
         rope_theta, rope_scaling = _rope_params(hf, rope_theta_fallback)
         derived_len = derive_context_length(hf, rope_scaling)
-        if getattr(hf, "use_sliding_window", False) or _mistral_sliding_window(hf):
+        if getattr(hf, "use_sliding_window", False) or _always_sliding_window(hf, derived_len):
             logger.warning(
                 "The model config asks for sliding-window attention; radixserve attends over the "
                 "full context, so outputs past the window (%s tokens) can differ",
@@ -164,6 +171,7 @@ class ModelConfig:
             eos_token_ids=_eos_ids(getattr(hf, "eos_token_id", None), generation_eos),
             dtype=dtype,
             hf_config=hf,
+            partial_rotary_factor=_partial_rotary_factor(hf),
         )
 
 
@@ -211,14 +219,46 @@ def _rope_params(
     theta = float(theta or theta_fallback or 10000.0)
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
     params.pop("type", None)
+    # How much of each head rotates is not a scaling of the frequencies (see rotary_dim).
+    params.pop("partial_rotary_factor", None)
+    if rope_type == "su":  # LongRoPE's name in early Phi-3 configs
+        rope_type = "longrope"
     if rope_type == "default":
         return theta, None
+    if rope_type == "longrope":
+        # Phi-3 keeps the pretraining length beside rope_scaling, and it wins (as in
+        # transformers); transformers >= 5 copies it in, older versions leave it outside.
+        original = getattr(hf_config, "original_max_position_embeddings", None)
+        params["original_max_position_embeddings"] = int(
+            original
+            or params.get("original_max_position_embeddings")
+            or hf_config.max_position_embeddings
+        )
     return theta, {"rope_type": rope_type, **params}
 
 
-def _mistral_sliding_window(hf_config: Any) -> bool:
+def _partial_rotary_factor(hf_config: Any) -> float:
+    # transformers >= 5 moves it into rope_parameters; older versions keep the attribute.
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    factor = params.get("partial_rotary_factor") or getattr(
+        hf_config, "partial_rotary_factor", None
+    )
+    return float(factor or 1.0)
+
+
+# Model types whose reference implementation applies `sliding_window` whenever it is set (no
+# use_sliding_window switch).
+_WINDOW_WHEN_SET = ("mistral", "phi3")
+
+
+def _always_sliding_window(hf_config: Any, context_len: int) -> bool:
     window = getattr(hf_config, "sliding_window", None)
-    return getattr(hf_config, "model_type", "") == "mistral" and window is not None
+    return (
+        getattr(hf_config, "model_type", "") in _WINDOW_WHEN_SET
+        and window is not None
+        # A window as long as the context (Phi-4-mini's) never masks anything.
+        and int(window) < context_len
+    )
 
 
 def _eos_ids(config_eos: Any, generation_eos: tuple[int, ...]) -> tuple[int, ...]:

@@ -1,4 +1,6 @@
-"""The Llama family (Llama 2/3.x, SmolLM, Mistral), also the base of Qwen2 and Qwen3.
+"""The Llama family (Llama 2/3.x, SmolLM, Mistral), also the base of the Llama-shaped families
+(Qwen2, Qwen3, Phi-3, SmolLM3, OLMo 2, Granite), which vary it through the hooks of
+LlamaForCausalLM: attention_options, make_layer, embedding_multiplier.
 
 Model code only: it sees token ids, positions and the ForwardBatch its attention layers pass on,
 and returns hidden states or logits.
@@ -6,8 +8,9 @@ and returns hidden states or logits.
 
 from __future__ import annotations
 
+import enum
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -20,7 +23,7 @@ from radixserve.layers.fused_decoder import (
     run_fused_layer,
     run_fused_layers,
 )
-from radixserve.layers.layernorm import RMSNorm
+from radixserve.layers.layernorm import RMSNorm, ShardedRMSNorm
 from radixserve.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
@@ -40,10 +43,24 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+class QKNorm(enum.Enum):
+    """An RMSNorm of q and of k before RoPE."""
+
+    NONE = "none"
+    PER_HEAD = "per_head"  # over each head (Qwen3)
+    FULL_WIDTH = "full_width"  # over all heads of the projection at once (OLMo 2)
+
+
 class AttentionOptions(NamedTuple):
     qkv_bias: bool
     o_bias: bool
-    qk_norm: bool  # RMSNorm over each head of q and k before RoPE (Qwen3)
+    qk_norm: QKNorm = QKNorm.NONE
+    rope: bool = True  # False: a NoPE layer, whose q and k carry no position (SmolLM3)
+    scaling: float | None = None  # softmax scale; None: head_dim ** -0.5 (Granite sets its own)
+
+
+# (config, layer index, the model's shared RoPE) -> a decoder layer
+LayerFactory = Callable[["ModelConfig", int, RotaryEmbedding], nn.Module]
 
 
 class LlamaMLP(nn.Module):
@@ -84,11 +101,24 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(
             config.num_attention_heads * config.head_dim, config.hidden_size, bias=options.o_bias
         )
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if options.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if options.qk_norm else None
-        self.rotary_emb = rotary_emb
+        self.qk_norm = options.qk_norm
+        self.q_norm: nn.Module | None = None
+        self.k_norm: nn.Module | None = None
+        eps = config.rms_norm_eps
+        if options.qk_norm is QKNorm.PER_HEAD:
+            self.q_norm, self.k_norm = RMSNorm(self.head_dim, eps), RMSNorm(self.head_dim, eps)
+        elif options.qk_norm is QKNorm.FULL_WIDTH:
+            # This rank's heads of a norm over all of them: the weights are sliced the way
+            # qkv_proj slices its rows (kv heads replicated when there are fewer than ranks).
+            qkv = self.qkv_proj
+            self.q_norm = ShardedRMSNorm(self.q_size, eps, qkv.tp_rank * self.q_size)
+            kv_start = (qkv.tp_rank // qkv.kv_replicas) * self.kv_size
+            self.k_norm = ShardedRMSNorm(self.kv_size, eps, kv_start)
+        # None on a NoPE layer.
+        self.rotary_emb = rotary_emb if options.rope else None
+        scaling = self.head_dim**-0.5 if options.scaling is None else options.scaling
         self.attn = RadixAttention(
-            layer_id, self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5
+            layer_id, self.num_heads, self.num_kv_heads, self.head_dim, scaling
         )
 
     def _norm_heads(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
@@ -101,9 +131,13 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(hidden)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.q_norm is not None and self.k_norm is not None:
-            q = self._norm_heads(q, self.q_norm)
-            k = self._norm_heads(k, self.k_norm)
-        if forward_batch.attn_backend.fuses_rope:
+            if self.qk_norm is QKNorm.PER_HEAD:
+                q, k = self._norm_heads(q, self.q_norm), self._norm_heads(k, self.k_norm)
+            else:
+                q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary_emb is None:
+            out = self.attn(q, k, v, forward_batch)
+        elif forward_batch.attn_backend.fuses_rope:
             out = self.attn.forward_with_rope(q, k, v, positions, self.rotary_emb, forward_batch)
         else:
             q, k = self.rotary_emb(positions, q, k)
@@ -112,18 +146,23 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention and MLP. `residual_multiplier` (Granite) scales each block's output
+    before it joins the residual stream."""
+
     def __init__(
         self,
         config: ModelConfig,
         layer_id: int,
         rotary_emb: RotaryEmbedding,
         options: AttentionOptions,
+        residual_multiplier: float = 1.0,
     ) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_id, rotary_emb, options)
         self.mlp = LlamaMLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.residual_multiplier = residual_multiplier
 
     # Set by layers.fast_path where the whole layer can run as one C++ call: the kernel's
     # static arguments (weights, shapes), else None.
@@ -146,16 +185,22 @@ class LlamaDecoderLayer(nn.Module):
             hidden = self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, forward_batch)
+        hidden = self._scaled(self.self_attn(positions, hidden, forward_batch))
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        # The next layer's input norm (or the final norm) adds this to the residual.
+        return self._scaled(self.mlp(hidden)), residual
+
+    def _scaled(self, block_out: torch.Tensor) -> torch.Tensor:
+        if self.residual_multiplier == 1.0:
+            return block_out
+        return block_out * self.residual_multiplier
 
 
 def model_rope(config: ModelConfig) -> RotaryEmbedding:
     """The model's RoPE table, shared by all its layers."""
     return get_rope(
         config.head_dim,
-        config.head_dim,
+        config.rotary_dim,
         max_position=config.context_len,
         base=config.rope_theta,
         rope_scaling=config.rope_scaling,
@@ -164,7 +209,14 @@ def model_rope(config: ModelConfig) -> RotaryEmbedding:
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, options: AttentionOptions) -> None:
+    """Embedding (times `embedding_multiplier`), the layers `make_layer` builds, final norm.
+
+    Layers take and return (hidden, residual): the residual stream is carried separately and
+    each layer's output is hidden + residual, so a norm can fuse the add."""
+
+    def __init__(
+        self, config: ModelConfig, make_layer: LayerFactory, embedding_multiplier: float = 1.0
+    ) -> None:
         super().__init__()
         # Under --pp-size only this stage's parts are built (models/pipeline_stage.py).
         self.stage = stage_plan(config.num_hidden_layers)
@@ -176,9 +228,7 @@ class LlamaModel(nn.Module):
         # One table for all layers: it can be large (context_len x head_dim floats).
         self.rotary_emb = model_rope(config)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, self.rotary_emb, options)
-            if self.stage.owns(i)
-            else PPMissingLayer()
+            make_layer(config, i, self.rotary_emb) if self.stage.owns(i) else PPMissingLayer()
             for i in range(config.num_hidden_layers)
         )
         self.norm: nn.Module = (
@@ -186,12 +236,16 @@ class LlamaModel(nn.Module):
             if self.stage.last
             else PPMissingLayer()
         )
+        self.embedding_multiplier = embedding_multiplier
         self._layer_chains = LayerChainCache()
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
+        hidden = self.embed(input_ids)
+        # From here on `positions` are the RoPE table rows the tokens read (the positions
+        # themselves except under LongRoPE): positions serve nothing else in the layers.
+        positions = self.rotary_emb.table_rows(positions, forward_batch)
         residual: torch.Tensor | None = None
         if forward_batch.capture_layers:
             hidden, residual = self._forward_capturing(positions, hidden, forward_batch)
@@ -210,6 +264,13 @@ class LlamaModel(nn.Module):
         if residual is None:  # a model with no layers
             return self.norm(hidden)
         hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The first layer's input (stage 0 of a pipeline)."""
+        hidden = self.embed_tokens(input_ids)
+        if self.embedding_multiplier != 1.0:
+            hidden = hidden * self.embedding_multiplier
         return hidden
 
     def _forward_capturing(
@@ -253,7 +314,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, self.attention_options(config))
+        self.model = LlamaModel(config, self.make_layer, self.embedding_multiplier(config))
         stage = self.model.stage
         self.lm_head: nn.Module
         if not stage.last:
@@ -266,7 +327,18 @@ class LlamaForCausalLM(nn.Module):
 
     @classmethod
     def attention_options(cls, config: ModelConfig) -> AttentionOptions:
-        return AttentionOptions(config.attention_bias, config.attention_bias, qk_norm=False)
+        return AttentionOptions(config.attention_bias, config.attention_bias)
+
+    @classmethod
+    def make_layer(
+        cls, config: ModelConfig, layer_id: int, rotary_emb: RotaryEmbedding
+    ) -> nn.Module:
+        """Decoder layer `layer_id` (families whose layers differ override this)."""
+        return LlamaDecoderLayer(config, layer_id, rotary_emb, cls.attention_options(config))
+
+    @classmethod
+    def embedding_multiplier(cls, config: ModelConfig) -> float:
+        return 1.0
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch

@@ -16,4 +16,4 @@ logger = logging.getLogger(__name__)
 class Qwen2ForCausalLM(LlamaForCausalLM):
     @classmethod
     def attention_options(cls, config: ModelConfig) -> AttentionOptions:
-        return AttentionOptions(qkv_bias=True, o_bias=False, qk_norm=False)
+        return AttentionOptions(qkv_bias=True, o_bias=False)

@@ -12,13 +12,17 @@ logger = logging.getLogger(__name__)
 
 # architecture name -> (module under radixserve.models, class name)
 _MODELS: dict[str, tuple[str, str]] = {
+    "GraniteForCausalLM": ("granite", "GraniteForCausalLM"),
     "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
     # EAGLE draft heads (--speculative-algorithm EAGLE / EAGLE3 only).
     "LlamaForCausalLMEagle": ("llama_eagle", "LlamaForCausalLMEagle"),
     "LlamaForCausalLMEagle3": ("llama_eagle3", "LlamaForCausalLMEagle3"),
     "MistralForCausalLM": ("llama", "MistralForCausalLM"),
+    "Olmo2ForCausalLM": ("olmo2", "Olmo2ForCausalLM"),
+    "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
     "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
+    "SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
 }
 
 

@@ -23,25 +23,41 @@ _BASE: dict[str, Any] = {
 }
 
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+# Config class names in transformers, imported by name so a missing one skips only its tests.
+_CONFIG_CLASSES = {
+    "llama": "LlamaConfig",
+    "qwen2": "Qwen2Config",
+    "qwen3": "Qwen3Config",
+    "mistral": "MistralConfig",
+    "phi3": "Phi3Config",
+    "smollm3": "SmolLM3Config",
+    "olmo2": "Olmo2Config",
+    "granite": "GraniteConfig",
+}
+
+
+def hf_config_class(arch: str) -> Any:
+    """transformers' config class for `arch`, or None where this transformers lacks it."""
+    import transformers
+
+    return getattr(transformers, _CONFIG_CLASSES[arch], None)
 
 
 def tiny_hf_config(arch: str = "llama", **overrides: Any) -> Any:
-    """A transformers config for a tiny model of `arch` (llama, qwen2, qwen3, mistral)."""
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
-
-    classes = {
-        "llama": LlamaConfig,
-        "qwen2": Qwen2Config,
-        "qwen3": Qwen3Config,
-        "mistral": MistralConfig,
-    }
+    """A transformers config for a tiny model of `arch` (ARCHS, or phi3, smollm3, olmo2,
+    granite, each tested in its own file)."""
+    config_class = hf_config_class(arch)
+    if config_class is None:
+        raise ValueError(f"this transformers has no {_CONFIG_CLASSES[arch]}")
     kwargs = dict(_BASE)
     if arch in ("qwen3", "mistral"):
         kwargs["head_dim"] = 16
     if arch == "mistral":
         kwargs["sliding_window"] = None
+    if arch in ("phi3", "smollm3", "olmo2"):
+        kwargs["pad_token_id"] = 0  # their defaults lie outside the tiny vocabulary
     kwargs.update(overrides)
-    return classes[arch](**kwargs)
+    return config_class(**kwargs)
 
 
 def tiny_hf_model(config: Any, seed: int = 0) -> torch.nn.Module:

@@ -82,6 +82,39 @@ class CpuPagedAttnBackend(AttentionBackend):
         )
         return self._attend(q, layer, forward_batch)
 
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """KV store and attention without RoPE (a NoPE layer); q [T, H*D], k and v [T, Hkv*D]."""
+        if not torch.compiler.is_compiling():
+            return super().forward(q, k, v, layer, forward_batch)
+        # One opaque op, as forward_with_rope: traced, the PyTorch attention would specialise
+        # on each request's context length and recompile every step.
+        from radixserve.layers.compile_ops import store_paged_attention
+
+        k_buf, v_buf = forward_batch.kv_cache.get_kv(layer.layer_id)
+        meta = self.paged_meta
+        return store_paged_attention(
+            q,
+            k,
+            v,
+            k_buf,
+            v_buf,
+            forward_batch.out_cache_loc,
+            forward_batch.req_to_token,
+            meta.req_pool_indices,
+            meta.prefix_lens,
+            meta.extend_lens,
+            meta.q_starts,
+            layer.num_heads,
+            layer.scaling,
+        )
+
     def _attend(
         self, q: torch.Tensor, layer: RadixAttention, forward_batch: ForwardBatch
     ) -> torch.Tensor:
