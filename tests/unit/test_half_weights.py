@@ -95,3 +95,33 @@ def test_greedy_equals_transformers_in_float32(
             sampling_params={"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True},
         )
     assert [o["output_ids"] for o in outs] == _hf_greedy(hf)
+
+
+def test_loading_reads_tensors_without_keeping_the_file_mapped(tmp_path: Path) -> None:
+    """Safetensors are read tensor by tensor with file reads (a memory map kept every page of
+    the checkpoint in the process until loading ended), values unchanged, and a tensor of a
+    dtype radixserve does not load is named."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from radixserve.models.weight_utils import WeightFiles, iterate_weights
+
+    folder, _ = _checkpoint(tmp_path, torch.bfloat16)
+    path = folder / "model.safetensors"
+    ours = dict(iterate_weights(WeightFiles([path], True), progress=False))
+    theirs = load_file(str(path))
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) and ours[k].dtype == theirs[k].dtype for k in ours)
+    raw = path.read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + length])
+    name = sorted(k for k in header if k != "__metadata__")[0]
+    # the same header with one tensor's dtype renamed (same length, so offsets stay valid)
+    entry = json.dumps(header[name], separators=(",", ":")).encode()
+    assert entry in raw[8 : 8 + length]
+    text = raw[8 : 8 + length].replace(entry, entry.replace(b'"BF16"', b'"XF16"'), 1)
+    odd = tmp_path / "odd.safetensors"
+    odd.write_bytes(raw[:8] + text + raw[8 + length :])
+    with pytest.raises(ValueError, match=f"{name} has dtype 'XF16'"):
+        list(iterate_weights(WeightFiles([odd], True), progress=False))
