@@ -47,7 +47,18 @@ def rope_paged_attention(
     q = q.clone()
     k = k.clone()
     ops.rope_store_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots, head_dim, rot_dim, neox)
-    meta = ops.PagedMeta(
+    meta = _paged_meta(req_pool_indices, prefix_lens, extend_lens, q_starts)
+    return ops.paged_attention(q, k_cache, v_cache, req_to_token, meta, heads, scale)
+
+
+def _paged_meta(
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    q_starts: torch.Tensor,
+) -> ops.PagedMeta:
+    """The attention kernels' batch description, from the op's tensors (lists included)."""
+    return ops.PagedMeta(
         req_pool_indices,
         prefix_lens,
         extend_lens,
@@ -57,7 +68,6 @@ def rope_paged_attention(
         extend_lens.tolist(),
         q_starts.tolist(),
     )
-    return ops.paged_attention(q, k_cache, v_cache, req_to_token, meta, heads, scale)
 
 
 @rope_paged_attention.register_fake
@@ -86,16 +96,7 @@ def store_paged_attention(
     kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2]
     k_cache[slots] = k.reshape(-1, kv_heads, head_dim).to(k_cache.dtype)
     v_cache[slots] = v.reshape(-1, kv_heads, head_dim).to(v_cache.dtype)
-    meta = ops.PagedMeta(
-        req_pool_indices,
-        prefix_lens,
-        extend_lens,
-        q_starts,
-        req_pool_indices.tolist(),
-        prefix_lens.tolist(),
-        extend_lens.tolist(),
-        q_starts.tolist(),
-    )
+    meta = _paged_meta(req_pool_indices, prefix_lens, extend_lens, q_starts)
     return ops.paged_attention(q, k_cache, v_cache, req_to_token, meta, heads, scale)
 
 
