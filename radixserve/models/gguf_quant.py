@@ -9,8 +9,9 @@ biases, and any weight the file stores as F32/F16/BF16) are dequantized and load
 model's usual loader. Parts of one fused layer may use different block types (Q4_K_M files store
 attn_v and ffn_down as Q6_K in some layers): the layer then runs one matmul per part.
 
-The file is memory-mapped; each tensor's pages are released from this process once its blocks
-are copied out, so loading holds about one copy of the weights.
+Blocks are read with plain file reads (the reader's memory map serves the tensor table and the
+small float tensors, whose pages are released once copied), so loading holds about one copy of
+the weights.
 """
 
 from __future__ import annotations
@@ -61,6 +62,20 @@ class _MappedFile:
             raise ValueError(f"corrupt or unreadable GGUF file {path}: {e}") from e
         self.tensors = {t.name: t for t in self.reader.tensors}
         self._map: mmap.mmap | None = getattr(self.reader.data, "_mmap", None)
+        self.path = path
+
+    def read(self, tensor: object) -> torch.Tensor:
+        """A tensor's bytes as [rows, row bytes] uint8 of its own, read with a file read: ~2.5x
+        faster than copying out of the memory map (no page faults), and the map's pages are
+        never touched, so they never count in this process's memory."""
+        data = tensor.data  # type: ignore[attr-defined]  # a view: only its shape is used
+        nbytes = int(tensor.n_bytes)  # type: ignore[attr-defined]
+        out = torch.empty(nbytes, dtype=torch.uint8)
+        with self.path.open("rb") as f:
+            f.seek(int(tensor.data_offset))  # type: ignore[attr-defined]
+            if f.readinto(memoryview(out.numpy())) != nbytes:
+                raise ValueError(f"GGUF file {self.path} ends inside tensor {tensor.name}")  # type: ignore[attr-defined]
+        return out.view(int(data.shape[0]), -1)
 
     def release(self, tensor: object) -> None:
         """Drop the pages of `tensor` from this process (they stay in the page cache)."""
@@ -153,12 +168,10 @@ def load_gguf_weights(
 
 def _copy_blocks(mapped: _MappedFile, tensor: object, permute_heads: int | None) -> torch.Tensor:
     """A quantized tensor's blocks as a [rows, row bytes] uint8 tensor of its own."""
-    data = np.asarray(tensor.data)  # type: ignore[attr-defined]
-    if permute_heads is not None:
-        data = unpermute_qk(data, permute_heads)
-    out = torch.from_numpy(np.array(data, dtype=np.uint8, order="C", copy=True))
-    mapped.release(tensor)
-    return out
+    blocks = mapped.read(tensor)
+    if permute_heads is None:
+        return blocks
+    return torch.from_numpy(np.ascontiguousarray(unpermute_qk(blocks.numpy(), permute_heads)))
 
 
 def _float_tensors(
