@@ -3,6 +3,7 @@ else the pure-PyTorch reference (radixserve/kernels/reference.py). Same signatur
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -188,7 +189,13 @@ def half_weight_linear(
 def gguf_kernel_type(qtype: int) -> bool:
     """Whether the C++ kernels run GGML type `qtype` (else gguf_linear dequantizes tiles)."""
     ext = load_extension()
-    return ext is not None and bool(ext.gguf_kernel_type(qtype))
+    return ext is not None and _build_runs_type(ext, qtype)
+
+
+@functools.cache
+def _build_runs_type(ext: object, qtype: int) -> bool:
+    # Fixed per build; cached because gguf_linear asks on every call.
+    return bool(ext.gguf_kernel_type(qtype))  # type: ignore[attr-defined]
 
 
 def float_linear(

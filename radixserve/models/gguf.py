@@ -116,24 +116,27 @@ def cached_folder(gguf_path: Path) -> Path:
 
 def ensure_converted(gguf_path: Path) -> Path:
     """The cached HF folder for `gguf_path`, converting it first if needed."""
-    return _ensure_folder(gguf_path, with_weights=True)
+    _check_exists(gguf_path)
+    return _ensure_folder(gguf_path, cached_folder(gguf_path), with_weights=True)
 
 
 def ensure_metadata(gguf_path: Path) -> Path:
     """A cached folder with `gguf_path`'s config.json and tokenizer files but no weights (what
     --quantization gguf, which reads the weights from the file itself, and the tokenizer need).
     A full conversion made earlier serves as well."""
-    if gguf_path.is_file() and cached_folder(gguf_path).is_dir():
-        return cached_folder(gguf_path)
-    return _ensure_folder(gguf_path, with_weights=False)
+    _check_exists(gguf_path)
+    full = cached_folder(gguf_path)  # hashes the file's head and tail: once per call
+    if full.is_dir():
+        return full
+    return _ensure_folder(gguf_path, full.with_name(f"{full.name}-meta"), with_weights=False)
 
 
-def _ensure_folder(gguf_path: Path, with_weights: bool) -> Path:
+def _check_exists(gguf_path: Path) -> None:
     if not gguf_path.is_file():
         raise FileNotFoundError(f"GGUF file {gguf_path} does not exist")
-    target = cached_folder(gguf_path)
-    if not with_weights:
-        target = target.with_name(f"{target.name}-meta")
+
+
+def _ensure_folder(gguf_path: Path, target: Path, with_weights: bool) -> Path:
     if target.is_dir():
         logger.info("Using the converted GGUF cached at %s", target)
         return target

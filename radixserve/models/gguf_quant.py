@@ -9,15 +9,13 @@ biases, and any weight the file stores as F32/F16/BF16) are dequantized and load
 model's usual loader. Parts of one fused layer may use different block types (Q4_K_M files store
 attn_v and ffn_down as Q6_K in some layers): the layer then runs one matmul per part.
 
-Blocks are read with plain file reads (the reader's memory map serves the tensor table and the
-small float tensors, whose pages are released once copied), so loading holds about one copy of
-the weights.
+Tensors are read with plain file reads (the reader's memory map serves only the tensor table), so
+loading holds about one copy of the weights.
 """
 
 from __future__ import annotations
 
 import logging
-import mmap
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,45 +48,40 @@ class QuantSummary(NamedTuple):
     types: dict[str, int]  # block type name -> tensors kept on blocks
 
 
-class _MappedFile:
-    """The GGUF reader plus page release for tensors already copied out."""
+class _GGUFFile:
+    """The GGUF reader (the tensor table) and one open handle the tensors' bytes are read with:
+    plain file reads are ~2.5x faster than copying out of the reader's memory map (no page
+    faults), and the map's pages are never touched, so they never count in this process's
+    memory."""
 
     def __init__(self, path: Path) -> None:
         from gguf import GGUFReader
 
         try:
-            self.reader = GGUFReader(path)
+            reader = GGUFReader(path)
         except Exception as e:  # the reader raises assorted errors on truncated or foreign files
             raise ValueError(f"corrupt or unreadable GGUF file {path}: {e}") from e
-        self.tensors = {t.name: t for t in self.reader.tensors}
-        self._map: mmap.mmap | None = getattr(self.reader.data, "_mmap", None)
         self.path = path
+        self.tensors = {t.name: t for t in reader.tensors}
+        self._file = path.open("rb")
+
+    def __enter__(self) -> _GGUFFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.close()
 
     def read(self, tensor: object) -> torch.Tensor:
-        """A tensor's bytes as [rows, row bytes] uint8 of its own, read with a file read: ~2.5x
-        faster than copying out of the memory map (no page faults), and the map's pages are
-        never touched, so they never count in this process's memory."""
-        data = tensor.data  # type: ignore[attr-defined]  # a view: only its shape is used
+        """A tensor's bytes as [rows, row bytes] uint8 of its own ([elements, element bytes]
+        for a float tensor)."""
         nbytes = int(tensor.n_bytes)  # type: ignore[attr-defined]
         out = torch.empty(nbytes, dtype=torch.uint8)
-        with self.path.open("rb") as f:
-            f.seek(int(tensor.data_offset))  # type: ignore[attr-defined]
-            if f.readinto(memoryview(out.numpy())) != nbytes:
-                raise ValueError(f"GGUF file {self.path} ends inside tensor {tensor.name}")  # type: ignore[attr-defined]
-        return out.view(int(data.shape[0]), -1)
-
-    def release(self, tensor: object) -> None:
-        """Drop the pages of `tensor` from this process (they stay in the page cache)."""
-        if self._map is None or not hasattr(mmap, "MADV_DONTNEED"):
-            return
-        start = int(tensor.data_offset)  # type: ignore[attr-defined]
-        end = start + int(tensor.n_bytes)  # type: ignore[attr-defined]
-        page = mmap.PAGESIZE
-        start -= start % page
-        try:
-            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
-        except (OSError, ValueError):
-            self._map = None  # not supported here: keep the pages
+        self._file.seek(int(tensor.data_offset))  # type: ignore[attr-defined]
+        if self._file.readinto(memoryview(out.numpy())) != nbytes:
+            name = tensor.name  # type: ignore[attr-defined]
+            raise ValueError(f"GGUF file {self.path} ends inside tensor {name}")
+        rows = int(tensor.data.shape[0])  # type: ignore[attr-defined]  # a view: shape only
+        return out.view(rows, -1)
 
 
 def load_gguf_weights(
@@ -101,18 +94,28 @@ def load_gguf_weights(
     progress: bool = True,
 ) -> QuantSummary:
     """Fill `model` (built with uninitialised weights) from `gguf_path`."""
-    mapped = _MappedFile(gguf_path)
-    raw = mapped.tensors
+    with _GGUFFile(gguf_path) as file:
+        return _load(model, file, num_heads, num_kv_heads, permuted_qk, tied_lm_head, progress)
+
+
+def _load(
+    model: nn.Module,
+    file: _GGUFFile,
+    num_heads: int,
+    num_kv_heads: int,
+    permuted_qk: bool,
+    tied_lm_head: bool,
+    progress: bool,
+) -> QuantSummary:
+    raw = file.tensors
     heads = {"attn_q": num_heads, "attn_k": num_kv_heads} if permuted_qk else {}
     on_blocks: set[str] = set()
-    types: Counter[str] = Counter()
-    type_ids: set[int] = set()
+    types: Counter[int] = Counter()  # GGML type -> tensors kept on blocks
     quantized = kept = nbytes = 0
-    layers = list(model.model.layers)
     bar = tqdm(
-        total=len(raw), desc=f"Loading {gguf_path.name}", unit="tensor", disable=not progress
+        total=len(raw), desc=f"Loading {file.path.name}", unit="tensor", disable=not progress
     )
-    for i, layer in enumerate(layers):
+    for i, layer in enumerate(model.model.layers):
         for path, parts in _FUSED_PARTS.items():
             names = [f"blk.{i}.{p}.weight" for p in parts]
             tensors = [raw.get(n) for n in names]
@@ -121,11 +124,9 @@ def load_gguf_weights(
                 continue
             blocks = []
             for tensor, part in zip(tensors, parts, strict=True):
-                blocks.append(
-                    (_copy_blocks(mapped, tensor, heads.get(part)), int(tensor.tensor_type))
-                )
-                types[gt.type_name(int(tensor.tensor_type))] += 1
-                type_ids.add(int(tensor.tensor_type))
+                qtype = int(tensor.tensor_type)
+                blocks.append((_copy_blocks(file, tensor, heads.get(part)), qtype))
+                types[qtype] += 1
                 bar.update()
             attach_gguf_parts(layer.get_submodule(path), blocks)
             on_blocks.update(names)
@@ -138,47 +139,47 @@ def load_gguf_weights(
         tensor = raw.get(name)
         if tensor is None or int(tensor.tensor_type) not in gt.QUANTIZED_TYPES:
             continue
-        blocks = _copy_blocks(mapped, tensor, None)
-        attach_gguf_parts(module, [(blocks, int(tensor.tensor_type))])
-        types[gt.type_name(int(tensor.tensor_type))] += 1
-        type_ids.add(int(tensor.tensor_type))
+        qtype = int(tensor.tensor_type)
+        blocks = _copy_blocks(file, tensor, None)
+        attach_gguf_parts(module, [(blocks, qtype)])
+        types[qtype] += 1
         on_blocks.add(name)
         quantized += 1
         nbytes += blocks.numel()
         bar.update()
-    model.load_weights(_float_tensors(mapped, on_blocks, heads, bar))
+    model.load_weights(_float_tensors(file, on_blocks, heads, bar))
     bar.close()
-    slow = sorted(gt.type_name(t) for t in type_ids if not gt.runs_on_integer_kernels(t))
+    slow = sorted(gt.type_name(t) for t in types if not gt.runs_on_integer_kernels(t))
     if slow:
         logger.warning(
             "GGUF block types without an integer kernel here, dequantized a tile at a time at "
             "run time: %s",
             ", ".join(slow),
         )
-    summary = QuantSummary(quantized, kept, nbytes, dict(types))
+    named = {gt.type_name(t): count for t, count in sorted(types.items())}
     logger.info(
         "GGUF weights: %d layers on blocks (%.0f MB; %s), %d in float",
         quantized,
         nbytes / 1e6,
-        ", ".join(f"{n} x{c}" for n, c in sorted(types.items())),
+        ", ".join(f"{n} x{c}" for n, c in named.items()),
         kept,
     )
-    return summary
+    return QuantSummary(quantized, kept, nbytes, named)
 
 
-def _copy_blocks(mapped: _MappedFile, tensor: object, permute_heads: int | None) -> torch.Tensor:
+def _copy_blocks(file: _GGUFFile, tensor: object, permute_heads: int | None) -> torch.Tensor:
     """A quantized tensor's blocks as a [rows, row bytes] uint8 tensor of its own."""
-    blocks = mapped.read(tensor)
+    blocks = file.read(tensor)
     if permute_heads is None:
         return blocks
     return torch.from_numpy(np.ascontiguousarray(unpermute_qk(blocks.numpy(), permute_heads)))
 
 
 def _float_tensors(
-    mapped: _MappedFile, on_blocks: set[str], heads: dict[str, int], bar: tqdm
+    file: _GGUFFile, on_blocks: set[str], heads: dict[str, int], bar: tqdm
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """HF-named float tensors of everything not kept on blocks."""
-    for name, tensor in mapped.tensors.items():
+    for name, tensor in file.tensors.items():
         if name in on_blocks:
             continue
         bar.update()
@@ -186,10 +187,8 @@ def _float_tensors(
         if hf_name is None:
             continue
         shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dims fastest first
-        raw_bytes = torch.from_numpy(np.array(np.asarray(tensor.data).view(np.uint8).reshape(-1)))
-        value = dequantize(raw_bytes, int(tensor.tensor_type), shape)
+        value = dequantize(file.read(tensor).reshape(-1), int(tensor.tensor_type), shape)
         part = name.split(".")[-2] if name.startswith("blk.") else ""
         if part in heads:
             value = torch.from_numpy(np.ascontiguousarray(unpermute_qk(value.numpy(), heads[part])))
-        mapped.release(tensor)
         yield hf_name, value

@@ -19,6 +19,7 @@ from radixserve.models.dummy import init_dummy_weights
 from radixserve.models.registry import get_model_class
 from radixserve.models.weight_utils import (
     WeightFiles,
+    checkpoint_matrix_dtype,
     find_weight_files,
     iterate_weights,
     resolve_local_model,
@@ -133,7 +134,7 @@ def _stored_weight_dtype(
         return None
     if parallel_state.get_tp_size() != 1 or parallel_state.get_pp_size() != 1:
         return None
-    found = _checkpoint_matrix_dtype(files.files[0])
+    found = checkpoint_matrix_dtype(files.files[0])
     if found not in HALF_DTYPES:
         return None
     logger.info(
@@ -143,22 +144,6 @@ def _stored_weight_dtype(
         str(found).removeprefix("torch."),
     )
     return found
-
-
-def _checkpoint_matrix_dtype(path: Path) -> torch.dtype | None:
-    """The dtype of the first 2-D tensor in a safetensors file (read from its header)."""
-    from safetensors import safe_open
-
-    names = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                tensor = f.get_slice(key)
-                if len(tensor.get_shape()) == 2:
-                    return names.get(tensor.get_dtype())
-    except Exception:  # a corrupt file: the weight loader reports it, naming the file
-        return None
-    return None
 
 
 def _gguf_file(model_path: str, load_format: str) -> Path | None:

@@ -147,6 +147,20 @@ def _safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
     return header, 8 + length
 
 
+def checkpoint_matrix_dtype(path: Path) -> torch.dtype | None:
+    """The dtype of the first 2-D tensor (by name) of a safetensors file, from its header; None
+    for a corrupt file (the weight loader reports it, naming the file) or no 2-D tensor."""
+    try:
+        header, _ = _safetensors_header(path)
+    except ValueError:
+        return None
+    for name in sorted(header):
+        info = header[name]
+        if isinstance(info, dict) and len(info.get("shape", ())) == 2:
+            return _SAFETENSORS_DTYPES.get(info.get("dtype"))
+    return None
+
+
 def _read_tensor(f: BinaryIO, path: Path, name: str, info: Any, base: int) -> torch.Tensor:
     if isinstance(info, dict) and info.get("dtype") not in _SAFETENSORS_DTYPES:
         raise ValueError(
