@@ -336,26 +336,27 @@ void gguf_gemv_columns(const uint8_t* blocks, int64_t row_bytes, int64_t qtype,
   for (; col < end; ++col) dot(blocks + col * row_bytes, xq, 0, 1, k, out + col, 1);
 }
 
-// Small batches of K-quant weights on Q8_K activations (gguf_q8k.cpp).
-at::Tensor gguf_linear_q8k(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
-                           int64_t n) {
+namespace {
+
+// The small-batch matmul both activation formats share: x's rows quantized into the caller's
+// reused buffer (QuantizedRows or Q8KRows), the output columns split over the threads
+// (columns(out, begin, end)), a large buffer dropped afterwards.
+template <class Rows, class Quantize, class Columns>
+at::Tensor quantized_linear(const at::Tensor& x, int64_t n, Rows& xq, Quantize&& quantize,
+                            Columns&& columns) {
   const int64_t m = x.size(0), k = x.size(1);
-  static thread_local Q8KRows caller_rows;  // reused, as in gguf_linear
-  Q8KRows& xq = caller_rows;
   dispatch_float_bf16(x.scalar_type(), "quantize", [&](auto tag_) {
     using scalar_t = decltype(tag_);
-    quantize_q8k(x.data_ptr<scalar_t>(), m, k, x.stride(0), xq);
+    quantize(x.data_ptr<scalar_t>(), m, k, x.stride(0), xq);
   });
   auto out32 = at::empty({m, n}, x.options().dtype(at::kFloat));
   float* op = out32.data_ptr<float>();
-  const uint8_t* wp = blocks.data_ptr<uint8_t>();
-  const int64_t row_bytes = blocks.size(1);
-  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    q8k_dot_columns(wp, row_bytes, qtype, xq, k, 0, m, op, n, begin, end);
-  });
-  if (xq.q.size() > (size_t{1} << 20)) xq = Q8KRows{};
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) { columns(op, begin, end); });
+  if (xq.q.size() > (size_t{1} << 20)) xq = Rows{};  // keep only small buffers
   return x.scalar_type() == at::kFloat ? out32 : out32.to(x.scalar_type());
 }
+
+}  // namespace
 
 // x: [M, K] (rows may be strided); blocks: [N, K / 32 * block_bytes] uint8 in GGUF's layout.
 // Returns x @ W^T as [M, N] in x's dtype.
@@ -381,43 +382,50 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
     auto out = gguf_linear_tiled(is_float ? x : x.to(at::kFloat), blocks, qtype, n);
     return is_float ? out : out.to(x.scalar_type());
   }
-  if (kquant && kquant_int8() && q8k_type(qtype) && k % 256 == 0) {
-    return gguf_linear_q8k(x, blocks, qtype, n);
-  }
-  // Reused: see quantize_rows. Bound to a plain reference, which the lambdas below capture: a
-  // thread_local named inside them would be each OpenMP thread's own (empty) instance.
-  static thread_local QuantizedRows caller_rows;
-  QuantizedRows& xq = caller_rows;
-  dispatch_float_bf16(x.scalar_type(), "quantize", [&](auto tag_) {
-    using scalar_t = decltype(tag_);
-    quantize_rows(x.data_ptr<scalar_t>(), m, k, x.stride(0), xq);
-  });
-  auto out32 = at::empty({m, n}, x.options().dtype(at::kFloat));
-  float* op = out32.data_ptr<float>();
   const uint8_t* wp = blocks.data_ptr<uint8_t>();
   const int64_t row_bytes = blocks.size(1);
+  // The activation buffers are reused (see quantize_rows). Bound to plain references, which
+  // the lambdas below capture: a thread_local named inside them would be each OpenMP thread's
+  // own (empty) instance.
+  if (kquant_int8() && q8k_type(qtype)) {  // K-quants on Q8_K activations (gguf_q8k.cpp)
+    static thread_local Q8KRows caller_rows8;
+    Q8KRows& xq8 = caller_rows8;
+    return quantized_linear(
+        x, n, xq8,
+        [](const auto* p, int64_t rows, int64_t kk, int64_t s, Q8KRows& out) {
+          quantize_q8k(p, rows, kk, s, out);
+        },
+        [&](float* op, int64_t begin, int64_t end) {
+          q8k_dot_columns(wp, row_bytes, qtype, xq8, k, 0, m, op, n, begin, end);
+        });
+  }
+  static thread_local QuantizedRows caller_rows;
+  QuantizedRows& xq = caller_rows;
   auto dot = qtype == kQ4_1 ? dot_row_q4_1 : dot_row_q8_0;
-  // Each thread owns a range of output columns. A weight row is read from memory once and
-  // stays in L1 while every tile of activation rows (quantized, re-read from L2) passes over it;
-  // with the tiles outside, the weights would stream from memory once per 4 rows.
-  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    if (kquant) {
-      kquant_dot_columns(wp, row_bytes, qtype, xq, k, 0, m, op, n, begin, end);
-      return;
-    }
-    if (m == 1) {
-      gguf_gemv_columns(wp, row_bytes, qtype, xq, k, op, begin, end);
-      return;
-    }
-    for (int64_t col = begin; col < end; ++col) {
-      for (int64_t r0 = 0; r0 < m; r0 += kRowTile) {
-        const int64_t rows = std::min(kRowTile, m - r0);
-        dot(wp + col * row_bytes, xq, r0, rows, k, op + r0 * n + col, n);
-      }
-    }
-  });
-  if (xq.q.size() > (size_t{1} << 20)) xq = QuantizedRows{};  // keep only small buffers
-  return x.scalar_type() == at::kFloat ? out32 : out32.to(x.scalar_type());
+  return quantized_linear(
+      x, n, xq,
+      [](const auto* p, int64_t rows, int64_t kk, int64_t s, QuantizedRows& out) {
+        quantize_rows(p, rows, kk, s, out);
+      },
+      // Each thread owns a range of output columns. A weight row is read from memory once and
+      // stays in L1 while every tile of activation rows (quantized, re-read from L2) passes
+      // over it; with the tiles outside, the weights would stream from memory once per 4 rows.
+      [&](float* op, int64_t begin, int64_t end) {
+        if (kquant) {
+          kquant_dot_columns(wp, row_bytes, qtype, xq, k, 0, m, op, n, begin, end);
+          return;
+        }
+        if (m == 1) {
+          gguf_gemv_columns(wp, row_bytes, qtype, xq, k, op, begin, end);
+          return;
+        }
+        for (int64_t col = begin; col < end; ++col) {
+          for (int64_t r0 = 0; r0 < m; r0 += kRowTile) {
+            const int64_t rows = std::min(kRowTile, m - r0);
+            dot(wp + col * row_bytes, xq, r0, rows, k, op + r0 * n + col, n);
+          }
+        }
+      });
 }
 
 }  // namespace radixserve
