@@ -36,6 +36,7 @@ SOURCES = (
     "gguf_gemm_tiled.cpp",
     "gguf_kquant.cpp",
     "gguf_q8k.cpp",
+    "gguf_q8k_panel.cpp",
     "float_gemm.cpp",
     "half_weight_gemm.cpp",
 )

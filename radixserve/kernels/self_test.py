@@ -187,6 +187,30 @@ def _check_block_types(ext: object, n: int, k: int) -> None:
                 ext.set_kquant_int8(True)
                 _close(f"{name} (Q8_K)", ext.gguf_linear(x, blocks, qtype, n), x @ w.T, 3e-2)
                 ext.set_kquant_int8(False)
+                _check_q8k_panel(ext, name, x, blocks, qtype, n, w)
+
+
+def _check_q8k_panel(
+    ext: object,
+    name: str,
+    x: torch.Tensor,
+    blocks: torch.Tensor,
+    qtype: int,
+    n: int,
+    w: torch.Tensor,
+) -> None:
+    """The Q8_K panel GEMM (gguf_q8k_panel.cpp) in each variant this build has, restored after."""
+    previous_rows, previous_isa = ext.q8k_panel_min_rows(), ext.q8k_panel_isa()
+    try:
+        ext.set_q8k_panel_min_rows(1)
+        for isa in ext.q8k_panel_isas():
+            ext.set_q8k_panel_isa(isa)
+            _close(
+                f"{name} (Q8_K panel, {isa})", ext.gguf_linear(x, blocks, qtype, n), x @ w.T, 3e-2
+            )
+    finally:
+        ext.set_q8k_panel_min_rows(previous_rows)
+        ext.set_q8k_panel_isa(previous_isa)
 
 
 def _random_blocks(n: int, k: int, qtype: int) -> torch.Tensor:

@@ -5,20 +5,17 @@ from __future__ import annotations
 
 import logging
 import os
-import statistics
-import time
-from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from radixserve.kernels import ops
-from radixserve.kernels.build import load_extension
 from radixserve.kernels.cpu_features import cpu_features
-from radixserve.kernels.gguf_types import FORMATS
 from radixserve.kernels.onednn_linear import pack_weight, packing_support
 from radixserve.layers.activation import SiluAndMul
+from radixserve.layers.kquant_paths import choose_kquant_paths
 from radixserve.layers.layernorm import RMSNorm
+from radixserve.layers.timing import interleaved_medians
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +38,7 @@ def use_fast_kernels(model: nn.Module, enabled: bool, repack_weights: bool = Tru
     # Before fused_args: layers with packed weights do not qualify for the one-call C++ layer.
     pack_for_onednn(model, linears, enabled and repack_weights)
     pack_q4_1_for_int4(model, linears, enabled and repack_weights)
-    choose_kquant_activations(model, linears, enabled)
+    choose_kquant_paths(model, linears, enabled)
     count = 0
     float_weights = False
     for module in model.modules():
@@ -191,7 +188,7 @@ def _int4_gain(layer: nn.Module, rounds: int = 5) -> float:
     total = {"ours": 0.0, "int4": 0.0}
     for rows in (1, 8):
         x = torch.randn(rows, weight.in_features)
-        medians = _interleaved_medians(
+        medians = interleaved_medians(
             {
                 "ours": lambda x=x: ops.gguf_linear(x, gguf.blocks, gguf.qtype, gguf.out_features),
                 "int4": lambda x=x: int4pack_linear(x, weight),
@@ -201,79 +198,3 @@ def _int4_gain(layer: nn.Module, rounds: int = 5) -> float:
         for name, seconds in medians.items():
             total[name] += seconds
     return total["ours"] / max(total["int4"], 1e-9)
-
-
-def _interleaved_medians(calls: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    """Each call's median time over `rounds` rounds that run the calls in turn (so a machine
-    that slows down mid-way slows every candidate alike), after a warm-up round."""
-    samples: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds + 1):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            call()
-            samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(times[1:]) for name, times in samples.items()}
-
-
-# --quantization gguf's K-quant layers (Q3_K..Q6_K) on int8 activations per 256 (llama.cpp's
-# Q8_K; csrc/gguf_q8k.cpp) or int16 ones per 32 (csrc/gguf_kquant.cpp, ~1e-5 relative error
-# instead of ~5e-3): "auto" takes int8 where it measures KQUANT_INT8_MIN_GAIN faster on the
-# model's largest K-quant layer at 1 and 8 rows, "1" always, "0" never.
-KQUANT_INT8_ENV = "RADIXSERVE_GGUF_KQUANT_INT8"
-KQUANT_INT8_MIN_GAIN = 1.1
-
-
-def choose_kquant_activations(model: nn.Module, linears: tuple[type, ...], enabled: bool) -> bool:
-    """Set the process-wide K-quant activation precision for this model; logs the choice and
-    why. Returns whether int8 (Q8_K) activations were chosen."""
-    from radixserve.kernels.gguf_types import Q8K_TYPES
-
-    ext = load_extension()
-    if ext is None:
-        return False
-    ext.set_kquant_int8(False)
-    parts = [
-        part
-        for m in model.modules()
-        if isinstance(m, linears) and getattr(m, "gguf", None) is not None
-        for part in (m.gguf.parts or (m.gguf,))
-        if part.qtype in Q8K_TYPES
-    ]
-    mode = os.environ.get(KQUANT_INT8_ENV, "auto")
-    if not enabled or not parts or mode == "0":
-        if parts and mode == "0":
-            logger.info("GGUF K-quants on int16 activations (%s=0)", KQUANT_INT8_ENV)
-        return False
-    if mode == "1":
-        reason = f"{KQUANT_INT8_ENV}=1"
-    else:
-        largest = max(parts, key=lambda p: p.blocks.numel())
-        gain = _kquant_int8_gain(ext, largest)
-        verdict = f"{gain:.2f}x the int16 kernels' speed on this model's largest K-quant layer"
-        if gain < KQUANT_INT8_MIN_GAIN:
-            logger.info("GGUF K-quants on int16 activations: int8 measured %s", verdict)
-            return False
-        reason = verdict
-    ext.set_kquant_int8(True)
-    logger.info("GGUF K-quants on int8 activations per 256 (Q8_K, as llama.cpp): %s", reason)
-    return True
-
-
-def _kquant_int8_gain(ext: object, weight: object, rounds: int = 5) -> float:
-    """The int16 kernels' time over the int8 ones' on `weight` (a GGUFWeight), at 1 and 8 rows."""
-    k = weight.blocks.shape[1] // FORMATS[weight.qtype].bytes * FORMATS[weight.qtype].weights
-
-    def call(x: torch.Tensor, int8: bool) -> None:
-        ext.set_kquant_int8(int8)
-        ops.gguf_linear(x, weight.blocks, weight.qtype, weight.out_features)
-
-    total = {"int16": 0.0, "int8": 0.0}
-    for rows in (1, 8):
-        x = torch.randn(rows, k)
-        medians = _interleaved_medians(
-            {"int16": lambda x=x: call(x, False), "int8": lambda x=x: call(x, True)}, rounds
-        )
-        for name, seconds in medians.items():
-            total[name] += seconds
-    ext.set_kquant_int8(False)
-    return total["int16"] / max(total["int8"], 1e-9)

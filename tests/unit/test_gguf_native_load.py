@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from radixserve import Engine
 from radixserve.kernels import gguf_types as gt
 from radixserve.kernels.build import DISABLE_ENV, load_extension
-from radixserve.layers.fast_path import KQUANT_INT8_ENV
+from radixserve.layers.kquant_paths import KQUANT_INT8_ENV
 from radixserve.layers.linear import MIXED_GGUF_TYPES
 from radixserve.models.loader import load_model
 from radixserve.utils.cache_dir import CACHE_DIR_ENV

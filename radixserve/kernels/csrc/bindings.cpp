@@ -26,6 +26,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // choice (layers/fast_path.py measures both at startup).
   m.def("set_kquant_int8", &radixserve::set_kquant_int8);
   m.def("kquant_int8", &radixserve::kquant_int8);
+  // Their matmul for many rows (gguf_q8k_panel.cpp): variants, the one in use, and the row
+  // count from which gguf_linear takes it.
+  m.def("q8k_panel_isas", &radixserve::q8k_panel_isas);
+  m.def("set_q8k_panel_isa", &radixserve::set_q8k_panel_isa);
+  m.def("q8k_panel_isa", &radixserve::q8k_panel_isa);
+  m.def("set_q8k_panel_min_rows", &radixserve::set_q8k_panel_min_rows);
+  m.def("q8k_panel_min_rows", &radixserve::q8k_panel_min_rows);
   m.def("float_linear_packed", &radixserve::float_linear_packed);
   m.def("float_linear", &radixserve::float_linear);
   m.def("set_float_packed_min_rows", &radixserve::set_float_packed_min_rows);

@@ -375,6 +375,20 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
                                         : k / kBlock * (qtype == kQ4_1 ? kQ4_1Bytes : kQ8_0Bytes);
   TORCH_CHECK(blocks.size(0) == n && blocks.size(1) == expected_bytes,
               "blocks do not match [N, K]");
+  if (q8k_type(qtype) && m >= q8k_panel_min_rows()) {
+    // Many rows: panels of weight rows decoded once for all of them (gguf_q8k_panel.cpp).
+    static thread_local Q8KRows panel_rows8;
+    Q8KRows& xq8 = panel_rows8;
+    dispatch_float_bf16(x.scalar_type(), "quantize", [&](auto tag_) {
+      using scalar_t = decltype(tag_);
+      quantize_q8k(x.data_ptr<scalar_t>(), m, k, x.stride(0), xq8);
+    });
+    auto out32 = at::empty({m, n}, x.options().dtype(at::kFloat));
+    q8k_panel_linear(blocks.data_ptr<uint8_t>(), blocks.size(1), qtype, xq8, m, k, n,
+                     out32.data_ptr<float>());
+    if (xq8.q.size() > (size_t{1} << 20)) xq8 = Q8KRows{};  // keep only small buffers
+    return x.scalar_type() == at::kFloat ? out32 : out32.to(x.scalar_type());
+  }
   const int64_t tiled_min_rows = qtype == kQ8_0 ? kTiledMinRowsQ8_0 : kTiledMinRowsQ4_1;
   if (m >= tiled_min_rows && gguf_tiled_available()) {
     // Many rows (prefill): float tiles over dequantized weights (gguf_gemm_tiled.cpp).

@@ -16,6 +16,7 @@
 
 #include "gguf_blocks.h"
 #include "gguf_kquant.h"
+#include "gguf_q8k_decode.h"
 
 namespace radixserve {
 namespace {
@@ -44,136 +45,49 @@ void quantize_super_block(const T* src, int8_t* q, float* d_out, int16_t* bsums)
 
 #if defined(__AVX2__)
 using gguf::half_to_float;
-using gguf::hsum;
 using gguf::with_row_tile;
+using q8k::Q8KQ3_K;
+using q8k::Q8KQ4_K;
+using q8k::Q8KQ5_K;
+using q8k::Q8KQ6_K;
+using q8k::SuperBlock;
 
-inline __m256i load32(const uint8_t* p) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-}
-inline __m256i nibbles32(const uint8_t* p, int shift) {
-  return _mm256_and_si256(_mm256_srli_epi16(load32(p), shift), _mm256_set1_epi8(0x0F));
-}
-inline __m256i bit_set(__m256i v, int bit) {
-  const __m256i m = _mm256_set1_epi8(static_cast<char>(1 << bit));
-  return _mm256_cmpeq_epi8(_mm256_and_si256(v, m), m);
-}
-
-// Decoders: prepare() reads a super-block's scales as integers (sc: one per 16 weights), its
-// float factors and zero point; codes(g) gives group g's 32 weight codes as unsigned bytes.
-struct SuperBlock {
-  int16_t sc[16];
-  int mins[8];
-  float d, dmin;
-};
-
-inline void k_scale_min(const uint8_t* s, int j, int* sc, int* mn) {
-  if (j < 4) {
-    *sc = s[j] & 63;
-    *mn = s[j + 4] & 63;
-  } else {
-    *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-    *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
-inline void prepare_k(const uint8_t* b, SuperBlock* sb) {
-  sb->d = half_to_float(b);
-  sb->dmin = half_to_float(b + 2);
-  for (int j = 0; j < 8; ++j) {
-    int sc, mn;
-    k_scale_min(b + 4, j, &sc, &mn);
-    sb->sc[2 * j] = sb->sc[2 * j + 1] = static_cast<int16_t>(sc);
-    sb->mins[j] = mn;
-  }
-}
-
-struct Q8KQ4_K {
-  static constexpr int64_t kBytes = 144;
-  static constexpr int kZero = 0;
-  static constexpr bool kMins = true;
-  static void prepare(const uint8_t* b, SuperBlock* sb) { prepare_k(b, sb); }
-  static __m256i codes(const uint8_t* b, int g) {
-    return nibbles32(b + 16 + 32 * (g / 2), 4 * (g % 2));
-  }
-};
-
-struct Q8KQ5_K {
-  static constexpr int64_t kBytes = 176;
-  static constexpr int kZero = 0;
-  static constexpr bool kMins = true;
-  static void prepare(const uint8_t* b, SuperBlock* sb) { prepare_k(b, sb); }
-  static __m256i codes(const uint8_t* b, int g) {
-    const __m256i low = nibbles32(b + 48 + 32 * (g / 2), 4 * (g % 2));
-    const __m256i high = _mm256_and_si256(bit_set(load32(b + 16), g), _mm256_set1_epi8(16));
-    return _mm256_or_si256(low, high);
-  }
-};
-
-struct Q8KQ6_K {
-  static constexpr int64_t kBytes = 210;
-  static constexpr int kZero = 32;
-  static constexpr bool kMins = false;
-  static void prepare(const uint8_t* b, SuperBlock* sb) {
-    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-    for (int s = 0; s < 16; ++s) sb->sc[s] = sc[s];
-    sb->d = half_to_float(b + 208);
-    sb->dmin = 0.0f;
-  }
-  static __m256i codes(const uint8_t* b, int g) {
-    const __m256i low = nibbles32(b + 64 * (g / 4) + 32 * (g % 2), 4 * ((g % 4) / 2));
-    const __m256i high = _mm256_and_si256(
-        _mm256_srli_epi16(load32(b + 128 + 32 * (g / 4)), 2 * (g % 4)), _mm256_set1_epi8(3));
-    return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
-  }
-};
-
-struct Q8KQ3_K {
-  static constexpr int64_t kBytes = 110;
-  static constexpr int kZero = 4;
-  static constexpr bool kMins = false;
-  static void prepare(const uint8_t* b, SuperBlock* sb) {
-    const uint8_t* s = b + 96;
-    for (int i = 0; i < 16; ++i) {
-      const int low = i < 8 ? (s[i] & 0x0F) : (s[i - 8] >> 4);
-      const int high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
-      sb->sc[i] = static_cast<int16_t>((low | (high << 4)) - 32);
-    }
-    sb->d = half_to_float(b + 108);
-    sb->dmin = 0.0f;
-  }
-  static __m256i codes(const uint8_t* b, int g) {
-    // q + 4: the 2-bit low part plus 4 where the high-mask bit is set
-    const __m256i low = _mm256_and_si256(
-        _mm256_srli_epi16(load32(b + 32 + 32 * (g / 4)), 2 * (g % 4)), _mm256_set1_epi8(3));
-    const __m256i high = _mm256_and_si256(bit_set(load32(b), g), _mm256_set1_epi8(4));
-    return _mm256_or_si256(low, high);
-  }
-};
-
-// sum_s sc_s * bsum_s * z and sum_g m_g * (bsum_2g + bsum_2g+1): the zero-point and min terms.
+// The correction's integer sum: sum_j c_j * bsum_j, with c_j the zero-point types' scale sc_j
+// (Q6_K, Q3_K) or the min of 16-run j's group (Q4_K, Q5_K); its float factor is correction_factor.
 template <class Dec>
-inline void corrections(const SuperBlock& sb, const int16_t* bsums, int* zero, int* mins) {
-  int z = 0, mn = 0;
-  if constexpr (Dec::kZero != 0) {
-    for (int s = 0; s < 16; ++s) z += sb.sc[s] * bsums[s];
-    z *= Dec::kZero;
-  }
+inline int correction(const SuperBlock& sb, const int16_t* bsums) {
+  static_assert((Dec::kZero != 0) != Dec::kMins, "a zero point or mins, not both");
+  int c = 0;
   if constexpr (Dec::kMins) {
-    for (int g = 0; g < 8; ++g) mn += sb.mins[g] * (bsums[2 * g] + bsums[2 * g + 1]);
+    for (int g = 0; g < 8; ++g) c += sb.mins[g] * (bsums[2 * g] + bsums[2 * g + 1]);
+  } else {
+    for (int s = 0; s < 16; ++s) c += sb.sc[s] * bsums[s];
   }
-  *zero = z;
-  *mins = mn;
+  return c;
 }
 
-// out[r] for R activation rows and one weight row; each group decoded once for all rows.
+template <class Dec>
+inline float correction_factor(const SuperBlock& sb) {
+  return Dec::kMins ? sb.dmin : sb.d * static_cast<float>(Dec::kZero);
+}
+
+inline int hsum_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+// out[r] for R activation rows and one weight row; each group decoded once for all rows. Per
+// super-block the integer sums are exact and the float steps are those of the panel GEMM
+// (gguf_q8k_panel.cpp), in the same order: a row gets the same bits alone or in a batch.
 template <class Dec, int R>
 void dot_rows(const uint8_t* wrow, const Q8KRows& xq, int64_t r0, int64_t k, float* out,
               int64_t out_stride) {
   const int64_t nsb = k / kSuper;
-  __m256 acc[R];
-  float off[R];
+  float total[R];
 #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), off[r] = 0.0f;
+  for (int r = 0; r < R; ++r) total[r] = 0.0f;
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* blk = wrow + s * Dec::kBytes;
     SuperBlock sb;
@@ -192,19 +106,18 @@ void dot_rows(const uint8_t* wrow, const Q8KRows& xq, int64_t r0, int64_t k, flo
         isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, scales));
       }
     }
+    const float cfac = correction_factor<Dec>(sb);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const int64_t row = r0 + r;
-      const float dx = xq.d[row * (k / kSuper) + s];
-      int zero, mins;
-      corrections<Dec>(sb, xq.bsums.data() + row * (k / 16) + s * 16, &zero, &mins);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(sb.d * dx), acc[r]);
-      off[r] = std::fma(-sb.d * dx, static_cast<float>(zero), off[r]);
-      off[r] = std::fma(-sb.dmin * dx, static_cast<float>(mins), off[r]);
+      const int corr = correction<Dec>(sb, xq.bsums.data() + row * (k / 16) + s * 16);
+      const float v = std::fma(static_cast<float>(hsum_epi32(isum[r])), sb.d,
+                               -(static_cast<float>(corr) * cfac));
+      total[r] = std::fma(v, xq.d[row * nsb + s], total[r]);
     }
   }
 #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) out[r * out_stride] = hsum(acc[r]) + off[r];
+  for (int r = 0; r < R; ++r) out[r * out_stride] = total[r];
 }
 
 template <class Dec>

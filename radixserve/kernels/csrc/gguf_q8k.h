@@ -1,6 +1,7 @@
 // K-quant matmuls on int8 activations per super-block of 256 (Q8_K), gguf_q8k.cpp.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "common.h"
@@ -29,5 +30,19 @@ void quantize_q8k(const T* x, int64_t m, int64_t k, int64_t stride, Q8KRows& out
 void q8k_dot_columns(const uint8_t* blocks, int64_t row_bytes, int64_t qtype, const Q8KRows& xq,
                      int64_t k, int64_t r0, int64_t rows, float* out, int64_t out_stride,
                      int64_t begin, int64_t end);
+
+// Many activation rows: out[M, N] = x . W^T over panels of weight rows decoded once
+// (gguf_q8k_panel.cpp). The kernel variants this build has ("avx2", and "avx512_vnni" or
+// "avx_vnni" where the CPU has them; the last is the default), and the one in use.
+std::vector<std::string> q8k_panel_isas();
+void set_q8k_panel_isa(const std::string& isa);
+std::string q8k_panel_isa();
+void q8k_panel_linear(const uint8_t* blocks, int64_t row_bytes, int64_t qtype, const Q8KRows& xq,
+                      int64_t m, int64_t k, int64_t n, float* out);
+// From this many activation rows on, gguf_linear takes the panel GEMM for K-quants (Q8_K
+// activations, whatever set_kquant_int8 says for fewer rows). Off (int64 max) until set: chosen
+// at startup by measurement (layers/kquant_paths.py); tests move it to reach either path.
+void set_q8k_panel_min_rows(int64_t rows);
+int64_t q8k_panel_min_rows();
 
 }  // namespace radixserve

@@ -1,0 +1,484 @@
+// K-quant matmuls for many activation rows (prefill, batched decode) on int8 activations per
+// 256 (Q8_K), as a row-panel GEMM. The per-row kernels of gguf_q8k.cpp decode every weight
+// group again for each tile of 4 activation rows; here a thread decodes a panel of L weight rows
+// (L = lanes of a vector: 16 with AVX512, 8 with AVX2) once into codes interleaved by 4 along K
+// ([K / 4][L] dwords: one vector holds 4 consecutive codes of each of the L rows), and every
+// activation row then runs over the panel with one u8 x s8 multiply-add per 4 K and L rows:
+// the panel's vector times x's 4 codes broadcast (AVX512-VNNI / AVX-VNNI vpdpbusd; AVX2 by
+// maddubs into int16, summed while no lane can overflow, then madd). The L outputs of a row
+// come out as one vector: no horizontal sums.
+//
+// Arithmetic per super-block, weight row and activation row, as gguf_q8k.cpp's (bit for bit:
+// a row's result does not depend on the batch it is in):
+//   total = fma(fms(float(sum_t sc_t (u_t . x_t)), d, float(sum_j c_j bsum_j) * cfac), dx, total)
+// with the integer sums exact in int32
+// with u the codes (unsigned), sc_t the integer scale of the t-th run of kSub weights, and the
+// correction the Q4_K/Q5_K mins (cfac = dmin, c_j = the min of 16-run j's group) or the
+// Q6_K/Q3_K zero point (cfac = d * zero, c_j = sc_j), from the activations' per-16 sums.
+#include <algorithm>
+#include <atomic>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gguf_kquant.h"
+#include "gguf_q8k.h"
+#include "gguf_q8k_decode.h"
+
+namespace radixserve {
+namespace {
+
+constexpr int64_t kSuper = 256;
+constexpr int64_t kQuads = kSuper / 4;  // dwords of codes per weight row and super-block
+
+#if defined(__AVX2__)
+using q8k::Q8KQ3_K;
+using q8k::Q8KQ4_K;
+using q8k::Q8KQ5_K;
+using q8k::Q8KQ6_K;
+using q8k::SuperBlock;
+
+inline int32_t load_dword(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+inline int32_t int16_pair(int lo, int hi) {
+  return static_cast<int32_t>((static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16) |
+                              static_cast<uint16_t>(lo));
+}
+
+// A panel of L weight rows, decoded for every super-block of K. Per super-block s:
+//   codes[(s * kQuads + q) * L + r]   weight row r's codes 4q..4q+3 (bytes of one dword)
+//   sc32[(s * nsub + t) * L + r]      sc_t (VNNI kernels)
+//   sc16[(s * nsub + t) * L + r]      (sc_t, sc_t) as an int16 pair (AVX2 kernel)
+//   cpair[(s * 8 + p) * L + r]        (c_2p, c_2p+1) as an int16 pair
+//   d[s * L + r], cfac[s * L + r]
+struct Panel {
+  std::vector<int32_t> codes, sc32, sc16, cpair;
+  std::vector<float> d, cfac;
+  alignas(64) int32_t rows[16][kQuads];  // one super-block's codes, row by row
+};
+
+// codes[q * L + r] = rows[r][q] for the 64 dwords of a super-block: in-register transposes of
+// L x L dwords (a scalar loop of strided dword stores was ~3x slower at small batches).
+#if defined(__AVX512F__)
+inline void interleave_rows(const int32_t (*rows)[kQuads], int32_t* codes, std::integral_constant<int, 16>) {
+  for (int h = 0; h < kQuads / 16; ++h) {
+    __m512i v[16];
+    for (int g = 0; g < 4; ++g) {  // 4 x 4 transposes inside each 128-bit lane
+      const __m512i a = _mm512_load_si512(rows[4 * g] + 16 * h);
+      const __m512i b = _mm512_load_si512(rows[4 * g + 1] + 16 * h);
+      const __m512i c = _mm512_load_si512(rows[4 * g + 2] + 16 * h);
+      const __m512i e = _mm512_load_si512(rows[4 * g + 3] + 16 * h);
+      const __m512i t0 = _mm512_unpacklo_epi32(a, b), t1 = _mm512_unpackhi_epi32(a, b);
+      const __m512i t2 = _mm512_unpacklo_epi32(c, e), t3 = _mm512_unpackhi_epi32(c, e);
+      v[4 * g] = _mm512_unpacklo_epi64(t0, t2);      // lane j: column 4j of rows 4g..4g+3
+      v[4 * g + 1] = _mm512_unpackhi_epi64(t0, t2);  // column 4j + 1
+      v[4 * g + 2] = _mm512_unpacklo_epi64(t1, t3);
+      v[4 * g + 3] = _mm512_unpackhi_epi64(t1, t3);
+    }
+    for (int i = 0; i < 4; ++i) {  // then the 128-bit lanes of the four row groups
+      const __m512i x0 = _mm512_shuffle_i32x4(v[i], v[4 + i], _MM_SHUFFLE(1, 0, 1, 0));
+      const __m512i x1 = _mm512_shuffle_i32x4(v[i], v[4 + i], _MM_SHUFFLE(3, 2, 3, 2));
+      const __m512i x2 = _mm512_shuffle_i32x4(v[8 + i], v[12 + i], _MM_SHUFFLE(1, 0, 1, 0));
+      const __m512i x3 = _mm512_shuffle_i32x4(v[8 + i], v[12 + i], _MM_SHUFFLE(3, 2, 3, 2));
+      int32_t* out = codes + (16 * h + i) * 16;
+      _mm512_storeu_si512(out, _mm512_shuffle_i32x4(x0, x2, _MM_SHUFFLE(2, 0, 2, 0)));
+      _mm512_storeu_si512(out + 4 * 16, _mm512_shuffle_i32x4(x0, x2, _MM_SHUFFLE(3, 1, 3, 1)));
+      _mm512_storeu_si512(out + 8 * 16, _mm512_shuffle_i32x4(x1, x3, _MM_SHUFFLE(2, 0, 2, 0)));
+      _mm512_storeu_si512(out + 12 * 16, _mm512_shuffle_i32x4(x1, x3, _MM_SHUFFLE(3, 1, 3, 1)));
+    }
+  }
+}
+#endif
+
+inline void interleave_rows(const int32_t (*rows)[kQuads], int32_t* codes, std::integral_constant<int, 8>) {
+  for (int h = 0; h < kQuads / 8; ++h) {
+    __m256i u[8];
+    for (int g = 0; g < 2; ++g) {
+      auto load = [&](int r) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(rows[4 * g + r] + 8 * h)); };
+      const __m256i a = load(0), b = load(1), c = load(2), e = load(3);
+      const __m256i t0 = _mm256_unpacklo_epi32(a, b), t1 = _mm256_unpackhi_epi32(a, b);
+      const __m256i t2 = _mm256_unpacklo_epi32(c, e), t3 = _mm256_unpackhi_epi32(c, e);
+      u[4 * g] = _mm256_unpacklo_epi64(t0, t2);  // lanes: columns 0 and 4 of rows 4g..4g+3
+      u[4 * g + 1] = _mm256_unpackhi_epi64(t0, t2);
+      u[4 * g + 2] = _mm256_unpacklo_epi64(t1, t3);
+      u[4 * g + 3] = _mm256_unpackhi_epi64(t1, t3);
+    }
+    for (int i = 0; i < 4; ++i) {
+      int32_t* out = codes + (8 * h + i) * 8;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permute2x128_si256(u[i], u[4 + i], 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 4 * 8), _mm256_permute2x128_si256(u[i], u[4 + i], 0x31));
+    }
+  }
+}
+
+template <class Dec, int L>
+void decode_panel(const uint8_t* blocks, int64_t row_bytes, int64_t k, int64_t n0, int64_t rows,
+                  Panel& p) {
+  constexpr int nsub = kSuper / Dec::kSub;
+  const int64_t nsb = k / kSuper;
+  p.codes.resize(nsb * kQuads * L);
+  if (rows < L) {  // the padding rows' scales stay 0, so their (zero) codes add nothing
+    p.sc16.assign(nsb * nsub * L, 0);
+    p.sc32.assign(nsb * nsub * L, 0);
+    p.cpair.assign(nsb * 8 * L, 0);
+    p.d.assign(nsb * L, 0.0f);
+    p.cfac.assign(nsb * L, 0.0f);
+    std::memset(p.rows, 0, sizeof(p.rows));
+  } else {
+    p.sc16.resize(nsb * nsub * L);
+    p.sc32.resize(nsb * nsub * L);
+    p.cpair.resize(nsb * 8 * L);
+    p.d.resize(nsb * L);
+    p.cfac.resize(nsb * L);
+  }
+  for (int64_t s = 0; s < nsb; ++s) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint8_t* blk = blocks + (n0 + r) * row_bytes + s * Dec::kBytes;
+      SuperBlock sb;
+      Dec::prepare(blk, &sb);
+      for (int g = 0; g < 8; ++g) {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(p.rows[r] + 8 * g), Dec::codes(blk, g));
+      }
+      for (int t = 0; t < nsub; ++t) {
+        const int sc = sb.sc[t * Dec::kSub / 16];
+        p.sc32[(s * nsub + t) * L + r] = sc;
+        p.sc16[(s * nsub + t) * L + r] = int16_pair(sc, sc);
+      }
+      for (int j = 0; j < 8; ++j) {
+        const int c0 = Dec::kMins ? sb.mins[j] : sb.sc[2 * j];
+        const int c1 = Dec::kMins ? sb.mins[j] : sb.sc[2 * j + 1];
+        p.cpair[(s * 8 + j) * L + r] = int16_pair(c0, c1);
+      }
+      p.d[s * L + r] = sb.d;
+      p.cfac[s * L + r] = Dec::kMins ? sb.dmin : sb.d * static_cast<float>(Dec::kZero);
+    }
+    interleave_rows(p.rows, p.codes.data() + s * kQuads * L, std::integral_constant<int, L>{});
+  }
+}
+
+// One activation row's inputs: its int8 codes, per-16 sums and per-256 scales.
+struct XRow {
+  const int8_t* q;
+  const int16_t* bsums;
+  const float* d;
+};
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define RS_PANEL_VNNI 1
+struct Vnni {
+  static constexpr int kLanes = 16;
+  static constexpr int kRows = 8;  // activation rows per pass: 3 accumulators each, 24 of 32
+  using I = __m512i;
+  using F = __m512;
+  static I zero() { return _mm512_setzero_si512(); }
+  static F fzero() { return _mm512_setzero_ps(); }
+  static I load(const int32_t* p) { return _mm512_loadu_si512(p); }
+  static F fload(const float* p) { return _mm512_loadu_ps(p); }
+  static I dpbusd(I acc, I u, const int8_t* x) {
+    return _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(load_dword(x)));
+  }
+  static I dpwssd(I acc, I c, const int16_t* s) {
+    return _mm512_dpwssd_epi32(acc, c, _mm512_set1_epi32(load_dword(s)));
+  }
+  static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F fms(F a, F b, F c) { return _mm512_fmsub_ps(a, b, c); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static I add(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I mullo(I a, I b) { return _mm512_mullo_epi32(a, b); }
+  static F set1(float v) { return _mm512_set1_ps(v); }
+  static void store(float* out, F v, int cols) {
+    _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << cols) - 1), v);
+  }
+};
+#elif defined(__AVXVNNI__)
+#define RS_PANEL_VNNI 1
+struct Vnni {
+  static constexpr int kLanes = 8;
+  static constexpr int kRows = 4;  // 12 accumulators of 16 registers
+  using I = __m256i;
+  using F = __m256;
+  static I zero() { return _mm256_setzero_si256(); }
+  static F fzero() { return _mm256_setzero_ps(); }
+  static I load(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static F fload(const float* p) { return _mm256_loadu_ps(p); }
+  static I dpbusd(I acc, I u, const int8_t* x) {
+    return _mm256_dpbusd_avx_epi32(acc, u, _mm256_set1_epi32(load_dword(x)));
+  }
+  static I dpwssd(I acc, I c, const int16_t* s) {
+    return _mm256_dpwssd_avx_epi32(acc, c, _mm256_set1_epi32(load_dword(s)));
+  }
+  static F cvt(I v) { return _mm256_cvtepi32_ps(v); }
+  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F fms(F a, F b, F c) { return _mm256_fmsub_ps(a, b, c); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static I add(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I mullo(I a, I b) { return _mm256_mullo_epi32(a, b); }
+  static F set1(float v) { return _mm256_set1_ps(v); }
+  static void store(float* out, F v, int cols) {
+    alignas(32) float tmp[8];
+    _mm256_store_ps(tmp, v);
+    std::memcpy(out, tmp, sizeof(float) * cols);
+  }
+};
+#endif
+
+#if defined(RS_PANEL_VNNI)
+// out[r * ldo + c] for R activation rows and the panel's `cols` rows. Each run of kSub codes'
+// dot product is multiplied by its integer scale into the super-block's exact int32 sum; the
+// float part is the same operations in the same order as gguf_q8k.cpp's per-row kernel, so a
+// row's output has the same bits in any batch.
+template <class Dec, class V, int R>
+void panel_rows_vnni(const Panel& p, const XRow* x, int64_t k, float* out, int64_t ldo,
+                     int cols) {
+  constexpr int L = V::kLanes;
+  constexpr int nsub = kSuper / Dec::kSub;
+  constexpr int quads = Dec::kSub / 4;
+  const int64_t nsb = k / kSuper;
+  typename V::F total[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) total[r] = V::fzero();
+  for (int64_t s = 0; s < nsb; ++s) {
+    typename V::I isb[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) isb[r] = V::zero();
+    const int32_t* codes = p.codes.data() + s * kQuads * L;
+    for (int t = 0; t < nsub; ++t) {
+      typename V::I acc[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r] = V::zero();
+#pragma GCC unroll 8
+      for (int q = 0; q < quads; ++q) {
+        const typename V::I u = V::load(codes + (t * quads + q) * L);
+        const int64_t kx = s * kSuper + t * Dec::kSub + 4 * q;
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) acc[r] = V::dpbusd(acc[r], u, x[r].q + kx);
+      }
+      const typename V::I sc = V::load(p.sc32.data() + (s * nsub + t) * L);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) isb[r] = V::add(isb[r], V::mullo(acc[r], sc));
+    }
+    typename V::I corr[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) corr[r] = V::zero();
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const typename V::I c = V::load(p.cpair.data() + (s * 8 + j) * L);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) corr[r] = V::dpwssd(corr[r], c, x[r].bsums + s * 16 + 2 * j);
+    }
+    const typename V::F d = V::fload(p.d.data() + s * L);
+    const typename V::F cf = V::fload(p.cfac.data() + s * L);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const typename V::F v = V::fms(V::cvt(isb[r]), d, V::mul(V::cvt(corr[r]), cf));
+      total[r] = V::fma(v, V::set1(x[r].d[s]), total[r]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) V::store(out + r * ldo, total[r], cols);
+}
+#endif
+
+// AVX2 without VNNI: maddubs gives int16 sums of code pairs; up to `chunk` of them are added in
+// int16 (2 * chunk * kMaxCode * 127 <= 32767), then madd with the run's integer scale takes
+// them to int32, so a super-block accumulates exactly in int32 as in gguf_q8k.cpp.
+struct Avx2 {
+  static constexpr int kLanes = 8;
+  static constexpr int kRows = 4;  // 12 accumulators of 16 registers
+};
+
+template <class Dec, int R>
+void panel_rows_avx2(const Panel& p, const XRow* x, int64_t k, float* out, int64_t ldo,
+                     int cols) {
+  constexpr int L = 8;
+  constexpr int nsub = kSuper / Dec::kSub;
+  constexpr int quads = Dec::kSub / 4;
+  constexpr int safe = 32767 / (2 * Dec::kMaxCode * 127);
+  constexpr int chunk = safe < quads ? safe : quads;
+  static_assert(chunk >= 1 && quads % chunk == 0, "chunks must tile a run of codes");
+  const int64_t nsb = k / kSuper;
+  __m256 total[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < nsb; ++s) {
+    __m256i isb[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) isb[r] = _mm256_setzero_si256();
+    const int32_t* codes = p.codes.data() + s * kQuads * L;
+    for (int t = 0; t < nsub; ++t) {
+      const __m256i sc = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(p.sc16.data() + (s * nsub + t) * L));
+#pragma GCC unroll 8
+      for (int q0 = 0; q0 < quads; q0 += chunk) {
+        __m256i part[R];
+#pragma GCC unroll 8
+        for (int q = q0; q < q0 + chunk; ++q) {
+          const __m256i u =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (t * quads + q) * L));
+          const int64_t kx = s * kSuper + t * Dec::kSub + 4 * q;
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r) {
+            const __m256i v = _mm256_maddubs_epi16(u, _mm256_set1_epi32(load_dword(x[r].q + kx)));
+            part[r] = q == q0 ? v : _mm256_add_epi16(part[r], v);
+          }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) isb[r] = _mm256_add_epi32(isb[r], _mm256_madd_epi16(part[r], sc));
+      }
+    }
+    __m256i corr[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) corr[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const __m256i c =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.cpair.data() + (s * 8 + j) * L));
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m256i b = _mm256_set1_epi32(load_dword(x[r].bsums + s * 16 + 2 * j));
+        corr[r] = _mm256_add_epi32(corr[r], _mm256_madd_epi16(c, b));
+      }
+    }
+    const __m256 d = _mm256_loadu_ps(p.d.data() + s * L);
+    const __m256 cf = _mm256_loadu_ps(p.cfac.data() + s * L);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(isb[r]), d,
+                                       _mm256_mul_ps(_mm256_cvtepi32_ps(corr[r]), cf));
+      total[r] = _mm256_fmadd_ps(v, _mm256_set1_ps(x[r].d[s]), total[r]);
+    }
+  }
+  alignas(32) float tmp[8];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    _mm256_store_ps(tmp, total[r]);
+    std::memcpy(out + r * ldo, tmp, sizeof(float) * cols);
+  }
+}
+
+// Calls f(std::integral_constant<int, R>{}) for R = rows (1 to kMax).
+template <int kMax, class F>
+void with_rows(int64_t rows, F&& f) {
+  if constexpr (kMax == 1) {
+    f(std::integral_constant<int, 1>{});
+  } else {
+    if (rows >= kMax) {
+      f(std::integral_constant<int, kMax>{});
+    } else {
+      with_rows<kMax - 1>(rows, f);
+    }
+  }
+}
+
+template <class Dec, int L, class Rows>
+void panel_linear(const uint8_t* blocks, int64_t row_bytes, const Q8KRows& xq, int64_t m,
+                  int64_t k, int64_t n, float* out, Rows&& run_rows, int max_rows) {
+  const int64_t nsb = k / kSuper;
+  const int64_t panels = (n + L - 1) / L;
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    static thread_local Panel panel;
+    std::vector<XRow> xr(max_rows);
+    for (int64_t pi = begin; pi < end; ++pi) {
+      const int64_t n0 = pi * L;
+      const int cols = static_cast<int>(std::min<int64_t>(L, n - n0));
+      decode_panel<Dec, L>(blocks, row_bytes, k, n0, cols, panel);
+      for (int64_t r0 = 0; r0 < m; r0 += max_rows) {
+        const int64_t rows = std::min<int64_t>(max_rows, m - r0);
+        for (int64_t r = 0; r < rows; ++r) {
+          xr[r] = {xq.q.data() + (r0 + r) * k, xq.bsums.data() + (r0 + r) * (k / 16),
+                   xq.d.data() + (r0 + r) * nsb};
+        }
+        run_rows(panel, xr.data(), rows, out + r0 * n + n0, cols);
+      }
+    }
+  });
+}
+
+template <class Dec>
+void panel_linear_for(const uint8_t* blocks, int64_t row_bytes, const Q8KRows& xq, int64_t m,
+                      int64_t k, int64_t n, float* out, bool vnni) {
+#if defined(RS_PANEL_VNNI)
+  if (vnni) {
+    panel_linear<Dec, Vnni::kLanes>(
+        blocks, row_bytes, xq, m, k, n, out,
+        [&](const Panel& p, const XRow* x, int64_t rows, float* o, int cols) {
+          with_rows<Vnni::kRows>(rows, [&](auto tile) {
+            panel_rows_vnni<Dec, Vnni, decltype(tile)::value>(p, x, k, o, n, cols);
+          });
+        },
+        Vnni::kRows);
+    return;
+  }
+#endif
+  (void)vnni;
+  panel_linear<Dec, Avx2::kLanes>(
+      blocks, row_bytes, xq, m, k, n, out,
+      [&](const Panel& p, const XRow* x, int64_t rows, float* o, int cols) {
+        with_rows<Avx2::kRows>(rows, [&](auto tile) {
+          panel_rows_avx2<Dec, decltype(tile)::value>(p, x, k, o, n, cols);
+        });
+      },
+      Avx2::kRows);
+}
+#endif  // __AVX2__
+
+#if defined(RS_PANEL_VNNI)
+std::atomic<int> g_panel_isa{1};
+#else
+std::atomic<int> g_panel_isa{0};
+#endif
+
+std::atomic<int64_t> g_panel_min_rows{std::numeric_limits<int64_t>::max()};  // off until chosen
+
+}  // namespace
+
+void set_q8k_panel_min_rows(int64_t rows) { g_panel_min_rows.store(std::max<int64_t>(rows, 1)); }
+int64_t q8k_panel_min_rows() { return g_panel_min_rows.load(); }
+
+std::vector<std::string> q8k_panel_isas() {
+  std::vector<std::string> isas;
+#if defined(__AVX2__)
+  isas.push_back("avx2");
+#endif
+#if defined(RS_PANEL_VNNI)
+  isas.push_back(Vnni::kLanes == 16 ? "avx512_vnni" : "avx_vnni");
+#endif
+  return isas;
+}
+
+void set_q8k_panel_isa(const std::string& isa) {
+  const auto isas = q8k_panel_isas();
+  TORCH_CHECK(std::find(isas.begin(), isas.end(), isa) != isas.end(), "no Q8_K panel kernel for ",
+              isa, " in this build");
+  g_panel_isa.store(isa == "avx2" ? 0 : 1);
+}
+
+std::string q8k_panel_isa() {
+  const auto isas = q8k_panel_isas();
+  if (isas.empty()) return "";
+  return g_panel_isa.load() == 0 ? "avx2" : isas.back();
+}
+
+void q8k_panel_linear(const uint8_t* blocks, int64_t row_bytes, int64_t qtype,
+                      const Q8KRows& xq, int64_t m, int64_t k, int64_t n, float* out) {
+#if defined(__AVX2__)
+  const bool vnni = g_panel_isa.load() == 1;
+  switch (qtype) {
+    case gguf::kQ3_K: panel_linear_for<Q8KQ3_K>(blocks, row_bytes, xq, m, k, n, out, vnni); break;
+    case gguf::kQ4_K: panel_linear_for<Q8KQ4_K>(blocks, row_bytes, xq, m, k, n, out, vnni); break;
+    case gguf::kQ5_K: panel_linear_for<Q8KQ5_K>(blocks, row_bytes, xq, m, k, n, out, vnni); break;
+    case gguf::kQ6_K: panel_linear_for<Q8KQ6_K>(blocks, row_bytes, xq, m, k, n, out, vnni); break;
+    default: TORCH_CHECK(false, "GGML type ", qtype, " has no Q8_K kernel");
+  }
+#else
+  (void)blocks, (void)row_bytes, (void)qtype, (void)xq, (void)m, (void)k, (void)n, (void)out;
+  TORCH_CHECK(false, "the Q8_K kernels need AVX2");
+#endif
+}
+
+}  // namespace radixserve

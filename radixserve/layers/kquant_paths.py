@@ -1,0 +1,133 @@
+"""Which kernels run --quantization gguf's K-quant layers (Q3_K..Q6_K), chosen once per process
+at startup by measurement on the model's own largest K-quant layer, and logged.
+
+- A few activation rows (decode): int8 activations per 256 (llama.cpp's Q8_K,
+  csrc/gguf_q8k.cpp) or int16 ones per 32 (csrc/gguf_kquant.cpp: ~1e-5 relative error per
+  matmul instead of ~5e-3).
+- Many rows (prefill, large decode batches): the Q8_K panel GEMM (csrc/gguf_q8k_panel.cpp:
+  weight panels decoded once for all rows, vpdpbusd where the CPU has VNNI) or float tiles over
+  dequantized panels (csrc/gguf_gemm_tiled.cpp, exact in x).
+
+RADIXSERVE_GGUF_KQUANT_INT8: "auto" takes each int8 path where it measures KQUANT_INT8_MIN_GAIN
+faster (per-row kernels at 1 and 3 rows, the panel at 8 and 64), "1" both always, "0" never.
+The two int8 paths give a row the same bits whatever batch it is in.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+from torch import nn
+
+from radixserve.kernels import ops
+from radixserve.kernels.build import load_extension
+from radixserve.kernels.gguf_types import FORMATS
+from radixserve.layers.timing import interleaved_medians
+
+logger = logging.getLogger(__name__)
+
+KQUANT_INT8_ENV = "RADIXSERVE_GGUF_KQUANT_INT8"
+KQUANT_INT8_MIN_GAIN = 1.1
+# From this many rows the panel GEMM runs when it wins at 8 rows (it measured even with the
+# per-row kernels at 4 rows with AVX512-VNNI, ahead from 8).
+PANEL_MIN_ROWS = 4
+PANEL_AFTER_SMALL_BATCHES = 16  # where it wins only at 64 rows
+PANEL_NEVER = 2**62
+PANEL_PROBE_COLUMNS = 2048  # output rows of the layer the panel is timed on (not the LM head's 49k)
+
+
+def choose_kquant_paths(model: nn.Module, linears: tuple[type, ...], enabled: bool) -> bool:
+    """Set the process-wide K-quant paths for `model` and log them with the reason. Returns
+    whether int8 activations were chosen for a few rows."""
+    from radixserve.kernels.gguf_types import Q8K_TYPES
+
+    ext = load_extension()
+    if ext is None:
+        return False
+    ext.set_kquant_int8(False)
+    ext.set_q8k_panel_min_rows(PANEL_NEVER)
+    parts = [
+        part
+        for m in model.modules()
+        if isinstance(m, linears) and getattr(m, "gguf", None) is not None
+        for part in (m.gguf.parts or (m.gguf,))
+        if part.qtype in Q8K_TYPES
+    ]
+    mode = os.environ.get(KQUANT_INT8_ENV, "auto")
+    if not enabled or not parts or mode == "0":
+        if parts and mode == "0":
+            logger.info(
+                "GGUF K-quants on int16 activations and float tiles (%s=0)", KQUANT_INT8_ENV
+            )
+        return False
+    if mode == "1":
+        small, min_rows, reason = True, PANEL_MIN_ROWS, f"{KQUANT_INT8_ENV}=1"
+    else:
+        largest = max(parts, key=lambda p: p.blocks.numel())
+        gain = _small_batch_int8_gain(ext, largest)
+        small = gain >= KQUANT_INT8_MIN_GAIN
+        ext.set_kquant_int8(small)
+        min_rows = _panel_min_rows(ext, largest)
+        reason = f"int8 measured {gain:.2f}x the int16 kernels' speed at 1-3 rows"
+    ext.set_kquant_int8(small)
+    ext.set_q8k_panel_min_rows(min_rows)
+    few = "int8 activations per 256 (Q8_K, as llama.cpp)" if small else "int16 activations"
+    many = (
+        "float tiles (the Q8_K panel GEMM measured no faster)"
+        if min_rows == PANEL_NEVER
+        else f"the Q8_K panel GEMM ({ext.q8k_panel_isa()}) from {min_rows} rows"
+    )
+    logger.info("GGUF K-quants: %s for a few rows (%s), %s", few, reason, many)
+    return small
+
+
+def _small_batch_int8_gain(ext: object, weight: object, rounds: int = 5) -> float:
+    """The int16 kernels' time over the int8 per-row kernels' on `weight` (a GGUFWeight), at 1
+    and 3 rows (whole layer: batch 1 reads it from memory)."""
+    x_rows = [torch.randn(rows, _in_features(weight)) for rows in (1, 3)]
+
+    def call(x: torch.Tensor, int8: bool) -> None:
+        ext.set_kquant_int8(int8)
+        ops.gguf_linear(x, weight.blocks, weight.qtype, weight.out_features)
+
+    total = {"int16": 0.0, "int8": 0.0}
+    for x in x_rows:
+        medians = interleaved_medians(
+            {"int16": lambda x=x: call(x, False), "int8": lambda x=x: call(x, True)}, rounds
+        )
+        for name, seconds in medians.items():
+            total[name] += seconds
+    ext.set_kquant_int8(False)
+    return total["int16"] / max(total["int8"], 1e-9)
+
+
+def _panel_min_rows(ext: object, weight: object, rounds: int = 5) -> int:
+    """From how many rows the panel GEMM should run: PANEL_MIN_ROWS where it beats the path it
+    replaces at 8 rows too, PANEL_AFTER_SMALL_BATCHES where it beats the float tiles only at 64
+    rows, else PANEL_NEVER."""
+    n = min(weight.out_features, PANEL_PROBE_COLUMNS)
+    blocks = weight.blocks[:n].contiguous()
+    k = _in_features(weight)
+
+    def call(x: torch.Tensor, min_rows: int) -> None:
+        ext.set_q8k_panel_min_rows(min_rows)
+        ops.gguf_linear(x, blocks, weight.qtype, n)
+
+    chosen = PANEL_NEVER
+    for rows, min_rows in ((64, PANEL_AFTER_SMALL_BATCHES), (8, PANEL_MIN_ROWS)):
+        x = torch.randn(rows, k)
+        medians = interleaved_medians(
+            {"other": lambda x=x: call(x, PANEL_NEVER), "panel": lambda x=x: call(x, 1)}, rounds
+        )
+        if medians["other"] < KQUANT_INT8_MIN_GAIN * medians["panel"]:
+            break
+        chosen = min_rows
+    ext.set_q8k_panel_min_rows(PANEL_NEVER)
+    return chosen
+
+
+def _in_features(weight: object) -> int:
+    fmt = FORMATS[weight.qtype]
+    return weight.blocks.shape[1] // fmt.bytes * fmt.weights

@@ -1,0 +1,161 @@
+"""The K-quant panel GEMM on int8 activations (csrc/gguf_q8k_panel.cpp) in every variant this
+build has: exact Q8_K arithmetic (equal to a float64 product of the rounded activations), the
+same bits as the per-row kernels whatever the batch, and the startup choice of paths
+(layers/kquant_paths.py)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from radixserve.kernels import gguf_dequant, gguf_types, ops
+from radixserve.kernels.build import load_extension
+from radixserve.layers import kquant_paths
+from radixserve.layers.linear import GGUFWeight
+from tests.helpers.tiny_gguf import random_blocks
+
+Q8K_TYPES = sorted(gguf_types.Q8K_TYPES)
+NEVER = kquant_paths.PANEL_NEVER
+
+
+@pytest.fixture
+def ext() -> Iterator[object]:
+    """The extension with the process-wide K-quant switches restored after the test."""
+    ext = load_extension()
+    if ext is None or not ext.q8k_panel_isas():
+        pytest.skip("the Q8_K kernels are not built here (they need AVX2)")
+    isa = ext.q8k_panel_isa()
+    yield ext
+    ext.set_kquant_int8(False)
+    ext.set_q8k_panel_min_rows(NEVER)
+    ext.set_q8k_panel_isa(isa)
+
+
+def q8k_round(x: torch.Tensor) -> torch.Tensor:
+    """x with every 256 values rounded as the kernels quantize them (llama.cpp's Q8_K): int8
+    codes of amax / 127, round half to even, in float32 arithmetic."""
+    rows, k = x.shape
+    blocks = x.reshape(rows, k // 256, 256)
+    d = blocks.abs().amax(-1, keepdim=True) / 127.0
+    inverse = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    return (torch.round(blocks * inverse).double() * d.double()).reshape(rows, k)
+
+
+def panel(
+    ext: object, isa: str, x: torch.Tensor, blocks: torch.Tensor, qtype: int, n: int
+) -> torch.Tensor:
+    ext.set_q8k_panel_isa(isa)
+    ext.set_q8k_panel_min_rows(1)
+    try:
+        return ops.gguf_linear(x, blocks, qtype, n)
+    finally:
+        ext.set_q8k_panel_min_rows(NEVER)
+
+
+@pytest.mark.parametrize("qtype", Q8K_TYPES, ids=gguf_types.type_name)
+@pytest.mark.parametrize("rows", [1, 5, 13, 40])
+def test_panel_is_exact_q8k_arithmetic(ext: object, qtype: int, rows: int) -> None:
+    """Every variant equals the float64 product of the Q8_K-rounded activations and the
+    dequantized weights within float32 rounding (1e-5 of the largest output), on a width that is
+    not a multiple of the panel (37 = 2 x 16 + 5) and more rows than one register tile."""
+    n, k = 37, 768
+    blocks = random_blocks(qtype, n, k, seed=rows)
+    w = gguf_dequant.dequantize_rows(blocks, qtype, n).double()
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    expected = q8k_round(x) @ w.T
+    scale = expected.abs().max().item()
+    for isa in ext.q8k_panel_isas():
+        got = panel(ext, isa, x, blocks, qtype, n).double()
+        assert (got - expected).abs().max().item() < 1e-5 * scale, isa
+        # and the int8 rounding is really there: float inputs give a different product
+        assert (got - x.double() @ w.T).abs().max().item() > 1e-4 * scale, isa
+
+
+@pytest.mark.parametrize("qtype", Q8K_TYPES, ids=gguf_types.type_name)
+def test_a_row_has_the_same_bits_in_any_batch(ext: object, qtype: int) -> None:
+    """The per-row kernels (few rows) and each panel variant (many rows) give a row the same
+    bits: a request's logits do not depend on what it is batched with."""
+    n, k = 40, 512
+    blocks = random_blocks(qtype, n, k, seed=3)
+    x = torch.randn(19, k, generator=torch.Generator().manual_seed(3))
+    ext.set_kquant_int8(True)
+    alone = torch.cat([ops.gguf_linear(x[i : i + 1], blocks, qtype, n) for i in range(len(x))])
+    for isa in ext.q8k_panel_isas():
+        for rows in (4, 7, 19):
+            assert torch.equal(
+                panel(ext, isa, x[:rows].contiguous(), blocks, qtype, n), alone[:rows]
+            ), (isa, rows)
+
+
+def test_min_rows_switches_between_the_paths(ext: object) -> None:
+    """Below q8k_panel_min_rows gguf_linear keeps its other paths (float tiles for 40 rows: no
+    activation rounding), from it on the panel runs."""
+    qtype, n, k = gguf_types.Q4_K, 32, 512
+    blocks = random_blocks(qtype, n, k)
+    w = gguf_dequant.dequantize_rows(blocks, qtype, n).double()
+    x = torch.randn(40, k)
+    ext.set_q8k_panel_min_rows(41)
+    floats = ops.gguf_linear(x, blocks, qtype, n).double()
+    assert (floats - x.double() @ w.T).abs().max().item() < 1e-5 * floats.abs().max().item()
+    ext.set_q8k_panel_min_rows(40)
+    assert torch.equal(
+        ops.gguf_linear(x, blocks, qtype, n), panel(ext, ext.q8k_panel_isa(), x, blocks, qtype, n)
+    )
+
+
+def test_unknown_variant_is_refused(ext: object) -> None:
+    with pytest.raises(RuntimeError, match="no Q8_K panel kernel for sse2"):
+        ext.set_q8k_panel_isa("sse2")
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self, weight: GGUFWeight) -> None:
+        super().__init__()
+        self.gguf = weight
+
+
+def _model(qtype: int = gguf_types.Q4_K, n: int = 64, k: int = 512) -> torch.nn.Module:
+    blocks = random_blocks(qtype, n, k)
+    return torch.nn.Sequential(_Layer(GGUFWeight(blocks=blocks, qtype=qtype, out_features=n)))
+
+
+@pytest.mark.parametrize(
+    ("mode", "int8", "min_rows"),
+    [("1", True, kquant_paths.PANEL_MIN_ROWS), ("0", False, NEVER)],
+)
+def test_environment_forces_the_paths(
+    ext: object, monkeypatch: pytest.MonkeyPatch, mode: str, int8: bool, min_rows: int
+) -> None:
+    monkeypatch.setenv(kquant_paths.KQUANT_INT8_ENV, mode)
+    assert kquant_paths.choose_kquant_paths(_model(), (_Layer,), enabled=True) is int8
+    assert ext.kquant_int8() is int8
+    assert ext.q8k_panel_min_rows() == min_rows
+
+
+def test_auto_measures_and_logs_its_choice(
+    ext: object, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """auto sets both switches from timings (whatever they pick on this machine, the panel row
+    count is one of the three documented values) and logs which paths run."""
+    monkeypatch.delenv(kquant_paths.KQUANT_INT8_ENV, raising=False)
+    with caplog.at_level(logging.INFO, logger=kquant_paths.__name__):
+        small = kquant_paths.choose_kquant_paths(_model(), (_Layer,), enabled=True)
+    assert ext.kquant_int8() is small
+    allowed = (kquant_paths.PANEL_MIN_ROWS, kquant_paths.PANEL_AFTER_SMALL_BATCHES, NEVER)
+    assert ext.q8k_panel_min_rows() in allowed
+    assert "for a few rows" in caplog.text and "measured" in caplog.text
+    assert ("panel GEMM" in caplog.text) == (ext.q8k_panel_min_rows() != NEVER) or (
+        "measured no faster" in caplog.text
+    )
+
+
+def test_disabled_fast_kernels_leave_both_paths_off(
+    ext: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(kquant_paths.KQUANT_INT8_ENV, "1")
+    assert kquant_paths.choose_kquant_paths(_model(), (_Layer,), enabled=False) is False
+    assert not ext.kquant_int8()
+    assert ext.q8k_panel_min_rows() == NEVER
