@@ -52,31 +52,26 @@ using q8k::Q8KQ5_K;
 using q8k::Q8KQ6_K;
 using q8k::SuperBlock;
 
-// The correction's integer sum: sum_j c_j * bsum_j, with c_j the zero-point types' scale sc_j
-// (Q6_K, Q3_K) or the min of 16-run j's group (Q4_K, Q5_K); its float factor is correction_factor.
-template <class Dec>
-inline int correction(const SuperBlock& sb, const int16_t* bsums) {
-  static_assert((Dec::kZero != 0) != Dec::kMins, "a zero point or mins, not both");
-  int c = 0;
-  if constexpr (Dec::kMins) {
-    for (int g = 0; g < 8; ++g) c += sb.mins[g] * (bsums[2 * g] + bsums[2 * g + 1]);
-  } else {
-    for (int s = 0; s < 16; ++s) c += sb.sc[s] * bsums[s];
-  }
-  return c;
-}
-
-template <class Dec>
-inline float correction_factor(const SuperBlock& sb) {
-  return Dec::kMins ? sb.dmin : sb.d * static_cast<float>(Dec::kZero);
-}
-
 inline int hsum_epi32(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
   return _mm_cvtsi128_si32(s);
 }
+
+// The correction's integer sum: sum_j coef_j * bsum_j over the 16 runs of 16 (exact in int32);
+// its float factor is correction_factor.
+inline int correction(const SuperBlock& sb, const int16_t* bsums) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsums));
+  return hsum_epi32(_mm256_madd_epi16(b, _mm256_load_si256(reinterpret_cast<const __m256i*>(sb.coef))));
+}
+
+template <class Dec>
+inline float correction_factor(const SuperBlock& sb) {
+  static_assert((Dec::kZero != 0) != Dec::kMins, "a zero point or mins, not both");
+  return Dec::kMins ? sb.dmin : sb.d * static_cast<float>(Dec::kZero);
+}
+
 
 // out[r] for R activation rows and one weight row; each group decoded once for all rows. Per
 // super-block the integer sums are exact and the float steps are those of the panel GEMM
@@ -110,7 +105,7 @@ void dot_rows(const uint8_t* wrow, const Q8KRows& xq, int64_t r0, int64_t k, flo
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const int64_t row = r0 + r;
-      const int corr = correction<Dec>(sb, xq.bsums.data() + row * (k / 16) + s * 16);
+      const int corr = correction(sb, xq.bsums.data() + row * (k / 16) + s * 16);
       const float v = std::fma(static_cast<float>(hsum_epi32(isum[r])), sb.d,
                                -(static_cast<float>(corr) * cfac));
       total[r] = std::fma(v, xq.d[row * nsb + s], total[r]);

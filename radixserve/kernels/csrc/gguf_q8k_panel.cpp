@@ -149,9 +149,7 @@ void decode_panel(const uint8_t* blocks, int64_t row_bytes, int64_t k, int64_t n
         p.sc16[(s * nsub + t) * L + r] = int16_pair(sc, sc);
       }
       for (int j = 0; j < 8; ++j) {
-        const int c0 = Dec::kMins ? sb.mins[j] : sb.sc[2 * j];
-        const int c1 = Dec::kMins ? sb.mins[j] : sb.sc[2 * j + 1];
-        p.cpair[(s * 8 + j) * L + r] = int16_pair(c0, c1);
+        p.cpair[(s * 8 + j) * L + r] = int16_pair(sb.coef[2 * j], sb.coef[2 * j + 1]);
       }
       p.d[s * L + r] = sb.d;
       p.cfac[s * L + r] = Dec::kMins ? sb.dmin : sb.d * static_cast<float>(Dec::kZero);
