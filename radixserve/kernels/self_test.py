@@ -199,18 +199,21 @@ def _check_q8k_panel(
     n: int,
     w: torch.Tensor,
 ) -> None:
-    """The Q8_K panel GEMM (gguf_q8k_panel.cpp) in each variant this build has, restored after."""
-    previous_rows, previous_isa = ext.q8k_panel_min_rows(), ext.q8k_panel_isa()
+    """The Q8_K kernels (per row and panel) in each variant this build has; the process-wide
+    switches are restored after."""
+    previous = ext.q8k_panel_min_rows(), ext.q8k_isa(), ext.kquant_int8()
     try:
-        ext.set_q8k_panel_min_rows(1)
-        for isa in ext.q8k_panel_isas():
-            ext.set_q8k_panel_isa(isa)
-            _close(
-                f"{name} (Q8_K panel, {isa})", ext.gguf_linear(x, blocks, qtype, n), x @ w.T, 3e-2
-            )
+        ext.set_kquant_int8(True)
+        for isa in ext.q8k_isas():
+            ext.set_q8k_isa(isa)
+            for path, min_rows in (("panel", 1), ("rows", 2**62)):
+                ext.set_q8k_panel_min_rows(min_rows)
+                got = ext.gguf_linear(x, blocks, qtype, n)
+                _close(f"{name} (Q8_K {path}, {isa})", got, x @ w.T, 3e-2)
     finally:
-        ext.set_q8k_panel_min_rows(previous_rows)
-        ext.set_q8k_panel_isa(previous_isa)
+        ext.set_q8k_panel_min_rows(previous[0])
+        ext.set_q8k_isa(previous[1])
+        ext.set_kquant_int8(previous[2])
 
 
 def _random_blocks(n: int, k: int, qtype: int) -> torch.Tensor:

@@ -36,10 +36,14 @@ FLOAT_WEIGHT = -1  # llama_layer's qtype for a plain float weight
 _NO_BIAS = torch.empty(0)
 
 
-def _projection(linear: nn.Module) -> tuple[torch.Tensor, int, torch.Tensor] | None:
-    """(weight or GGUF blocks, qtype, bias or empty) of a linear layer, None if the kernel
-    cannot run it (a sharded weight, or a LoRA hook: the C++ layer has no place to add the
-    adapters' deltas, so --enable-lora runs decoder layers module by module)."""
+def _projection(
+    linear: nn.Module,
+) -> tuple[list[torch.Tensor], list[int], torch.Tensor] | None:
+    """(weights or GGUF blocks of each part, their qtypes, bias or empty) of a linear layer, None
+    if the kernel cannot run it (a sharded weight, or a LoRA hook: the C++ layer has no place to
+    add the adapters' deltas, so --enable-lora runs decoder layers module by module). One part,
+    except a fused layer whose parts have different GGUF block types (Q4_K_M's q|k|v with a
+    Q6_K v): the kernel runs those part by part."""
     if getattr(linear, "tp_size", 1) != 1 or getattr(linear, "lora", None) is not None:
         return None
     if getattr(linear, "onednn", None) is not None or getattr(linear, "int4", None) is not None:
@@ -47,12 +51,14 @@ def _projection(linear: nn.Module) -> tuple[torch.Tensor, int, torch.Tensor] | N
     bias = linear.bias if linear.bias is not None else _NO_BIAS
     gguf: GGUFWeight | None = getattr(linear, "gguf", None)
     if gguf is not None:
-        if not ops.gguf_kernel_type(gguf.qtype) or gguf.blocks.shape[0] != gguf.out_features:
-            return None
-        return gguf.blocks, gguf.qtype, bias
+        parts = gguf.parts or (gguf,)
+        for part in parts:
+            if not ops.gguf_kernel_type(part.qtype) or part.blocks.shape[0] != part.out_features:
+                return None
+        return [p.blocks for p in parts], [p.qtype for p in parts], bias
     if linear.weight.dim() != 2:
         return None
-    return linear.weight, FLOAT_WEIGHT, bias
+    return [linear.weight], [FLOAT_WEIGHT], bias
 
 
 def fusable(layer: LlamaDecoderLayer) -> bool:
@@ -77,8 +83,9 @@ class FusedLayerArgs(NamedTuple):
 
     norms: list[torch.Tensor]
     eps: float
-    weights: list[torch.Tensor]
-    qtypes: list[int]
+    weights: list[torch.Tensor]  # every part of qkv, o, gate_up, down in turn
+    qtypes: list[int]  # one per part
+    part_counts: list[int]  # parts of qkv, o, gate_up, down
     biases: list[torch.Tensor]
     cos_sin: torch.Tensor
     rot_dim: int
@@ -102,8 +109,9 @@ def fused_layer_args(layer: LlamaDecoderLayer) -> FusedLayerArgs | None:
     return FusedLayerArgs(
         norms=[layer.input_layernorm.weight, layer.post_attention_layernorm.weight],
         eps=layer.input_layernorm.variance_epsilon,
-        weights=[p[0] for p in projections],  # type: ignore[index]
-        qtypes=[p[1] for p in projections],  # type: ignore[index]
+        weights=[w for p in projections for w in p[0]],  # type: ignore[index]
+        qtypes=[q for p in projections for q in p[1]],  # type: ignore[index]
+        part_counts=[len(p[0]) for p in projections],  # type: ignore[index]
         biases=[p[2] for p in projections],  # type: ignore[index]
         cos_sin=rotary.cos_sin_cache,
         rot_dim=rotary.rotary_dim,
@@ -146,6 +154,7 @@ def _call_fused(
         args.eps,
         args.weights,
         args.qtypes,
+        args.part_counts,
         args.biases,
         positions,
         args.cos_sin,
@@ -210,6 +219,7 @@ class LayerChainCache:
                 [a.eps for a in layer_args],
                 [t for a in layer_args for t in a.weights],
                 [q for a in layer_args for q in a.qtypes],
+                [c for a in layer_args for c in a.part_counts],
                 [t for a in layer_args for t in a.biases],
                 [a.cos_sin for a in layer_args],
                 [a.rot_dim for a in layer_args],

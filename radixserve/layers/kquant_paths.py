@@ -77,7 +77,7 @@ def choose_kquant_paths(model: nn.Module, linears: tuple[type, ...], enabled: bo
     many = (
         "float tiles (the Q8_K panel GEMM measured no faster)"
         if min_rows == PANEL_NEVER
-        else f"the Q8_K panel GEMM ({ext.q8k_panel_isa()}) from {min_rows} rows"
+        else f"the Q8_K panel GEMM ({ext.q8k_isa()}) from {min_rows} rows"
     )
     logger.info("GGUF K-quants: %s for a few rows (%s), %s", few, reason, many)
     return small

@@ -287,6 +287,88 @@ def test_single_token_chain_equals_module_by_module(ext: object, kv_dtype: torch
         assert torch.equal(g, w)
 
 
+def _quantize_k_quants(model: torch.nn.Module) -> int:
+    """Q4_K_M's layout on every decoder projection: q|k|v as Q4_K, Q4_K and a Q6_K v (a fused
+    layer of mixed parts), o and gate_up Q4_K, down Q6_K. Returns the layers with mixed parts."""
+    from radixserve.kernels import gguf_types
+    from radixserve.layers.linear import attach_gguf_parts, attach_gguf_weight
+    from tests.helpers.tiny_gguf import random_blocks
+
+    mixed = 0
+    for index, (name, module) in enumerate(model.named_modules()):
+        if not name.endswith(("qkv_proj", "o_proj", "gate_up_proj", "down_proj")):
+            continue
+        rows, cols = module.weight.shape
+        if name.endswith("qkv_proj"):
+            attn = model.get_submodule(name.rsplit(".", 1)[0])
+            kv = attn.attn.num_kv_heads * attn.attn.head_dim
+            q = rows - 2 * kv
+            parts = [(q, gguf_types.Q4_K), (kv, gguf_types.Q4_K), (kv, gguf_types.Q6_K)]
+            attach_gguf_parts(
+                module,
+                [(random_blocks(t, n, cols, seed=index + i), t) for i, (n, t) in enumerate(parts)],
+            )
+            mixed += 1
+        else:
+            qtype = gguf_types.Q6_K if name.endswith("down_proj") else gguf_types.Q4_K
+            attach_gguf_weight(module, random_blocks(qtype, rows, cols, seed=index), qtype)
+    return mixed
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["int16 activations", "Q8_K activations"])
+def test_chain_runs_mixed_k_quant_layers(ext: object, int8: bool) -> None:
+    """Q4_K_M-shaped layers (a q|k|v of Q4_K and Q6_K parts, K-quants everywhere) take the
+    one-call paths, the batch-1 chain included, on int16 or Q8_K activations, and their logits
+    are bitwise those of the module-by-module fast path."""
+    from radixserve.mem_cache.kv_cache import KVCache
+    from radixserve.models.llama import LlamaDecoderLayer
+
+    hf_config = tiny_hf_config(
+        "llama",
+        architectures=["LlamaForCausalLM"],
+        hidden_size=256,
+        intermediate_size=512,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+    )
+    config = ModelConfig.from_hf_config(hf_config, dtype=torch.float32)
+    torch.manual_seed(0)
+    model = get_model_class(config.architectures)(config).eval()
+    for p in model.parameters():
+        p.data.normal_(0, 0.2)
+    layers = [m for m in model.modules() if isinstance(m, LlamaDecoderLayer)]
+    assert _quantize_k_quants(model) == len(layers)
+
+    def run(fused: bool) -> list[torch.Tensor]:
+        driver = ManualDriver(model, config)
+        driver.backend = CpuPagedAttnBackend()
+        heads = config.num_key_value_heads
+        driver.kv_cache = KVCache(4096, len(layers), heads, config.head_dim, torch.float32, "cpu")
+        use_fast_kernels(model, True)
+        ext.set_kquant_int8(int8)  # after use_fast_kernels, which chooses it by timing
+        if not fused:
+            for module in layers:
+                module.fused_args = None
+        try:
+            out = [driver.forward([(0, [5, 6, 7, 8, 9])])]
+            out += [driver.forward([(0, [t])], decode=True) for t in (10, 11, 12)]
+            out.append(driver.forward([(0, [13]), (1, [3, 4])]))  # two requests: no chain
+            return out
+        finally:
+            use_fast_kernels(model, False)
+            ext.set_kquant_int8(False)
+
+    with torch.inference_mode():
+        want = run(fused=False)
+        assert all(layer.fused_args is None for layer in layers)
+        got = run(fused=True)
+    chain = model.model._layer_chains.current
+    assert chain is not None and chain.single_row_runs() == 3  # the three decode steps
+    for w, g in zip(want, got, strict=True):
+        assert torch.equal(g, w)
+
+
 def test_layer_chain_follows_the_layers_arguments(ext: object) -> None:
     """The C++ chain holds the weights it was built with: it is reused while every layer keeps
     its FusedLayerArgs, and rebuilt once use_fast_kernels gives the layers new ones (as it does

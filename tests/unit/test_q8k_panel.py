@@ -1,7 +1,7 @@
-"""The K-quant panel GEMM on int8 activations (csrc/gguf_q8k_panel.cpp) in every variant this
-build has: exact Q8_K arithmetic (equal to a float64 product of the rounded activations), the
-same bits as the per-row kernels whatever the batch, and the startup choice of paths
-(layers/kquant_paths.py)."""
+"""The K-quant kernels on int8 activations, the per-row one (csrc/gguf_q8k.cpp) and the panel
+GEMM (csrc/gguf_q8k_panel.cpp), in every variant this build has: exact Q8_K arithmetic (equal to
+a float64 product of the rounded activations), a row's bits independent of its batch and of
+the variant, and the startup choice of paths (layers/kquant_paths.py)."""
 
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ NEVER = kquant_paths.PANEL_NEVER
 def ext() -> Iterator[object]:
     """The extension with the process-wide K-quant switches restored after the test."""
     ext = load_extension()
-    if ext is None or not ext.q8k_panel_isas():
+    if ext is None or not ext.q8k_isas():
         pytest.skip("the Q8_K kernels are not built here (they need AVX2)")
-    isa = ext.q8k_panel_isa()
+    isa = ext.q8k_isa()
     yield ext
     ext.set_kquant_int8(False)
     ext.set_q8k_panel_min_rows(NEVER)
-    ext.set_q8k_panel_isa(isa)
+    ext.set_q8k_isa(isa)
 
 
 def q8k_round(x: torch.Tensor) -> torch.Tensor:
@@ -47,7 +47,7 @@ def q8k_round(x: torch.Tensor) -> torch.Tensor:
 def panel(
     ext: object, isa: str, x: torch.Tensor, blocks: torch.Tensor, qtype: int, n: int
 ) -> torch.Tensor:
-    ext.set_q8k_panel_isa(isa)
+    ext.set_q8k_isa(isa)
     ext.set_q8k_panel_min_rows(1)
     try:
         return ops.gguf_linear(x, blocks, qtype, n)
@@ -67,27 +67,36 @@ def test_panel_is_exact_q8k_arithmetic(ext: object, qtype: int, rows: int) -> No
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
     expected = q8k_round(x) @ w.T
     scale = expected.abs().max().item()
-    for isa in ext.q8k_panel_isas():
+    ext.set_kquant_int8(True)
+    for isa in ext.q8k_isas():
         got = panel(ext, isa, x, blocks, qtype, n).double()
         assert (got - expected).abs().max().item() < 1e-5 * scale, isa
         # and the int8 rounding is really there: float inputs give a different product
         assert (got - x.double() @ w.T).abs().max().item() > 1e-4 * scale, isa
+        one = ops.gguf_linear(x[:1].contiguous(), blocks, qtype, n).double()  # per-row kernel
+        assert (one - expected[:1]).abs().max().item() < 1e-5 * scale, isa
 
 
 @pytest.mark.parametrize("qtype", Q8K_TYPES, ids=gguf_types.type_name)
 def test_a_row_has_the_same_bits_in_any_batch(ext: object, qtype: int) -> None:
-    """The per-row kernels (few rows) and each panel variant (many rows) give a row the same
-    bits: a request's logits do not depend on what it is batched with."""
+    """The per-row kernels (few rows) and the panel (many rows), in every variant, give a row
+    the same bits: a request's logits do not depend on what it is batched with, nor on the
+    vector width the CPU runs them at."""
     n, k = 40, 512
     blocks = random_blocks(qtype, n, k, seed=3)
     x = torch.randn(19, k, generator=torch.Generator().manual_seed(3))
     ext.set_kquant_int8(True)
-    alone = torch.cat([ops.gguf_linear(x[i : i + 1], blocks, qtype, n) for i in range(len(x))])
-    for isa in ext.q8k_panel_isas():
+    reference = None
+    for isa in ext.q8k_isas():
+        ext.set_q8k_isa(isa)
+        alone = torch.cat([ops.gguf_linear(x[i : i + 1], blocks, qtype, n) for i in range(len(x))])
+        three = ops.gguf_linear(x[:3].contiguous(), blocks, qtype, n)
+        assert torch.equal(three, alone[:3]), isa
         for rows in (4, 7, 19):
-            assert torch.equal(
-                panel(ext, isa, x[:rows].contiguous(), blocks, qtype, n), alone[:rows]
-            ), (isa, rows)
+            got = panel(ext, isa, x[:rows].contiguous(), blocks, qtype, n)
+            assert torch.equal(got, alone[:rows]), (isa, rows)
+        reference = alone if reference is None else reference
+        assert torch.equal(alone, reference), isa
 
 
 def test_min_rows_switches_between_the_paths(ext: object) -> None:
@@ -102,13 +111,13 @@ def test_min_rows_switches_between_the_paths(ext: object) -> None:
     assert (floats - x.double() @ w.T).abs().max().item() < 1e-5 * floats.abs().max().item()
     ext.set_q8k_panel_min_rows(40)
     assert torch.equal(
-        ops.gguf_linear(x, blocks, qtype, n), panel(ext, ext.q8k_panel_isa(), x, blocks, qtype, n)
+        ops.gguf_linear(x, blocks, qtype, n), panel(ext, ext.q8k_isa(), x, blocks, qtype, n)
     )
 
 
 def test_unknown_variant_is_refused(ext: object) -> None:
-    with pytest.raises(RuntimeError, match="no Q8_K panel kernel for sse2"):
-        ext.set_q8k_panel_isa("sse2")
+    with pytest.raises(RuntimeError, match="no Q8_K kernels for sse2"):
+        ext.set_q8k_isa("sse2")
 
 
 class _Layer(torch.nn.Module):

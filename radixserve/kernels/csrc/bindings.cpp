@@ -26,11 +26,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // choice (layers/fast_path.py measures both at startup).
   m.def("set_kquant_int8", &radixserve::set_kquant_int8);
   m.def("kquant_int8", &radixserve::kquant_int8);
-  // Their matmul for many rows (gguf_q8k_panel.cpp): variants, the one in use, and the row
-  // count from which gguf_linear takes it.
-  m.def("q8k_panel_isas", &radixserve::q8k_panel_isas);
-  m.def("set_q8k_panel_isa", &radixserve::set_q8k_panel_isa);
-  m.def("q8k_panel_isa", &radixserve::q8k_panel_isa);
+  // Their kernel variants (gguf_q8k.h), and the row count from which gguf_linear takes their
+  // matmul for many rows (gguf_q8k_panel.cpp).
+  m.def("q8k_isas", &radixserve::q8k_isas);
+  m.def("set_q8k_isa", &radixserve::set_q8k_isa);
+  m.def("q8k_isa", &radixserve::q8k_isa);
   m.def("set_q8k_panel_min_rows", &radixserve::set_q8k_panel_min_rows);
   m.def("q8k_panel_min_rows", &radixserve::q8k_panel_min_rows);
   m.def("float_linear_packed", &radixserve::float_linear_packed);
@@ -44,7 +44,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<radixserve::LlamaLayerChain>(m, "LlamaLayerChain", py::module_local())
       .def(py::init<const std::vector<at::Tensor>&, const std::vector<double>&,
                     const std::vector<at::Tensor>&, const std::vector<int64_t>&,
-                    const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
+                    const std::vector<int64_t>&, const std::vector<at::Tensor>&, const std::vector<at::Tensor>&,
                     const std::vector<int64_t>&, const std::vector<bool>&,
                     const std::vector<int64_t>&, const std::vector<int64_t>&,
                     const std::vector<int64_t>&, const std::vector<double>&>())

@@ -26,26 +26,54 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& weight, int64_t qtype,
   return has_bias ? out + bias : out;
 }
 
+// A projection made of parts (weights[first, first + count)) whose outputs are laid end to end:
+// a fused q|k|v with a Q6_K v and Q4_K q, k (llama.cpp's Q4_K_M) runs part by part.
+at::Tensor project_parts(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                         const std::vector<int64_t>& qtypes, int64_t first, int64_t count,
+                         const at::Tensor& bias) {
+  if (count == 1) return project(x, weights[first], qtypes[first], bias);
+  const at::Tensor none = at::empty({0}, x.options());
+  std::vector<at::Tensor> outs;
+  for (int64_t i = first; i < first + count; ++i) outs.push_back(project(x, weights[i], qtypes[i], none));
+  auto out = at::cat(outs, 1);
+  return bias.numel() > 0 ? out + bias : out;
+}
+
 }  // namespace
 
 // hidden [T, E] (contiguous), residual [T, E] or empty for the first layer.
 // norms: {input_layernorm, post_attention_layernorm} weights.
-// weights/qtypes/biases: qkv, o, gate_up, down projections (biases empty where absent).
+// part_counts/biases: qkv, o, gate_up, down projections (biases empty where absent); weights and
+// qtypes: their parts, part_counts[p] for projection p (one, unless a fused projection's parts
+// have different block types).
 // meta: {req_pool_indices, prefix_lens, extend_lens, q_starts} as for paged_attention.
 // Returns {mlp output, residual}: what LlamaDecoderLayer.forward returns. `hidden` and
 // `residual` may be overwritten (as the layer-by-layer fused norms do).
 std::vector<at::Tensor> llama_layer(
     const at::Tensor& hidden, const at::Tensor& residual, const std::vector<at::Tensor>& norms,
     double eps, const std::vector<at::Tensor>& weights, const std::vector<int64_t>& qtypes,
-    const std::vector<at::Tensor>& biases, const at::Tensor& positions, const at::Tensor& cos_sin,
+    const std::vector<int64_t>& part_counts, const std::vector<at::Tensor>& biases,
+    const at::Tensor& positions, const at::Tensor& cos_sin,
     int64_t rot_dim, bool neox, const at::Tensor& k_cache, const at::Tensor& v_cache,
     const at::Tensor& slots, const at::Tensor& req_to_token, const std::vector<at::Tensor>& meta,
     int64_t heads, int64_t kv_heads, int64_t head_dim, double scale) {
   check_cpu(hidden, "hidden");
   TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous(), "hidden must be contiguous [T, E]");
   TORCH_CHECK(norms.size() == 2, "norms: input and post-attention weights");
-  TORCH_CHECK(weights.size() == 4 && qtypes.size() == 4 && biases.size() == 4,
-              "weights, qtypes, biases: qkv, o, gate_up, down");
+  TORCH_CHECK(part_counts.size() == 4 && biases.size() == 4,
+              "part_counts, biases: qkv, o, gate_up, down");
+  int64_t first[4], parts = 0;
+  for (int p = 0; p < 4; ++p) {
+    TORCH_CHECK(part_counts[p] >= 1, "every projection has a part");
+    first[p] = parts;
+    parts += part_counts[p];
+  }
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == parts &&
+                  static_cast<int64_t>(qtypes.size()) == parts,
+              "weights, qtypes: one per part");
+  auto proj = [&](const at::Tensor& in, int p) {
+    return project_parts(in, weights, qtypes, first[p], part_counts[p], biases[p]);
+  };
   TORCH_CHECK(meta.size() == 4, "meta: req_pool_indices, prefix_lens, extend_lens, q_starts");
   at::Tensor x, res;
   if (residual.numel() == 0) {
@@ -58,7 +86,7 @@ std::vector<at::Tensor> llama_layer(
     res = residual;
     fused_add_rms_norm(x, res, norms[0], eps);
   }
-  auto qkv = project(x, weights[0], qtypes[0], biases[0]);
+  auto qkv = proj(x, 0);
   const int64_t q_size = heads * head_dim, kv_size = kv_heads * head_dim;
   TORCH_CHECK(qkv.size(1) == q_size + 2 * kv_size, "qkv width does not match the heads");
   auto q = qkv.narrow(1, 0, q_size);
@@ -68,33 +96,44 @@ std::vector<at::Tensor> llama_layer(
   rope_store_kv(q, k, v, positions, cos_sin, kc, vc, slots, head_dim, rot_dim, neox);
   auto attn = paged_attention(q, k_cache, v_cache, req_to_token, meta[0], meta[1], meta[2],
                               meta[3], heads, scale);
-  auto o = project(attn, weights[1], qtypes[1], biases[1]);
+  auto o = proj(attn, 1);
   fused_add_rms_norm(o, res, norms[1], eps);
-  auto act = silu_and_mul(project(o, weights[2], qtypes[2], biases[2]));
-  return {project(act, weights[3], qtypes[3], biases[3]), res};
+  auto act = silu_and_mul(proj(o, 2));
+  return {proj(act, 3), res};
 }
 
 LlamaLayerChain::LlamaLayerChain(
     const std::vector<at::Tensor>& norms, const std::vector<double>& eps,
     const std::vector<at::Tensor>& weights, const std::vector<int64_t>& qtypes,
-    const std::vector<at::Tensor>& biases, const std::vector<at::Tensor>& cos_sin,
+    const std::vector<int64_t>& part_counts, const std::vector<at::Tensor>& biases,
+    const std::vector<at::Tensor>& cos_sin,
     const std::vector<int64_t>& rot_dim, const std::vector<bool>& neox,
     const std::vector<int64_t>& heads, const std::vector<int64_t>& kv_heads,
     const std::vector<int64_t>& head_dim, const std::vector<double>& scale) {
   const size_t n = eps.size();
   TORCH_CHECK(n > 0, "a layer chain needs at least one layer");
   TORCH_CHECK(norms.size() == 2 * n, "norms: two per layer");
-  TORCH_CHECK(weights.size() == 4 * n && qtypes.size() == 4 * n && biases.size() == 4 * n,
-              "weights, qtypes, biases: four per layer");
+  TORCH_CHECK(part_counts.size() == 4 * n && biases.size() == 4 * n,
+              "part_counts, biases: four per layer");
+  TORCH_CHECK(weights.size() == qtypes.size(), "weights, qtypes: one per part");
   TORCH_CHECK(cos_sin.size() == n && rot_dim.size() == n && neox.size() == n &&
                   heads.size() == n && kv_heads.size() == n && head_dim.size() == n &&
                   scale.size() == n,
               "per-layer settings: one per layer");
+  size_t part = 0;
   for (size_t i = 0; i < n; ++i) {
     Layer layer;
     layer.norms.assign(norms.begin() + 2 * i, norms.begin() + 2 * i + 2);
-    layer.weights.assign(weights.begin() + 4 * i, weights.begin() + 4 * i + 4);
-    layer.qtypes.assign(qtypes.begin() + 4 * i, qtypes.begin() + 4 * i + 4);
+    layer.part_counts.assign(part_counts.begin() + 4 * i, part_counts.begin() + 4 * i + 4);
+    size_t count = 0;
+    for (int64_t c : layer.part_counts) {
+      TORCH_CHECK(c >= 1, "every projection has a part");
+      count += static_cast<size_t>(c);
+    }
+    TORCH_CHECK(part + count <= weights.size(), "weights, qtypes: one per part");
+    layer.weights.assign(weights.begin() + part, weights.begin() + part + count);
+    layer.qtypes.assign(qtypes.begin() + part, qtypes.begin() + part + count);
+    part += count;
     layer.biases.assign(biases.begin() + 4 * i, biases.begin() + 4 * i + 4);
     layer.eps = eps[i];
     layer.cos_sin = cos_sin[i];
@@ -106,6 +145,7 @@ LlamaLayerChain::LlamaLayerChain(
     layer.scale = scale[i];
     layers_.push_back(std::move(layer));
   }
+  TORCH_CHECK(part == weights.size(), "weights, qtypes: one per part");
 }
 
 std::vector<at::Tensor> LlamaLayerChain::run(const at::Tensor& hidden,
@@ -126,7 +166,8 @@ std::vector<at::Tensor> LlamaLayerChain::run(const at::Tensor& hidden,
   std::vector<at::Tensor> state{hidden, no_residual};  // {output, residual} of the last layer
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];
-    state = llama_layer(state[0], state[1], l.norms, l.eps, l.weights, l.qtypes, l.biases,
+    state = llama_layer(state[0], state[1], l.norms, l.eps, l.weights, l.qtypes, l.part_counts,
+                        l.biases,
                         positions, l.cos_sin, l.rot_dim, l.neox, k_caches[i], v_caches[i], slots,
                         req_to_token, meta, l.heads, l.kv_heads, l.head_dim, l.scale);
   }

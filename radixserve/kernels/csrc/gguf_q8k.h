@@ -25,18 +25,26 @@ bool kquant_int8();
 
 template <typename T>
 void quantize_q8k(const T* x, int64_t m, int64_t k, int64_t stride, Q8KRows& out);
+// One row of K values, in pieces (the batch-1 chain quantizes each thread's columns itself):
+// size the buffers once, then quantize super-blocks [s0, s1).
+void size_q8k_row(int64_t k, Q8KRows& out);
+void quantize_q8k_row_blocks(const float* x, int64_t k, int64_t s0, int64_t s1, Q8KRows& out);
 
 // Output columns [begin, end) of activation rows [r0, r0 + rows): out[r * out_stride + col].
 void q8k_dot_columns(const uint8_t* blocks, int64_t row_bytes, int64_t qtype, const Q8KRows& xq,
                      int64_t k, int64_t r0, int64_t rows, float* out, int64_t out_stride,
                      int64_t begin, int64_t end);
 
+// The variants of the Q8_K kernels this build has: "avx2" (maddubs, 256-bit), and where the
+// CPU has more, the wider one, the default: "avx512_vnni" (512-bit per-row kernel, vpdpbusd
+// panel), "avx512" (512-bit per-row kernel, no VNNI) or "avx_vnni" (256-bit vpdpbusd panel).
+// Tests run each; q8k_wide() says whether the wider one is in use.
+std::vector<std::string> q8k_isas();
+void set_q8k_isa(const std::string& isa);
+std::string q8k_isa();
+bool q8k_wide();
 // Many activation rows: out[M, N] = x . W^T over panels of weight rows decoded once
-// (gguf_q8k_panel.cpp). The kernel variants this build has ("avx2", and "avx512_vnni" or
-// "avx_vnni" where the CPU has them; the last is the default), and the one in use.
-std::vector<std::string> q8k_panel_isas();
-void set_q8k_panel_isa(const std::string& isa);
-std::string q8k_panel_isa();
+// (gguf_q8k_panel.cpp).
 void q8k_panel_linear(const uint8_t* blocks, int64_t row_bytes, int64_t qtype, const Q8KRows& xq,
                       int64_t m, int64_t k, int64_t n, float* out);
 // From this many activation rows on, gguf_linear takes the panel GEMM for K-quants (Q8_K

@@ -413,7 +413,7 @@ void panel_linear_for(const uint8_t* blocks, int64_t row_bytes, const Q8KRows& x
     return;
   }
 #endif
-  (void)vnni;
+  (void)vnni;  // no VNNI in this build: maddubs
   panel_linear<Dec, Avx2::kLanes>(
       blocks, row_bytes, xq, m, k, n, out,
       [&](const Panel& p, const XRow* x, int64_t rows, float* o, int cols) {
@@ -425,12 +425,6 @@ void panel_linear_for(const uint8_t* blocks, int64_t row_bytes, const Q8KRows& x
 }
 #endif  // __AVX2__
 
-#if defined(RS_PANEL_VNNI)
-std::atomic<int> g_panel_isa{1};
-#else
-std::atomic<int> g_panel_isa{0};
-#endif
-
 std::atomic<int64_t> g_panel_min_rows{std::numeric_limits<int64_t>::max()};  // off until chosen
 
 }  // namespace
@@ -438,34 +432,10 @@ std::atomic<int64_t> g_panel_min_rows{std::numeric_limits<int64_t>::max()};  // 
 void set_q8k_panel_min_rows(int64_t rows) { g_panel_min_rows.store(std::max<int64_t>(rows, 1)); }
 int64_t q8k_panel_min_rows() { return g_panel_min_rows.load(); }
 
-std::vector<std::string> q8k_panel_isas() {
-  std::vector<std::string> isas;
-#if defined(__AVX2__)
-  isas.push_back("avx2");
-#endif
-#if defined(RS_PANEL_VNNI)
-  isas.push_back(Vnni::kLanes == 16 ? "avx512_vnni" : "avx_vnni");
-#endif
-  return isas;
-}
-
-void set_q8k_panel_isa(const std::string& isa) {
-  const auto isas = q8k_panel_isas();
-  TORCH_CHECK(std::find(isas.begin(), isas.end(), isa) != isas.end(), "no Q8_K panel kernel for ",
-              isa, " in this build");
-  g_panel_isa.store(isa == "avx2" ? 0 : 1);
-}
-
-std::string q8k_panel_isa() {
-  const auto isas = q8k_panel_isas();
-  if (isas.empty()) return "";
-  return g_panel_isa.load() == 0 ? "avx2" : isas.back();
-}
-
 void q8k_panel_linear(const uint8_t* blocks, int64_t row_bytes, int64_t qtype,
                       const Q8KRows& xq, int64_t m, int64_t k, int64_t n, float* out) {
 #if defined(__AVX2__)
-  const bool vnni = g_panel_isa.load() == 1;
+  const bool vnni = q8k_wide();
   switch (qtype) {
     case gguf::kQ3_K: panel_linear_for<Q8KQ3_K>(blocks, row_bytes, xq, m, k, n, out, vnni); break;
     case gguf::kQ4_K: panel_linear_for<Q8KQ4_K>(blocks, row_bytes, xq, m, k, n, out, vnni); break;

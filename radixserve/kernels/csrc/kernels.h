@@ -23,7 +23,8 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
 std::vector<at::Tensor> llama_layer(
     const at::Tensor& hidden, const at::Tensor& residual, const std::vector<at::Tensor>& norms,
     double eps, const std::vector<at::Tensor>& weights, const std::vector<int64_t>& qtypes,
-    const std::vector<at::Tensor>& biases, const at::Tensor& positions, const at::Tensor& cos_sin,
+    const std::vector<int64_t>& part_counts, const std::vector<at::Tensor>& biases,
+    const at::Tensor& positions, const at::Tensor& cos_sin,
     int64_t rot_dim, bool neox, const at::Tensor& k_cache, const at::Tensor& v_cache,
     const at::Tensor& slots, const at::Tensor& req_to_token, const std::vector<at::Tensor>& meta,
     int64_t heads, int64_t kv_heads, int64_t head_dim, double scale);
@@ -45,11 +46,13 @@ int64_t bind_threads(const std::vector<int64_t>& cpus);
 // the same results.
 class LlamaLayerChain {
  public:
-  // Flat lists, layer after layer: norms two per layer (input, post-attention), weights,
-  // qtypes and biases four (qkv, o, gate_up, down), the rest one.
+  // Flat lists, layer after layer: norms two per layer (input, post-attention), part_counts
+  // and biases four (qkv, o, gate_up, down), weights and qtypes one per part (part_counts[p]
+  // for projection p: a fused q|k|v whose parts have different block types runs part by part),
+  // the rest one.
   LlamaLayerChain(const std::vector<at::Tensor>& norms, const std::vector<double>& eps,
                   const std::vector<at::Tensor>& weights, const std::vector<int64_t>& qtypes,
-                  const std::vector<at::Tensor>& biases, const std::vector<at::Tensor>& cos_sin,
+                  const std::vector<int64_t>& part_counts, const std::vector<at::Tensor>& biases, const std::vector<at::Tensor>& cos_sin,
                   const std::vector<int64_t>& rot_dim, const std::vector<bool>& neox,
                   const std::vector<int64_t>& heads, const std::vector<int64_t>& kv_heads,
                   const std::vector<int64_t>& head_dim, const std::vector<double>& scale);
@@ -66,6 +69,13 @@ class LlamaLayerChain {
   struct Layer {
     std::vector<at::Tensor> norms, weights, biases;
     std::vector<int64_t> qtypes;
+    std::vector<int64_t> part_counts;  // 4: weights/qtypes entries of each projection
+    // The index in weights/qtypes of projection p's first part.
+    int64_t first_part(int p) const {
+      int64_t i = 0;
+      for (int j = 0; j < p; ++j) i += part_counts[j];
+      return i;
+    }
     double eps = 0.0, scale = 0.0;
     at::Tensor cos_sin;
     int64_t rot_dim = 0, heads = 0, kv_heads = 0, head_dim = 0;

@@ -9,9 +9,13 @@
 // quantization of its output are done by each thread for its own columns, and only the row
 // operations of hidden-size length run on thread 0, between barriers.
 // Per output element the arithmetic is that of the kernels llama_layer calls (the same
-// functions), so the results are bitwise equal to its.
+// functions), so the results are bitwise equal to its. A GEMV input is quantized in the formats
+// its weights take (int16 blocks per 32, or Q8_K per 256 for K-quants when set_kquant_int8 chose
+// it), and a projection made of parts of different types (Q4_K_M's q|k|v with a Q6_K v) runs
+// them as one range of output columns split over the threads.
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <utility>
@@ -29,12 +33,13 @@ namespace {
 
 constexpr int64_t kQKV = 0, kO = 1, kGateUp = 2, kDown = 3;
 
-// The block types the chain's GEMV runs: its activations are the int16 blocks, so K-quants
-// step aside while they run on Q8_K activations (gguf_q8k.cpp).
+// The block types the chain's GEMV runs.
 bool is_block_type(int64_t qtype) {
-  return qtype == gguf::kQ4_1 || qtype == gguf::kQ8_0 ||
-         (gguf::kquant_type(qtype) && !(kquant_int8() && q8k_type(qtype)));
+  return qtype == gguf::kQ4_1 || qtype == gguf::kQ8_0 || gguf::kquant_type(qtype);
 }
+
+// Whether gguf_linear runs qtype on Q8_K activations at one row (gguf_q8k.cpp).
+bool on_q8k(int64_t qtype) { return kquant_int8() && q8k_type(qtype); }
 
 // K of GGUF blocks [N, row_bytes] (0 when the bytes are not a whole number of blocks).
 int64_t block_k(const at::Tensor& blocks, int64_t qtype) {
@@ -61,10 +66,53 @@ int64_t first_value(const at::Tensor& t) {
                                                         : -1;
 }
 
+// One part of a projection: GGUF blocks of `rows` output rows.
+struct Part {
+  const uint8_t* weights;
+  int64_t row_bytes, qtype, rows;
+};
+
+// A GEMV input row in the formats its weights need.
+struct ChainInput {
+  QuantizedRows int16;
+  Q8KRows int8;
+  bool need_int16 = false, need_int8 = false;
+
+  void size_for(const std::vector<Part>& parts, int64_t k) {
+    for (const Part& p : parts) (on_q8k(p.qtype) ? need_int8 : need_int16) = true;
+    if (need_int16) size_quantized_row(k, int16);
+    if (need_int8) size_q8k_row(k, int8);
+  }
+  // Values [c0, c1) of x (c0, c1 multiples of align()).
+  void quantize(const float* x, int64_t k, int64_t c0, int64_t c1) {
+    if (need_int16) quantize_row_blocks(x, k, c0 / gguf::kBlock, c1 / gguf::kBlock, int16);
+    if (need_int8) quantize_q8k_row_blocks(x, k, c0 / 256, c1 / 256, int8);
+  }
+  int64_t align() const { return need_int8 ? 256 : gguf::kBlock; }
+};
+
+// Output columns [b, e) of the parts laid end to end, for input `in` of length k.
+void gemv_parts(const std::vector<Part>& parts, const ChainInput& in, int64_t k, float* out,
+                int64_t b, int64_t e) {
+  int64_t offset = 0;
+  for (const Part& p : parts) {
+    const int64_t lo = std::max(b, offset) - offset, hi = std::min(e, offset + p.rows) - offset;
+    if (lo < hi) {
+      if (on_q8k(p.qtype)) {
+        q8k_dot_columns(p.weights, p.row_bytes, p.qtype, in.int8, k, 0, 1, out + offset, 0, lo,
+                        hi);
+      } else {
+        gguf_gemv_columns(p.weights, p.row_bytes, p.qtype, in.int16, k, out + offset, lo, hi);
+      }
+    }
+    offset += p.rows;
+  }
+}
+
 // One layer's raw pointers for the region.
 struct LayerPointers {
-  const uint8_t* weights[4];
-  int64_t row_bytes[4], qtypes[4];
+  std::vector<Part> parts[4];
+  ChainInput inputs[4];  // of qkv (the normed hidden), o (attention), gate_up, down
   const float *norm_in, *norm_post, *cos;
   void *k_row, *v_row;  // the new token's KV rows
   const void *k_cache, *v_cache;
@@ -94,23 +142,31 @@ bool single_row_chain_applies(const std::vector<LlamaLayerChain::Layer>& layers,
         l.heads % l.kv_heads != 0) {
       return false;
     }
+    // Each projection: GGUF block parts without bias, N rows in all, K wide.
+    int64_t rows[4];
+    bool down_int8 = false;
     for (int p = 0; p < 4; ++p) {
-      const at::Tensor& w = l.weights[p];
-      if (!is_block_type(l.qtypes[p]) || l.biases[p].numel() != 0 ||
-          w.scalar_type() != at::kByte || !w.is_contiguous() || w.dim() != 2) {
-        return false;
+      rows[p] = 0;
+      if (l.biases[p].numel() != 0) return false;
+      for (int64_t i = l.first_part(p); i < l.first_part(p) + l.part_counts[p]; ++i) {
+        const at::Tensor& w = l.weights[i];
+        if (!is_block_type(l.qtypes[i]) || w.scalar_type() != at::kByte || !w.is_contiguous() ||
+            w.dim() != 2) {
+          return false;
+        }
+        rows[p] += w.size(0);
+        if (p == kDown) down_int8 = down_int8 || on_q8k(l.qtypes[i]);
       }
     }
-    const int64_t inter = l.weights[kGateUp].size(0) / 2;
-    const at::Tensor& w_qkv = l.weights[kQKV];
-    const at::Tensor& w_o = l.weights[kO];
-    const at::Tensor& w_gu = l.weights[kGateUp];
-    const at::Tensor& w_down = l.weights[kDown];
-    if (w_qkv.size(0) != q_size + 2 * kv_size || block_k(w_qkv, l.qtypes[kQKV]) != e ||
-        w_o.size(0) != e || block_k(w_o, l.qtypes[kO]) != q_size ||
-        w_gu.size(0) != 2 * inter || block_k(w_gu, l.qtypes[kGateUp]) != e ||
-        w_down.size(0) != e || block_k(w_down, l.qtypes[kDown]) != inter ||
-        inter % gguf::kBlock != 0) {
+    const int64_t inter = rows[kGateUp] / 2;
+    const int64_t widths[4] = {e, q_size, e, inter};
+    for (int p = 0; p < 4; ++p) {
+      for (int64_t i = l.first_part(p); i < l.first_part(p) + l.part_counts[p]; ++i) {
+        if (block_k(l.weights[i], l.qtypes[i]) != widths[p]) return false;
+      }
+    }
+    if (rows[kQKV] != q_size + 2 * kv_size || rows[kO] != e || rows[kGateUp] != 2 * inter ||
+        rows[kDown] != e || inter % (down_int8 ? 256 : gguf::kBlock) != 0) {
       return false;
     }
     if (!is_float_vector(l.norms[0], e) || !is_float_vector(l.norms[1], e) ||
@@ -141,7 +197,11 @@ std::vector<at::Tensor> run_single_row_chain(const std::vector<LlamaLayerChain::
   const int64_t e = hidden.size(1), heads = first.heads, kv_heads = first.kv_heads;
   const int64_t head_dim = first.head_dim, rot_dim = first.rot_dim;
   const int64_t q_size = heads * head_dim, kv_size = kv_heads * head_dim;
-  const int64_t inter = first.weights[kGateUp].size(0) / 2;
+  int64_t gate_up_rows = 0;
+  for (int64_t i = first.first_part(kGateUp); i < first.first_part(kGateUp) + first.part_counts[kGateUp]; ++i) {
+    gate_up_rows += first.weights[i].size(0);
+  }
+  const int64_t inter = gate_up_rows / 2;
   const int64_t n_layers = static_cast<int64_t>(layers.size());
   // Everything that can fail is checked here, before the region (nothing may throw inside it).
   const int64_t pos = first_value(positions), slot = first_value(slots);
@@ -162,10 +222,13 @@ std::vector<at::Tensor> run_single_row_chain(const std::vector<LlamaLayerChain::
                     k_caches[i].size(0) > slot,
                 "KV caches differ between layers");
     LayerPointers& p = ptrs[i];
+    const int64_t widths[4] = {e, q_size, e, inter};
     for (int w = 0; w < 4; ++w) {
-      p.weights[w] = l.weights[w].data_ptr<uint8_t>();
-      p.row_bytes[w] = l.weights[w].size(1);
-      p.qtypes[w] = l.qtypes[w];
+      for (int64_t j = l.first_part(w); j < l.first_part(w) + l.part_counts[w]; ++j) {
+        p.parts[w].push_back({l.weights[j].data_ptr<uint8_t>(), l.weights[j].size(1), l.qtypes[j],
+                              l.weights[j].size(0)});
+      }
+      p.inputs[w].size_for(p.parts[w], widths[w]);
     }
     p.norm_in = l.norms[0].data_ptr<float>();
     p.norm_post = l.norms[1].data_ptr<float>();
@@ -184,11 +247,6 @@ std::vector<at::Tensor> run_single_row_chain(const std::vector<LlamaLayerChain::
   float* h = out.data_ptr<float>();
   std::vector<float> normed(e), qkv(q_size + 2 * kv_size), attn(q_size), mid(e);
   std::vector<float> gate_up(2 * inter), act(inter);
-  QuantizedRows xq_in, xq_attn, xq_mid, xq_act;
-  size_quantized_row(e, xq_in);
-  size_quantized_row(q_size, xq_attn);
-  size_quantized_row(e, xq_mid);
-  size_quantized_row(inter, xq_act);
   // llama_layer's attention items for one token: one per KV head (all heads in one when there
   // is a single KV head).
   const int64_t items = kv_heads > 1 ? kv_heads : 1;
@@ -208,13 +266,12 @@ std::vector<at::Tensor> run_single_row_chain(const std::vector<LlamaLayerChain::
           add_rms_norm_row_f32(h, res, p.norm_in, e, p.eps);
           x = h;
         }
-        quantize_row_blocks(x, e, 0, e / gguf::kBlock, xq_in);
+        ptrs[i].inputs[kQKV].quantize(x, e, 0, e);
       }
 #pragma omp barrier
       {
         const auto [b, end] = share(q_size + 2 * kv_size, t, team, 4);
-        gguf_gemv_columns(p.weights[kQKV], p.row_bytes[kQKV], p.qtypes[kQKV], xq_in, e,
-                          qkv.data(), b, end);
+        gemv_parts(p.parts[kQKV], p.inputs[kQKV], e, qkv.data(), b, end);
       }
 #pragma omp barrier
       if (t == 0) {
@@ -229,37 +286,34 @@ std::vector<at::Tensor> run_single_row_chain(const std::vector<LlamaLayerChain::
                                token_row, prefix, heads, h0, h1, p.scale, attn.data());
       }
 #pragma omp barrier
-      if (t == 0) quantize_row_blocks(attn.data(), q_size, 0, q_size / gguf::kBlock, xq_attn);
+      if (t == 0) ptrs[i].inputs[kO].quantize(attn.data(), q_size, 0, q_size);
 #pragma omp barrier
       {
         const auto [b, end] = share(e, t, team, 4);
-        gguf_gemv_columns(p.weights[kO], p.row_bytes[kO], p.qtypes[kO], xq_attn, q_size,
-                          mid.data(), b, end);
+        gemv_parts(p.parts[kO], p.inputs[kO], q_size, mid.data(), b, end);
       }
 #pragma omp barrier
       if (t == 0) {  // post-attention norm with the residual add, quantized
         add_rms_norm_row_f32(mid.data(), res, p.norm_post, e, p.eps);
-        quantize_row_blocks(mid.data(), e, 0, e / gguf::kBlock, xq_mid);
+        ptrs[i].inputs[kGateUp].quantize(mid.data(), e, 0, e);
       }
 #pragma omp barrier
       {
         // Gate and up columns [j0, j1) on the same thread, so it can apply SiLU and quantize
-        // those blocks of the activation itself (j0, j1 multiples of 32).
-        const auto [j0, j1] = share(inter, t, team, gguf::kBlock);
-        const uint8_t* w = p.weights[kGateUp];
-        gguf_gemv_columns(w, p.row_bytes[kGateUp], p.qtypes[kGateUp], xq_mid, e, gate_up.data(),
-                          j0, j1);
-        gguf_gemv_columns(w, p.row_bytes[kGateUp], p.qtypes[kGateUp], xq_mid, e, gate_up.data(),
-                          inter + j0, inter + j1);
+        // those blocks of the activation itself (j0, j1 multiples of the down input's block).
+        ChainInput& down_in = ptrs[i].inputs[kDown];
+        const auto [j0, j1] = share(inter, t, team, down_in.align());
+        gemv_parts(p.parts[kGateUp], p.inputs[kGateUp], e, gate_up.data(), j0, j1);
+        gemv_parts(p.parts[kGateUp], p.inputs[kGateUp], e, gate_up.data(), inter + j0,
+                   inter + j1);
         silu_mul_span_f32(gate_up.data() + j0, gate_up.data() + inter + j0, act.data() + j0,
                           j1 - j0);
-        quantize_row_blocks(act.data(), inter, j0 / gguf::kBlock, j1 / gguf::kBlock, xq_act);
+        down_in.quantize(act.data(), inter, j0, j1);
       }
 #pragma omp barrier
       {
         const auto [b, end] = share(e, t, team, 4);
-        gguf_gemv_columns(p.weights[kDown], p.row_bytes[kDown], p.qtypes[kDown], xq_act, inter,
-                          h, b, end);
+        gemv_parts(p.parts[kDown], p.inputs[kDown], inter, h, b, end);
       }
 #pragma omp barrier
     }
