@@ -44,34 +44,30 @@ inline int32_t load_dword(const void* p) {
   return v;
 }
 
-inline int32_t int16_pair(int lo, int hi) {
-  return static_cast<int32_t>((static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16) |
-                              static_cast<uint16_t>(lo));
-}
-
 // A panel of L weight rows, decoded for every super-block of K. Per super-block s:
 //   codes[(s * kQuads + q) * L + r]   weight row r's codes 4q..4q+3 (bytes of one dword)
-//   sc32[(s * nsub + t) * L + r]      sc_t (VNNI kernels)
-//   sc16[(s * nsub + t) * L + r]      (sc_t, sc_t) as an int16 pair (AVX2 kernel)
-//   cpair[(s * 8 + p) * L + r]        (c_2p, c_2p+1) as an int16 pair
-//   d[s * L + r], cfac[s * L + r]
+//   meta[(s * kMeta + i) * L + r]     row r's record i (kSc + t: sc of run t of 16 weights;
+//                                     kCoef + j: (coef_2j, coef_2j+1) as an int16 pair; kD: d
+//                                     and kCfac: cfac, float bits)
+constexpr int kMeta = 32, kSc = 0, kCoef = 16, kD = 24, kCfac = 25;
 struct Panel {
-  std::vector<int32_t> codes, sc32, sc16, cpair;
-  std::vector<float> d, cfac;
+  std::vector<int32_t> codes, meta;
   alignas(64) int32_t rows[16][kQuads];  // one super-block's codes, row by row
+  alignas(64) int32_t records[16][kMeta];  // and its records, row by row
 };
 
-// codes[q * L + r] = rows[r][q] for the 64 dwords of a super-block: in-register transposes of
+// out[q * L + r] = in[r * width + q] for q < width (a multiple of L): in-register transposes of
 // L x L dwords (a scalar loop of strided dword stores was ~3x slower at small batches).
 #if defined(__AVX512F__)
-inline void interleave_rows(const int32_t (*rows)[kQuads], int32_t* codes, std::integral_constant<int, 16>) {
-  for (int h = 0; h < kQuads / 16; ++h) {
+inline void interleave_rows(const int32_t* in, int width, int32_t* out, std::integral_constant<int, 16>) {
+  for (int h = 0; h < width / 16; ++h) {
     __m512i v[16];
     for (int g = 0; g < 4; ++g) {  // 4 x 4 transposes inside each 128-bit lane
-      const __m512i a = _mm512_load_si512(rows[4 * g] + 16 * h);
-      const __m512i b = _mm512_load_si512(rows[4 * g + 1] + 16 * h);
-      const __m512i c = _mm512_load_si512(rows[4 * g + 2] + 16 * h);
-      const __m512i e = _mm512_load_si512(rows[4 * g + 3] + 16 * h);
+      const int32_t* src = in + 4 * g * width + 16 * h;
+      const __m512i a = _mm512_load_si512(src);
+      const __m512i b = _mm512_load_si512(src + width);
+      const __m512i c = _mm512_load_si512(src + 2 * width);
+      const __m512i e = _mm512_load_si512(src + 3 * width);
       const __m512i t0 = _mm512_unpacklo_epi32(a, b), t1 = _mm512_unpackhi_epi32(a, b);
       const __m512i t2 = _mm512_unpacklo_epi32(c, e), t3 = _mm512_unpackhi_epi32(c, e);
       v[4 * g] = _mm512_unpacklo_epi64(t0, t2);      // lane j: column 4j of rows 4g..4g+3
@@ -84,21 +80,23 @@ inline void interleave_rows(const int32_t (*rows)[kQuads], int32_t* codes, std::
       const __m512i x1 = _mm512_shuffle_i32x4(v[i], v[4 + i], _MM_SHUFFLE(3, 2, 3, 2));
       const __m512i x2 = _mm512_shuffle_i32x4(v[8 + i], v[12 + i], _MM_SHUFFLE(1, 0, 1, 0));
       const __m512i x3 = _mm512_shuffle_i32x4(v[8 + i], v[12 + i], _MM_SHUFFLE(3, 2, 3, 2));
-      int32_t* out = codes + (16 * h + i) * 16;
-      _mm512_storeu_si512(out, _mm512_shuffle_i32x4(x0, x2, _MM_SHUFFLE(2, 0, 2, 0)));
-      _mm512_storeu_si512(out + 4 * 16, _mm512_shuffle_i32x4(x0, x2, _MM_SHUFFLE(3, 1, 3, 1)));
-      _mm512_storeu_si512(out + 8 * 16, _mm512_shuffle_i32x4(x1, x3, _MM_SHUFFLE(2, 0, 2, 0)));
-      _mm512_storeu_si512(out + 12 * 16, _mm512_shuffle_i32x4(x1, x3, _MM_SHUFFLE(3, 1, 3, 1)));
+      int32_t* dst = out + (16 * h + i) * 16;
+      _mm512_storeu_si512(dst, _mm512_shuffle_i32x4(x0, x2, _MM_SHUFFLE(2, 0, 2, 0)));
+      _mm512_storeu_si512(dst + 4 * 16, _mm512_shuffle_i32x4(x0, x2, _MM_SHUFFLE(3, 1, 3, 1)));
+      _mm512_storeu_si512(dst + 8 * 16, _mm512_shuffle_i32x4(x1, x3, _MM_SHUFFLE(2, 0, 2, 0)));
+      _mm512_storeu_si512(dst + 12 * 16, _mm512_shuffle_i32x4(x1, x3, _MM_SHUFFLE(3, 1, 3, 1)));
     }
   }
 }
 #endif
 
-inline void interleave_rows(const int32_t (*rows)[kQuads], int32_t* codes, std::integral_constant<int, 8>) {
-  for (int h = 0; h < kQuads / 8; ++h) {
+inline void interleave_rows(const int32_t* in, int width, int32_t* out, std::integral_constant<int, 8>) {
+  for (int h = 0; h < width / 8; ++h) {
     __m256i u[8];
     for (int g = 0; g < 2; ++g) {
-      auto load = [&](int r) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(rows[4 * g + r] + 8 * h)); };
+      auto load = [&](int r) {
+        return _mm256_load_si256(reinterpret_cast<const __m256i*>(in + (4 * g + r) * width + 8 * h));
+      };
       const __m256i a = load(0), b = load(1), c = load(2), e = load(3);
       const __m256i t0 = _mm256_unpacklo_epi32(a, b), t1 = _mm256_unpackhi_epi32(a, b);
       const __m256i t2 = _mm256_unpacklo_epi32(c, e), t3 = _mm256_unpackhi_epi32(c, e);
@@ -108,54 +106,62 @@ inline void interleave_rows(const int32_t (*rows)[kQuads], int32_t* codes, std::
       u[4 * g + 3] = _mm256_unpackhi_epi64(t1, t3);
     }
     for (int i = 0; i < 4; ++i) {
-      int32_t* out = codes + (8 * h + i) * 8;
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permute2x128_si256(u[i], u[4 + i], 0x20));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 4 * 8), _mm256_permute2x128_si256(u[i], u[4 + i], 0x31));
+      int32_t* dst = out + (8 * h + i) * 8;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_permute2x128_si256(u[i], u[4 + i], 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 4 * 8), _mm256_permute2x128_si256(u[i], u[4 + i], 0x31));
     }
   }
 }
 
+inline int32_t float_bits(float f) {
+  int32_t v;
+  std::memcpy(&v, &f, 4);
+  return v;
+}
+
+// Row by row: the codes and a record of the scales (vector stores of the SuperBlock's int16
+// arrays), then both transposed to the panel's layout. Writing each scale into its strided
+// place one at a time was ~2/3 of a panel's decoding (the panel's cost at decode batch sizes).
+constexpr int64_t kPrefetchBlocks = 4;
+
 template <class Dec, int L>
 void decode_panel(const uint8_t* blocks, int64_t row_bytes, int64_t k, int64_t n0, int64_t rows,
                   Panel& p) {
-  constexpr int nsub = kSuper / Dec::kSub;
   const int64_t nsb = k / kSuper;
   p.codes.resize(nsb * kQuads * L);
-  if (rows < L) {  // the padding rows' scales stay 0, so their (zero) codes add nothing
-    p.sc16.assign(nsb * nsub * L, 0);
-    p.sc32.assign(nsb * nsub * L, 0);
-    p.cpair.assign(nsb * 8 * L, 0);
-    p.d.assign(nsb * L, 0.0f);
-    p.cfac.assign(nsb * L, 0.0f);
+  p.meta.resize(nsb * kMeta * L);
+  if (rows < L) {  // padding rows: zero codes and scales, so they add nothing
     std::memset(p.rows, 0, sizeof(p.rows));
-  } else {
-    p.sc16.resize(nsb * nsub * L);
-    p.sc32.resize(nsb * nsub * L);
-    p.cpair.resize(nsb * 8 * L);
-    p.d.resize(nsb * L);
-    p.cfac.resize(nsb * L);
+    std::memset(p.records, 0, sizeof(p.records));
   }
   for (int64_t s = 0; s < nsb; ++s) {
     for (int64_t r = 0; r < rows; ++r) {
       const uint8_t* blk = blocks + (n0 + r) * row_bytes + s * Dec::kBytes;
+      // L rows are L streams from memory, too many for the hardware prefetcher at small
+      // batches (where decoding is most of a panel's time): ask for each a few blocks ahead.
+      const char* ahead = reinterpret_cast<const char*>(blk) + kPrefetchBlocks * Dec::kBytes;
+      for (int64_t i = 0; i < Dec::kBytes; i += 64) _mm_prefetch(ahead + i, _MM_HINT_T0);
       SuperBlock sb;
       Dec::prepare(blk, &sb);
       for (int g = 0; g < 8; ++g) {
         _mm256_store_si256(reinterpret_cast<__m256i*>(p.rows[r] + 8 * g), Dec::codes(blk, g));
       }
-      for (int t = 0; t < nsub; ++t) {
-        const int sc = sb.sc[t * Dec::kSub / 16];
-        p.sc32[(s * nsub + t) * L + r] = sc;
-        p.sc16[(s * nsub + t) * L + r] = int16_pair(sc, sc);
-      }
-      for (int j = 0; j < 8; ++j) {
-        p.cpair[(s * 8 + j) * L + r] = int16_pair(sb.coef[2 * j], sb.coef[2 * j + 1]);
-      }
-      p.d[s * L + r] = sb.d;
-      p.cfac[s * L + r] = Dec::kMins ? sb.dmin : sb.d * static_cast<float>(Dec::kZero);
+      int32_t* rec = p.records[r];
+      const __m256i sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(sb.sc));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(rec + kSc), _mm256_cvtepi16_epi32(_mm256_castsi256_si128(sc)));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(rec + kSc + 8), _mm256_cvtepi16_epi32(_mm256_extracti128_si256(sc, 1)));
+      std::memcpy(rec + kCoef, sb.coef, sizeof(sb.coef));  // 8 pairs: one dword each
+      rec[kD] = float_bits(sb.d);
+      rec[kCfac] = float_bits(Dec::kMins ? sb.dmin : sb.d * static_cast<float>(Dec::kZero));
     }
-    interleave_rows(p.rows, p.codes.data() + s * kQuads * L, std::integral_constant<int, L>{});
+    constexpr std::integral_constant<int, L> lanes{};
+    interleave_rows(&p.rows[0][0], kQuads, p.codes.data() + s * kQuads * L, lanes);
+    interleave_rows(&p.records[0][0], kMeta, p.meta.data() + s * kMeta * L, lanes);
   }
+}
+
+inline const float* meta_floats(const Panel& p, int64_t s, int i, int L) {
+  return reinterpret_cast<const float*>(p.meta.data() + (s * kMeta + i) * L);
 }
 
 // One activation row's inputs: its int8 codes, per-16 sums and per-256 scales.
@@ -256,7 +262,7 @@ void panel_rows_vnni(const Panel& p, const XRow* x, int64_t k, float* out, int64
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) acc[r] = V::dpbusd(acc[r], u, x[r].q + kx);
       }
-      const typename V::I sc = V::load(p.sc32.data() + (s * nsub + t) * L);
+      const typename V::I sc = V::load(p.meta.data() + (s * kMeta + kSc + t * Dec::kSub / 16) * L);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) isb[r] = V::add(isb[r], V::mullo(acc[r], sc));
     }
@@ -265,12 +271,12 @@ void panel_rows_vnni(const Panel& p, const XRow* x, int64_t k, float* out, int64
     for (int r = 0; r < R; ++r) corr[r] = V::zero();
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
-      const typename V::I c = V::load(p.cpair.data() + (s * 8 + j) * L);
+      const typename V::I c = V::load(p.meta.data() + (s * kMeta + kCoef + j) * L);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) corr[r] = V::dpwssd(corr[r], c, x[r].bsums + s * 16 + 2 * j);
     }
-    const typename V::F d = V::fload(p.d.data() + s * L);
-    const typename V::F cf = V::fload(p.cfac.data() + s * L);
+    const typename V::F d = V::fload(meta_floats(p, s, kD, L));
+    const typename V::F cf = V::fload(meta_floats(p, s, kCfac, L));
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const typename V::F v = V::fms(V::cvt(isb[r]), d, V::mul(V::cvt(corr[r]), cf));
@@ -309,8 +315,11 @@ void panel_rows_avx2(const Panel& p, const XRow* x, int64_t k, float* out, int64
     for (int r = 0; r < R; ++r) isb[r] = _mm256_setzero_si256();
     const int32_t* codes = p.codes.data() + s * kQuads * L;
     for (int t = 0; t < nsub; ++t) {
-      const __m256i sc = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(p.sc16.data() + (s * nsub + t) * L));
+      const __m256i sc32 = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(p.meta.data() + (s * kMeta + kSc + t * Dec::kSub / 16) * L));
+      // (sc, sc) as an int16 pair in each lane, for madd
+      const __m256i sc = _mm256_or_si256(_mm256_and_si256(sc32, _mm256_set1_epi32(0xFFFF)),
+                                         _mm256_slli_epi32(sc32, 16));
 #pragma GCC unroll 8
       for (int q0 = 0; q0 < quads; q0 += chunk) {
         __m256i part[R];
@@ -334,16 +343,16 @@ void panel_rows_avx2(const Panel& p, const XRow* x, int64_t k, float* out, int64
     for (int r = 0; r < R; ++r) corr[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
-      const __m256i c =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.cpair.data() + (s * 8 + j) * L));
+      const __m256i c = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(p.meta.data() + (s * kMeta + kCoef + j) * L));
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const __m256i b = _mm256_set1_epi32(load_dword(x[r].bsums + s * 16 + 2 * j));
         corr[r] = _mm256_add_epi32(corr[r], _mm256_madd_epi16(c, b));
       }
     }
-    const __m256 d = _mm256_loadu_ps(p.d.data() + s * L);
-    const __m256 cf = _mm256_loadu_ps(p.cfac.data() + s * L);
+    const __m256 d = _mm256_loadu_ps(meta_floats(p, s, kD, L));
+    const __m256 cf = _mm256_loadu_ps(meta_floats(p, s, kCfac, L));
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(isb[r]), d,
