@@ -103,12 +103,13 @@ def load_model(
             permuted_qk=config.model_type in ("llama", "mistral"),
             tied_lm_head=config.tie_word_embeddings,
             progress=_is_first_rank(),
+            table_cache=Path(model_dir) / "gguf_tensors.json",
         )
     else:
         assert files is not None
         model.load_weights(iterate_weights(files, progress=_is_first_rank()))
     model.eval()
-    num_params = sum(p.numel() for p in model.parameters())
+    num_params = _count_weights(model)
     logger.info(
         "Loaded %s (%s, %.1fM parameters, %s on %s) in %.1f s",
         model_path,
@@ -144,6 +145,27 @@ def _stored_weight_dtype(
         str(found).removeprefix("torch."),
     )
     return found
+
+
+def _count_weights(model: torch.nn.Module) -> int:
+    """Float parameters plus the weights held as GGUF blocks (their float parameter is empty)."""
+    total = sum(p.numel() for p in model.parameters())
+    for module in model.modules():
+        gguf = getattr(module, "gguf", None)
+        if gguf is not None:
+            total += sum(part.out_features for part in (gguf.parts or (gguf,))) * _in_features(
+                module
+            )
+    return total
+
+
+def _in_features(module: torch.nn.Module) -> int:
+    """K of a layer held as GGUF blocks (linear layers' input size, an embedding's width)."""
+    for name in ("input_size", "in_features", "embedding_dim"):
+        value = getattr(module, name, None)
+        if isinstance(value, int):
+            return value
+    return 0
 
 
 def _gguf_file(model_path: str, load_format: str) -> Path | None:

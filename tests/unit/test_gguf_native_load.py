@@ -118,6 +118,38 @@ def test_no_float_copy_of_quantized_weights(tmp_path: Path) -> None:
     assert (loaded.model_dir / "tokenizer.json").is_file()
 
 
+def test_tensor_table_is_cached_between_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first load keeps the file's tensor table beside the cached config; the next load
+    reads it from there (gguf-py's reader, ~2 s on a real vocabulary, is not called) and gets
+    the same blocks. A stale table (another file size) is not used."""
+    import gguf
+
+    from radixserve.models import gguf_quant
+
+    _, path = _model_and_file(tmp_path, tied=False)
+    first = load_model(str(path), dtype="float32", gguf_blocks=True)
+    table = first.model_dir / "gguf_tensors.json"
+    assert table.is_file()
+
+    def no_reader(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the tensor table was parsed again")
+
+    monkeypatch.setattr(gguf, "GGUFReader", no_reader)
+    second = load_model(str(path), dtype="float32", gguf_blocks=True)
+    states = first.model.state_dict(), second.model.state_dict()
+    assert states[0].keys() == states[1].keys()
+    assert all(torch.equal(states[0][name], states[1][name]) for name in states[0])
+    qkv_a = first.model.model.layers[0].self_attn.qkv_proj.gguf.parts
+    qkv_b = second.model.model.layers[0].self_attn.qkv_proj.gguf.parts
+    assert all(torch.equal(x.blocks, y.blocks) for x, y in zip(qkv_a, qkv_b, strict=True))
+    assert gguf_quant._read_table_cache(table, tmp_path / "blocks.gguf") is not None
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"x")
+    assert gguf_quant._read_table_cache(table, other) is None
+
+
 def test_gguf_blocks_needs_a_gguf_file(tmp_path: Path) -> None:
     hf = tiny_hf_model(tiny_hf_config("llama", vocab_size=59))
     hf.save_pretrained(tmp_path / "folder")
