@@ -21,7 +21,7 @@ from radixserve.managers.lora_scheduling import LoRAInUse
 from radixserve.managers.multiprocess_runtime import MultiProcessRuntime
 from radixserve.managers.process_utils import apply_gc_threshold
 from radixserve.managers.runtime_control import check_pause_mode
-from radixserve.managers.scheduler_factory import load_tokenizer
+from radixserve.managers.scheduler_factory import EarlyTokenizer
 from radixserve.managers.tokenizer_manager import RequestError, RequestState, TokenizerManager
 from radixserve.messages import (
     CloseSessionReq,
@@ -79,8 +79,9 @@ class Engine:
             self.runtime = InProcessRuntime(args)
             self.tokenizer = self.runtime.tokenizer
         elif runtime == "process":
+            early = EarlyTokenizer(args)  # loads while the scheduler process loads the model
             self.runtime = MultiProcessRuntime(args)
-            self.tokenizer = load_tokenizer(args, self.runtime.ready.model_dir)
+            self.tokenizer = early.get(self.runtime.ready.model_dir)
         else:
             raise ValueError(f"runtime must be 'process' or 'thread', not {runtime!r}")
         self.model_info = self.runtime.ready

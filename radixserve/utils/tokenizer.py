@@ -15,6 +15,20 @@ logger = logging.getLogger(__name__)
 TOKENIZER_MODES = ("auto", "slow")
 
 
+def tokenizer_source(path: str | os.PathLike[str]) -> str | Path:
+    """Where get_tokenizer(path) reads the tokenizer from: for a GGUF, the cached folder of its
+    converted metadata (converting it first if no earlier start has); a local folder as is;
+    anything else (a hub id) unchanged."""
+    from radixserve.models import gguf
+
+    source: str | Path = os.fspath(path)
+    local = Path(source).expanduser()
+    if local.exists():
+        gguf_file = gguf.find_gguf_file(local)
+        source = gguf.ensure_metadata(gguf_file) if gguf_file is not None else local
+    return source
+
+
 def get_tokenizer(
     path: str | os.PathLike[str],
     *,
@@ -26,18 +40,12 @@ def get_tokenizer(
     converting the GGUF first if no earlier start has (see radixserve.models.gguf)."""
     from transformers import AutoTokenizer
 
-    from radixserve.models import gguf
-
     if tokenizer_mode not in TOKENIZER_MODES:
         raise ValueError(
             f"--tokenizer-mode {tokenizer_mode!r} is not supported; choose one of: "
             f"{', '.join(TOKENIZER_MODES)}"
         )
-    source: str | Path = os.fspath(path)
-    local = Path(source).expanduser()
-    if local.exists():
-        gguf_file = gguf.find_gguf_file(local)
-        source = gguf.ensure_metadata(gguf_file) if gguf_file is not None else local
+    source = tokenizer_source(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             source,
