@@ -51,7 +51,8 @@ def llama_text(binary: Path, model: Path, prompt: str, tokens: int, threads: int
     ).stdout
     if not out.startswith(prompt):
         raise RuntimeError(f"llama-simple did not echo the prompt: {out[:80]!r}")
-    return out[len(prompt) :]
+    # it ends its output with one newline of its own, after the last token
+    return out[len(prompt) : -1] if out.endswith("\n") else out[len(prompt) :]
 
 
 def compare(ours: dict[str, Any], theirs: str, tokenizer: Any, tie_nats: float) -> dict[str, Any]:
@@ -59,6 +60,8 @@ def compare(ours: dict[str, Any], theirs: str, tokenizer: Any, tie_nats: float) 
     steps = ours["meta_info"]["output_top_logprobs"]
     ids = ours["output_ids"]
     for i in range(len(ids)):
+        if ids[i] == tokenizer.eos_token_id and tokenizer.decode(ids[:i]) == theirs:
+            return {"same": True, "position": i, "gap_nats": None, "near_tie": False}  # both ended
         if not theirs.startswith(tokenizer.decode(ids[: i + 1])):
             top = steps[i]
             if len(top) < 2:
