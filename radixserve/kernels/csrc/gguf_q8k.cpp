@@ -74,6 +74,23 @@ inline float correction_factor(const SuperBlock& sb) {
 }
 
 
+// A super-block's float steps for R activation rows, from its exact integer sums: the same
+// operations in the same order as the panel GEMM (gguf_q8k_panel.cpp), so a row gets the same
+// bits alone or in a batch.
+template <class Dec, int R>
+inline void add_super_block(const SuperBlock& sb, const int* sums, const Q8KRows& xq, int64_t r0,
+                            int64_t k, int64_t s, float* total) {
+  const float cfac = correction_factor<Dec>(sb);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = r0 + r;
+    const int corr = correction(sb, xq.bsums.data() + row * (k / 16) + s * 16);
+    const float v =
+        std::fma(static_cast<float>(sums[r]), sb.d, -(static_cast<float>(corr) * cfac));
+    total[r] = std::fma(v, xq.d[row * (k / kSuper) + s], total[r]);
+  }
+}
+
 // Batch 1 streams the weights from memory: each super-block asks for the bytes 8 KiB ahead.
 // One burst of prefetches per weight row (4 rows ahead) left the loads and the arithmetic
 // mostly serialized: 7.5 GB/s a thread from memory vs ~13 for a plain sum; this, 9.3.
@@ -114,15 +131,10 @@ void dot_rows(const uint8_t* wrow, const Q8KRows& xq, int64_t r0, int64_t k, flo
         isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, scales));
       }
     }
-    const float cfac = correction_factor<Dec>(sb);
+    int sums[R];
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const int64_t row = r0 + r;
-      const int corr = correction(sb, xq.bsums.data() + row * (k / 16) + s * 16);
-      const float v = std::fma(static_cast<float>(hsum_epi32(isum[r])), sb.d,
-                               -(static_cast<float>(corr) * cfac));
-      total[r] = std::fma(v, xq.d[row * nsb + s], total[r]);
-    }
+    for (int r = 0; r < R; ++r) sums[r] = hsum_epi32(isum[r]);
+    add_super_block<Dec, R>(sb, sums, xq, r0, k, s, total);
   }
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) out[r * out_stride] = total[r];
@@ -169,15 +181,10 @@ void dot_rows_512(const uint8_t* wrow, const Q8KRows& xq, int64_t r0, int64_t k,
         isum[r] = _mm512_add_epi32(isum[r], _mm512_madd_epi16(p, scales));
       }
     }
-    const float cfac = correction_factor<Dec>(sb);
+    int sums[R];
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const int64_t row = r0 + r;
-      const int corr = correction(sb, xq.bsums.data() + row * (k / 16) + s * 16);
-      const float v = std::fma(static_cast<float>(hsum_epi32(isum[r])), sb.d,
-                               -(static_cast<float>(corr) * cfac));
-      total[r] = std::fma(v, xq.d[row * nsb + s], total[r]);
-    }
+    for (int r = 0; r < R; ++r) sums[r] = hsum_epi32(isum[r]);
+    add_super_block<Dec, R>(sb, sums, xq, r0, k, s, total);
   }
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) out[r * out_stride] = total[r];
