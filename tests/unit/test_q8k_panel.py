@@ -156,9 +156,10 @@ def test_auto_measures_and_logs_its_choice(
     allowed = (kquant_paths.PANEL_MIN_ROWS, kquant_paths.PANEL_AFTER_SMALL_BATCHES, NEVER)
     assert ext.q8k_panel_min_rows() in allowed
     assert "for a few rows" in caplog.text and "measured" in caplog.text
-    assert ("panel GEMM" in caplog.text) == (ext.q8k_panel_min_rows() != NEVER) or (
-        "measured no faster" in caplog.text
-    )
+    if ext.q8k_panel_min_rows() == NEVER:
+        assert "measured no faster" in caplog.text
+    else:
+        assert f"panel GEMM ({ext.q8k_isa()}) from {ext.q8k_panel_min_rows()} rows" in caplog.text
 
 
 def test_disabled_fast_kernels_leave_both_paths_off(
@@ -168,3 +169,32 @@ def test_disabled_fast_kernels_leave_both_paths_off(
     assert kquant_paths.choose_kquant_paths(_model(), (_Layer,), enabled=False) is False
     assert not ext.kquant_int8()
     assert ext.q8k_panel_min_rows() == NEVER
+
+
+@pytest.mark.parametrize(
+    ("panel_share_64", "panel_share_8", "expected"),
+    [
+        (0.3, 0.5, kquant_paths.PANEL_MIN_ROWS),  # faster at 64 and at 8 rows
+        (0.3, 1.0, kquant_paths.PANEL_AFTER_SMALL_BATCHES),  # only at 64 rows
+        (0.95, 0.5, NEVER),  # not 1.1x faster at 64 rows: never
+    ],
+)
+def test_panel_rows_follow_the_timings(
+    ext: object,
+    monkeypatch: pytest.MonkeyPatch,
+    panel_share_64: float,
+    panel_share_8: float,
+    expected: int,
+) -> None:
+    """The row count from which the panel runs, from its time against the other path's at 64
+    and 8 rows (timings replaced here: the rule, not this machine, is under test)."""
+    shares = iter([panel_share_64, panel_share_8])
+
+    def fake_medians(calls: dict, rounds: int) -> dict[str, float]:
+        assert set(calls) == {"other", "panel"}
+        return {"other": 1.0, "panel": next(shares)}
+
+    monkeypatch.setattr(kquant_paths, "interleaved_medians", fake_medians)
+    weight = _model().get_submodule("0").gguf
+    assert kquant_paths._panel_min_rows(ext, weight) == expected
+    assert ext.q8k_panel_min_rows() == NEVER  # measuring leaves the switch off
