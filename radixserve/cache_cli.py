@@ -51,6 +51,9 @@ def entries() -> list[Entry]:
             for p in sorted(gguf.iterdir())
             if p.is_dir() and not p.name.startswith(".")
         ]
+        found += [
+            Entry(p.name, p, "GGUF tensor table") for p in sorted(gguf.glob("*-tensors.json"))
+        ]
     # Only radixserve's own folder: a $TORCHINDUCTOR_CACHE_DIR elsewhere is the user's.
     compiled = root / "torch_compile"
     if compiled.is_dir():

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -27,12 +26,15 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from radixserve.utils.cache_dir import radixserve_cache_dir
+from radixserve.utils.gguf_cache import (  # noqa: F401  (re-exported: cache CLI, tests)
+    CONVERTER_VERSION,
+    cache_root,
+    cached_folder,
+    content_fingerprint,
+)
 
 logger = logging.getLogger(__name__)
 
-# Bump when the converted layout changes, so stale caches are not reused.
-CONVERTER_VERSION = 1
 SHARD_BYTES = 2 * 2**30
 
 # general.architecture values we convert (llama.cpp stores Mistral as llama).
@@ -84,34 +86,6 @@ def find_gguf_file(path: Path, force: bool = False) -> Path | None:
     if not found and force:
         raise FileNotFoundError(f"no .gguf file in {path}")
     return found[0] if found else None
-
-
-def cache_root() -> Path:
-    return radixserve_cache_dir() / "gguf"
-
-
-_HEAD_BYTES = 4 * 2**20  # the header (metadata, tensor table) and the first tensors
-_TAIL_BYTES = 2**20
-
-
-def content_fingerprint(path: Path) -> str:
-    """A hash of the file's size, head and tail (the header names every tensor and its offset,
-    so two different files of one size differ there): cheap even for multi-GB files."""
-    size = path.stat().st_size
-    digest = hashlib.sha256(f"{size}|{CONVERTER_VERSION}|".encode())
-    with path.open("rb") as f:
-        digest.update(f.read(_HEAD_BYTES))
-        if size > _HEAD_BYTES:
-            f.seek(max(size - _TAIL_BYTES, _HEAD_BYTES))
-            digest.update(f.read(_TAIL_BYTES))
-    return digest.hexdigest()[:16]
-
-
-def cached_folder(gguf_path: Path) -> Path:
-    """Where the conversion of `gguf_path` lives (whether or not it exists yet)."""
-    path = gguf_path.resolve()
-    size = path.stat().st_size
-    return cache_root() / f"{path.stem}-{size}-{content_fingerprint(path)}"
 
 
 def ensure_converted(gguf_path: Path) -> Path:

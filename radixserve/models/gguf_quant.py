@@ -15,9 +15,7 @@ loading holds about one copy of the weights.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +30,7 @@ from radixserve.layers import gguf_formats as gt
 from radixserve.layers.gguf_formats import dequantize
 from radixserve.layers.linear import attach_gguf_parts
 from radixserve.models.gguf import hf_tensor_name, unpermute_qk
+from radixserve.utils.gguf_cache import TensorEntry, tensor_table
 
 logger = logging.getLogger(__name__)
 
@@ -50,35 +49,15 @@ class QuantSummary(NamedTuple):
     types: dict[str, int]  # block type name -> tensors kept on blocks
 
 
-class TensorEntry(NamedTuple):
-    """One row of a GGUF file's tensor table: what loading needs of it."""
-
-    name: str
-    tensor_type: int
-    shape: tuple[int, ...]  # GGUF order: fastest-varying dimension first
-    n_bytes: int
-    data_offset: int  # from the start of the file
-    rows: int  # quantized: rows of blocks; float: leading dimension of the stored array
-
-
 class _GGUFFile:
-    """The tensor table and one open handle the tensors' bytes are read with: plain file reads
-    are ~2.5x faster than copying out of the reader's memory map (no page faults), and the map's
-    pages are never touched, so they never count in this process's memory.
+    """The tensor table (utils/gguf_cache.py: parsed once, then cached) and one open handle the
+    tensors' bytes are read with: plain file reads are ~2.5x faster than copying out of the
+    reader's memory map (no page faults), and the map's pages are never touched, so they never
+    count in this process's memory."""
 
-    The table comes from gguf-py's GGUFReader, which parses every metadata field into numpy
-    views: ~2 s for a 49k-token vocabulary, half of a 1B model's load. It is kept beside the
-    cached config (`table_cache`, a folder named after the file's content hash) and read from
-    there on later starts."""
-
-    def __init__(self, path: Path, table_cache: Path | None = None) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
-        entries = _read_table_cache(table_cache, path) if table_cache is not None else None
-        if entries is None:
-            entries = _read_table(path)
-            if table_cache is not None:
-                _write_table_cache(table_cache, path, entries)
-        self.tensors = {t.name: t for t in entries}
+        self.tensors = {t.name: t for t in tensor_table(path)}
         self._file = path.open("rb")
 
     def __enter__(self) -> _GGUFFile:
@@ -103,56 +82,6 @@ class _GGUFFile:
             raise ValueError(f"GGUF file {self.path} ends inside tensor {tensor.name}")
 
 
-def _read_table(path: Path) -> list[TensorEntry]:
-    from gguf import GGUFReader
-
-    try:
-        reader = GGUFReader(path)
-    except Exception as e:  # the reader raises assorted errors on truncated or foreign files
-        raise ValueError(f"corrupt or unreadable GGUF file {path}: {e}") from e
-    return [
-        TensorEntry(
-            name=t.name,
-            tensor_type=int(t.tensor_type),
-            shape=tuple(int(d) for d in t.shape),
-            n_bytes=int(t.n_bytes),
-            data_offset=int(t.data_offset),
-            rows=int(t.data.shape[0]),  # a view: shape only
-        )
-        for t in reader.tensors
-    ]
-
-
-_TABLE_VERSION = 1
-
-
-def _read_table_cache(cache: Path, path: Path) -> list[TensorEntry] | None:
-    """The cached table, or None when absent, unreadable or for a file of another size."""
-    try:
-        data = json.loads(cache.read_text())
-        if data.get("version") != _TABLE_VERSION or data.get("file_size") != path.stat().st_size:
-            return None
-        return [
-            TensorEntry(*(tuple(v) if isinstance(v, list) else v for v in row))
-            for row in data["tensors"]
-        ]
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
-
-
-def _write_table_cache(cache: Path, path: Path, entries: list[TensorEntry]) -> None:
-    """Best effort (a read-only cache folder only costs the next start the parse): written to a
-    temp file and renamed, so a concurrent reader never sees half of it."""
-    data = {"version": _TABLE_VERSION, "file_size": path.stat().st_size, "tensors": entries}
-    tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, cache)
-    except OSError as e:
-        logger.debug("could not cache the GGUF tensor table at %s: %s", cache, e)
-        tmp.unlink(missing_ok=True)
-
-
 def load_gguf_weights(
     model: nn.Module,
     gguf_path: Path,
@@ -161,11 +90,9 @@ def load_gguf_weights(
     permuted_qk: bool,
     tied_lm_head: bool,
     progress: bool = True,
-    table_cache: Path | None = None,
 ) -> QuantSummary:
-    """Fill `model` (built with uninitialised weights) from `gguf_path`; `table_cache`: where
-    the file's tensor table is kept between starts (see _GGUFFile)."""
-    with _GGUFFile(gguf_path, table_cache) as file:
+    """Fill `model` (built with uninitialised weights) from `gguf_path`."""
+    with _GGUFFile(gguf_path) as file:
         return _load(model, file, num_heads, num_kv_heads, permuted_qk, tied_lm_head, progress)
 
 

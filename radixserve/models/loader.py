@@ -103,7 +103,6 @@ def load_model(
             permuted_qk=config.model_type in ("llama", "mistral"),
             tied_lm_head=config.tie_word_embeddings,
             progress=_is_first_rank(),
-            table_cache=Path(model_dir) / "gguf_tensors.json",
         )
     else:
         assert files is not None

@@ -121,17 +121,17 @@ def test_no_float_copy_of_quantized_weights(tmp_path: Path) -> None:
 def test_tensor_table_is_cached_between_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The first load keeps the file's tensor table beside the cached config; the next load
+    """The first load keeps the file's tensor table beside the cached config folder; the next load
     reads it from there (gguf-py's reader, ~2 s on a real vocabulary, is not called) and gets
     the same blocks. A stale table (another file size) is not used."""
     import gguf
 
-    from radixserve.models import gguf_quant
+    from radixserve.utils import gguf_cache
 
     _, path = _model_and_file(tmp_path, tied=False)
     first = load_model(str(path), dtype="float32", gguf_blocks=True)
-    table = first.model_dir / "gguf_tensors.json"
-    assert table.is_file()
+    table = gguf_cache.table_cache_path(path)
+    assert table.is_file() and table.parent == first.model_dir.parent
 
     def no_reader(*args: object, **kwargs: object) -> None:
         raise AssertionError("the tensor table was parsed again")
@@ -144,10 +144,10 @@ def test_tensor_table_is_cached_between_starts(
     qkv_a = first.model.model.layers[0].self_attn.qkv_proj.gguf.parts
     qkv_b = second.model.model.layers[0].self_attn.qkv_proj.gguf.parts
     assert all(torch.equal(x.blocks, y.blocks) for x, y in zip(qkv_a, qkv_b, strict=True))
-    assert gguf_quant._read_table_cache(table, tmp_path / "blocks.gguf") is not None
+    assert gguf_cache._read_table_cache(table, tmp_path / "blocks.gguf") is not None
     other = tmp_path / "other.gguf"
     other.write_bytes(b"x")
-    assert gguf_quant._read_table_cache(table, other) is None
+    assert gguf_cache._read_table_cache(table, other) is None
 
 
 def test_gguf_blocks_needs_a_gguf_file(tmp_path: Path) -> None:
