@@ -19,6 +19,7 @@
 #include <atomic>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gguf_kquant.h"
@@ -53,6 +54,7 @@ constexpr int kMeta = 32, kSc = 0, kCoef = 16, kD = 24, kCfac = 25;
 struct Panel {
   std::vector<int32_t> codes, meta;
   alignas(64) int32_t rows[16][kQuads];  // one super-block's codes, row by row
+  alignas(64) int32_t raw[16][kQuads / 2];  // or its packed Q4_K nibbles (decode_panel kRaw)
   alignas(64) int32_t records[16][kMeta];  // and its records, row by row
 };
 
@@ -124,14 +126,21 @@ inline int32_t float_bits(float f) {
 // place one at a time was ~2/3 of a panel's decoding (the panel's cost at decode batch sizes).
 constexpr int64_t kPrefetchBlocks = 4;
 
-template <class Dec, int L>
+// kRaw (Q4_K): the panel holds the 128 bytes of packed nibbles per super-block and row as they
+// are in the file (32 dwords: dword q' has the low-nibble codes 4q'..4q'+3 of group 2(q'/8) and
+// the high-nibble ones of group 2(q'/8)+1), split by the kernel: half the bytes to transpose and
+// no unpacking per row, for batches too small to amortize decoding (panel_rows_q4k_raw).
+template <class Dec, int L, bool kRaw = false>
 void decode_panel(const uint8_t* blocks, int64_t row_bytes, int64_t k, int64_t n0, int64_t rows,
                   Panel& p) {
+  static_assert(!kRaw || std::is_same_v<Dec, Q8KQ4_K>, "raw nibbles: Q4_K only");
+  constexpr int width = kRaw ? kQuads / 2 : kQuads;  // dwords per super-block and row
   const int64_t nsb = k / kSuper;
-  p.codes.resize(nsb * kQuads * L);
+  p.codes.resize(nsb * width * L);
   p.meta.resize(nsb * kMeta * L);
   if (rows < L) {  // padding rows: zero codes and scales, so they add nothing
     std::memset(p.rows, 0, sizeof(p.rows));
+    std::memset(p.raw, 0, sizeof(p.raw));
     std::memset(p.records, 0, sizeof(p.records));
   }
   for (int64_t s = 0; s < nsb; ++s) {
@@ -143,8 +152,12 @@ void decode_panel(const uint8_t* blocks, int64_t row_bytes, int64_t k, int64_t n
       for (int64_t i = 0; i < Dec::kBytes; i += 64) _mm_prefetch(ahead + i, _MM_HINT_T0);
       SuperBlock sb;
       Dec::prepare(blk, &sb);
-      for (int g = 0; g < 8; ++g) {
-        _mm256_store_si256(reinterpret_cast<__m256i*>(p.rows[r] + 8 * g), Dec::codes(blk, g));
+      if constexpr (kRaw) {
+        std::memcpy(p.raw[r], blk + 16, sizeof(p.raw[r]));
+      } else {
+        for (int g = 0; g < 8; ++g) {
+          _mm256_store_si256(reinterpret_cast<__m256i*>(p.rows[r] + 8 * g), Dec::codes(blk, g));
+        }
       }
       int32_t* rec = p.records[r];
       const __m256i sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(sb.sc));
@@ -155,7 +168,11 @@ void decode_panel(const uint8_t* blocks, int64_t row_bytes, int64_t k, int64_t n
       rec[kCfac] = float_bits(Dec::kMins ? sb.dmin : sb.d * static_cast<float>(Dec::kZero));
     }
     constexpr std::integral_constant<int, L> lanes{};
-    interleave_rows(&p.rows[0][0], kQuads, p.codes.data() + s * kQuads * L, lanes);
+    if constexpr (kRaw) {
+      interleave_rows(&p.raw[0][0], width, p.codes.data() + s * width * L, lanes);
+    } else {
+      interleave_rows(&p.rows[0][0], kQuads, p.codes.data() + s * kQuads * L, lanes);
+    }
     interleave_rows(&p.records[0][0], kMeta, p.meta.data() + s * kMeta * L, lanes);
   }
 }
@@ -194,6 +211,9 @@ struct Vnni {
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static I add(I a, I b) { return _mm512_add_epi32(a, b); }
   static I mullo(I a, I b) { return _mm512_mullo_epi32(a, b); }
+  static constexpr int kRawRows = 8;  // panel_rows_q4k_raw: 4 accumulators a row, 24 of 32
+  static I low_nibbles(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
+  static I high_nibbles(I v) { return low_nibbles(_mm512_srli_epi16(v, 4)); }
   static F set1(float v) { return _mm512_set1_ps(v); }
   static void store(float* out, F v, int cols) {
     _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << cols) - 1), v);
@@ -222,6 +242,9 @@ struct Vnni {
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static I add(I a, I b) { return _mm256_add_epi32(a, b); }
   static I mullo(I a, I b) { return _mm256_mullo_epi32(a, b); }
+  static constexpr int kRawRows = 2;  // panel_rows_q4k_raw: 8 accumulators of 16 registers
+  static I low_nibbles(I v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
+  static I high_nibbles(I v) { return low_nibbles(_mm256_srli_epi16(v, 4)); }
   static F set1(float v) { return _mm256_set1_ps(v); }
   static void store(float* out, F v, int cols) {
     alignas(32) float tmp[8];
@@ -232,6 +255,30 @@ struct Vnni {
 #endif
 
 #if defined(RS_PANEL_VNNI)
+// A super-block's end: the correction's integer sum (vpdpwssd of the coefficient pairs and the
+// activation's per-16 sums), then the float steps, as gguf_q8k.cpp's add_super_block.
+template <class V, int R>
+inline void finish_super_block(const Panel& p, const XRow* x, int64_t s,
+                               const typename V::I* isb, typename V::F* total) {
+  constexpr int L = V::kLanes;
+  typename V::I corr[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) corr[r] = V::zero();
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) {
+    const typename V::I c = V::load(p.meta.data() + (s * kMeta + kCoef + j) * L);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) corr[r] = V::dpwssd(corr[r], c, x[r].bsums + s * 16 + 2 * j);
+  }
+  const typename V::F d = V::fload(meta_floats(p, s, kD, L));
+  const typename V::F cf = V::fload(meta_floats(p, s, kCfac, L));
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const typename V::F v = V::fms(V::cvt(isb[r]), d, V::mul(V::cvt(corr[r]), cf));
+    total[r] = V::fma(v, V::set1(x[r].d[s]), total[r]);
+  }
+}
+
 // out[r * ldo + c] for R activation rows and the panel's `cols` rows. Each run of kSub codes'
 // dot product is multiplied by its integer scale into the super-block's exact int32 sum; the
 // float part is the same operations in the same order as gguf_q8k.cpp's per-row kernel, so a
@@ -266,22 +313,52 @@ void panel_rows_vnni(const Panel& p, const XRow* x, int64_t k, float* out, int64
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) isb[r] = V::add(isb[r], V::mullo(acc[r], sc));
     }
-    typename V::I corr[R];
+    finish_super_block<V, R>(p, x, s, isb, total);
+  }
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) corr[r] = V::zero();
+  for (int r = 0; r < R; ++r) V::store(out + r * ldo, total[r], cols);
+}
+
+// panel_rows_vnni for Q4_K on a raw-nibble panel (decode_panel kRaw): each loaded vector gives
+// the codes of two groups (low and high nibbles), so a super-block is 32 loads, 64 vpdpbusd a
+// row and two extra operations a load. The integer sums are the same, so the same bits.
+template <class V, int R>
+void panel_rows_q4k_raw(const Panel& p, const XRow* x, int64_t k, float* out, int64_t ldo,
+                        int cols) {
+  constexpr int L = V::kLanes;
+  const int64_t nsb = k / kSuper;
+  typename V::F total[R];
 #pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) {
-      const typename V::I c = V::load(p.meta.data() + (s * kMeta + kCoef + j) * L);
+  for (int r = 0; r < R; ++r) total[r] = V::fzero();
+  for (int64_t s = 0; s < nsb; ++s) {
+    typename V::I isb[R];
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) corr[r] = V::dpwssd(corr[r], c, x[r].bsums + s * 16 + 2 * j);
+    for (int r = 0; r < R; ++r) isb[r] = V::zero();
+    const int32_t* codes = p.codes.data() + s * (kQuads / 2) * L;
+    for (int j = 0; j < 4; ++j) {  // groups 2j (low nibbles) and 2j + 1 (high)
+      typename V::I lo[R], hi[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) lo[r] = hi[r] = V::zero();
+#pragma GCC unroll 8
+      for (int q = 0; q < 8; ++q) {
+        const typename V::I raw = V::load(codes + (8 * j + q) * L);
+        const typename V::I u_lo = V::low_nibbles(raw), u_hi = V::high_nibbles(raw);
+        const int64_t kx = s * kSuper + 64 * j + 4 * q;
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          lo[r] = V::dpbusd(lo[r], u_lo, x[r].q + kx);
+          hi[r] = V::dpbusd(hi[r], u_hi, x[r].q + kx + 32);
+        }
+      }
+      // each group's scale is that of its first run of 16
+      const typename V::I sc_lo = V::load(p.meta.data() + (s * kMeta + kSc + 4 * j) * L);
+      const typename V::I sc_hi = V::load(p.meta.data() + (s * kMeta + kSc + 4 * j + 2) * L);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        isb[r] = V::add(isb[r], V::add(V::mullo(lo[r], sc_lo), V::mullo(hi[r], sc_hi)));
+      }
     }
-    const typename V::F d = V::fload(meta_floats(p, s, kD, L));
-    const typename V::F cf = V::fload(meta_floats(p, s, kCfac, L));
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const typename V::F v = V::fms(V::cvt(isb[r]), d, V::mul(V::cvt(corr[r]), cf));
-      total[r] = V::fma(v, V::set1(x[r].d[s]), total[r]);
-    }
+    finish_super_block<V, R>(p, x, s, isb, total);
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) V::store(out + r * ldo, total[r], cols);
@@ -382,7 +459,7 @@ void with_rows(int64_t rows, F&& f) {
   }
 }
 
-template <class Dec, int L, class Rows>
+template <class Dec, int L, bool kRaw = false, class Rows>
 void panel_linear(const uint8_t* blocks, int64_t row_bytes, const Q8KRows& xq, int64_t m,
                   int64_t k, int64_t n, float* out, Rows&& run_rows, int max_rows) {
   const int64_t nsb = k / kSuper;
@@ -393,7 +470,19 @@ void panel_linear(const uint8_t* blocks, int64_t row_bytes, const Q8KRows& xq, i
     for (int64_t pi = begin; pi < end; ++pi) {
       const int64_t n0 = pi * L;
       const int cols = static_cast<int>(std::min<int64_t>(L, n - n0));
-      decode_panel<Dec, L>(blocks, row_bytes, k, n0, cols, panel);
+      decode_panel<Dec, L, kRaw>(blocks, row_bytes, k, n0, cols, panel);
+      if (pi + 1 < end) {
+        // The start of the next panel's rows, asked for before this one's arithmetic: decoding
+        // reads its L rows a super-block at a time, more streams than the hardware prefetcher
+        // follows, and its own prefetch (kPrefetchBlocks ahead in each row) only starts once
+        // decoding does. From memory, 8-row batches ran at ~4 GB/s a thread without this.
+        const int64_t next_rows = std::min<int64_t>(L, n - n0 - L);
+        const int64_t bytes = std::min<int64_t>(kPrefetchBlocks * Dec::kBytes, row_bytes);
+        for (int64_t r = 0; r < next_rows; ++r) {
+          const char* row = reinterpret_cast<const char*>(blocks + (n0 + L + r) * row_bytes);
+          for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(row + i, _MM_HINT_T0);
+        }
+      }
       for (int64_t r0 = 0; r0 < m; r0 += max_rows) {
         const int64_t rows = std::min<int64_t>(max_rows, m - r0);
         for (int64_t r = 0; r < rows; ++r) {
@@ -406,10 +495,28 @@ void panel_linear(const uint8_t* blocks, int64_t row_bytes, const Q8KRows& xq, i
   });
 }
 
+// Up to this many activation rows, Q4_K panels keep their nibbles packed (decode_panel kRaw):
+// at 8 rows decoding was 2/3 of a panel's time; with more rows the unpacking in the inner loop
+// costs more than it saves.
+constexpr int64_t kRawMaxRows = 16;
+
 template <class Dec>
 void panel_linear_for(const uint8_t* blocks, int64_t row_bytes, const Q8KRows& xq, int64_t m,
                       int64_t k, int64_t n, float* out, bool vnni) {
 #if defined(RS_PANEL_VNNI)
+  if constexpr (std::is_same_v<Dec, Q8KQ4_K>) {
+    if (vnni && m <= kRawMaxRows) {  // small batches: decoding dominates, so decode less
+      panel_linear<Dec, Vnni::kLanes, true>(
+          blocks, row_bytes, xq, m, k, n, out,
+          [&](const Panel& p, const XRow* x, int64_t rows, float* o, int cols) {
+            with_rows<Vnni::kRawRows>(rows, [&](auto tile) {
+              panel_rows_q4k_raw<Vnni, decltype(tile)::value>(p, x, k, o, n, cols);
+            });
+          },
+          Vnni::kRawRows);
+      return;
+    }
+  }
   if (vnni) {
     panel_linear<Dec, Vnni::kLanes>(
         blocks, row_bytes, xq, m, k, n, out,
