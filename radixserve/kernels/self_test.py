@@ -158,12 +158,15 @@ def check_gguf_block_types(ext: object) -> None:
 
     torch.manual_seed(0)
     n, k = 25, 512
-    previous = ext.kquant_int8()  # a process-wide choice: checked both ways, then restored
+    # process-wide choices: checked both ways, then restored
+    previous = ext.kquant_int8(), ext.q8k_panel_min_rows()
     ext.set_kquant_int8(False)
+    ext.set_q8k_panel_min_rows(2**62)
     try:
         _check_block_types(ext, n, k)
     finally:
-        ext.set_kquant_int8(previous)
+        ext.set_kquant_int8(previous[0])
+        ext.set_q8k_panel_min_rows(previous[1])
 
 
 def _check_block_types(ext: object, n: int, k: int) -> None:
