@@ -52,7 +52,7 @@ def write_gemma_gguf(
     types: dict[str, int] | None = None,
     default_type: int | None = None,
 ) -> Path:
-    """Write tied Gemma `hf_model` (a vocabulary of at most 64 tokens) as a GGUF of `arch`
+    """Write tied Gemma `hf_model` (a vocabulary of at least 38 tokens) as a GGUF of `arch`
     ("gemma2" or "gemma3"). 2-D weights are F32 when `default_type` is None; else random blocks
     of the GGML type named per tensor role in `types` (others `default_type`), and `hf_model`'s
     weights are set to those blocks' dequantization, so the file and the model hold the same
