@@ -181,6 +181,12 @@ def convert_gguf(gguf_path: Path, out_dir: Path, with_weights: bool = True) -> N
     _check_tensor_types(reader, gguf_path)
     config = _write_config(reader, arch, gguf_path, out_dir)
     _write_tokenizer(gguf_path, out_dir)
+    if arch in _GEMMA_ARCHITECTURES:
+        from radixserve.models.gguf_config import gemma_stop_ids
+
+        # Read by ModelConfig as a safetensors checkpoint's would be.
+        stops = {"eos_token_id": gemma_stop_ids(reader)}
+        (out_dir / "generation_config.json").write_text(json.dumps(stops, indent=2) + "\n")
     if with_weights:
         permute = arch in _PERMUTED_QK
         heads = (

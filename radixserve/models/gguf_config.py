@@ -11,6 +11,10 @@ model llama.cpp runs from the same file:
   other layer for Gemma 2 and five of six for Gemma 3; none without a window);
 - Gemma 3's RoPE: linear scaling of the global layers (`<arch>.rope.scaling.*`), and the
   sliding layers' base (`<arch>.rope.freq_base_swa`, else llama.cpp's fixed 10000).
+
+And the turn's end as a stop token (gemma_stop_ids): instruction-tuned Gemma ends its turns
+with <end_of_turn>, which its safetensors checkpoints list in generation_config.json and
+llama.cpp stops at by its name, while a GGUF's eos_token_id is usually <eos>.
 """
 
 from __future__ import annotations
@@ -78,3 +82,24 @@ def _fill_rope(reader: object, arch: str, config: Any) -> None:
     if per_type:
         local = _value(reader, f"{arch}.rope.freq_base_swa")
         params[SLIDING]["rope_theta"] = LOCAL_ROPE_THETA if local is None else float(local)
+
+
+END_OF_TURN = b"<end_of_turn>"
+
+
+def gemma_stop_ids(reader: object) -> list[int]:
+    """The file's eos token and its end-of-turn token (tokenizer.ggml.eot_token_id, else the
+    vocabulary's <end_of_turn>), the ids a Gemma chat model stops at."""
+    ids: list[int] = []
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"):
+        value = _value(reader, key)
+        if value is not None and int(value) not in ids:
+            ids.append(int(value))
+    if _value(reader, "tokenizer.ggml.eot_token_id") is None:
+        tokens = reader.fields.get("tokenizer.ggml.tokens")  # type: ignore[attr-defined]
+        # The raw parts, not contents(): a real vocabulary has 262k tokens.
+        for i, part in enumerate(tokens.data if tokens is not None else ()):
+            if bytes(tokens.parts[part]) == END_OF_TURN:
+                ids.append(i)
+                break
+    return ids

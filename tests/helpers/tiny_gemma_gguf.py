@@ -51,12 +51,14 @@ def write_gemma_gguf(
     arch: str,
     types: dict[str, int] | None = None,
     default_type: int | None = None,
+    eot_token_id: int | None = None,
 ) -> Path:
     """Write tied Gemma `hf_model` (a vocabulary of at least 38 tokens) as a GGUF of `arch`
     ("gemma2" or "gemma3"). 2-D weights are F32 when `default_type` is None; else random blocks
     of the GGML type named per tensor role in `types` (others `default_type`), and `hf_model`'s
     weights are set to those blocks' dequantization, so the file and the model hold the same
-    weights (transformers then serves as the float reference)."""
+    weights (transformers then serves as the float reference). `eot_token_id` is written as
+    tokenizer.ggml.eot_token_id (llama.cpp's converter writes one for some vocabularies)."""
     import gguf
 
     from radixserve.kernels import gguf_dequant
@@ -67,6 +69,8 @@ def write_gemma_gguf(
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{arch}")
     _add_metadata(writer, cfg, arch)
+    if eot_token_id is not None:
+        writer.add_eot_token_id(eot_token_id)
     for seed, (name, tensor) in enumerate(hf_model.state_dict().items()):
         if name == "lm_head.weight":
             continue

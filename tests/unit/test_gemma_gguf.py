@@ -3,7 +3,7 @@ tiny_gemma_gguf.py): converted to a cached folder and loaded on their blocks
 (--quantization gguf), they give the model they were written from (norms stored plus one,
 Gemma's tensor names, soft-capping, windows, which layers slide, Gemma 3's RoPE bases and
 scaling filled from the metadata); transformers reading the same file agrees; the file's chat
-template reaches the cached tokenizer."""
+template reaches the cached tokenizer, and the end of a turn stops generation."""
 
 from __future__ import annotations
 
@@ -154,6 +154,18 @@ def test_chat_template_reaches_the_cached_tokenizer(tmp_path: Path, blocks: bool
     assert text == "<bos><start_of_turn>user\nab c<end_of_turn>\n<start_of_turn>model"
     reference = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
     assert ours("abc ab a").input_ids == reference("abc ab a").input_ids
+
+
+@pytest.mark.parametrize(("eot", "stops"), [(None, (1, 5)), (4, (1, 4))])
+def test_end_of_turn_stops_generation(tmp_path: Path, eot: int | None, stops: tuple) -> None:
+    """<eos> (1) and the end of a turn: tokenizer.ggml.eot_token_id, else <end_of_turn> (5)
+    found by name, as llama.cpp finds it; in the converted and the metadata-only folders."""
+    from radixserve.models.config import ModelConfig
+
+    arch, hf = _model("gemma3-pattern")
+    path = write_gemma_gguf(tmp_path / "eot.gguf", hf, arch, eot_token_id=eot)
+    assert ModelConfig.from_pretrained(gguf.ensure_metadata(path)).eos_token_ids == stops
+    assert ModelConfig.from_pretrained(gguf.ensure_converted(path)).eos_token_ids == stops
 
 
 def test_gemma_tensor_names() -> None:
