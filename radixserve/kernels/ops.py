@@ -124,9 +124,20 @@ def paged_attention(
     meta: PagedMeta,
     heads: int,
     scale: float,
+    sliding_window: int | None = None,
+    logit_cap: float | None = None,
 ) -> torch.Tensor:
+    """Causal attention of each request's new tokens over its KV (see RadixAttention for
+    `sliding_window` and `logit_cap`). The C++ kernel has neither: soft-capped scores take the
+    PyTorch reference, and so does a window, except where the kernel sees exactly the window
+    anyway (window_table: decode steps, and prompts no longer than the window)."""
     ext = _ext(q)
-    if ext is not None:
+    if ext is not None and logit_cap is None and sliding_window is not None:
+        windowed = window_table(req_to_token, meta, sliding_window)
+        if windowed is not None:
+            req_to_token, meta = windowed
+            sliding_window = None
+    if ext is not None and sliding_window is None and logit_cap is None:
         return ext.paged_attention(
             q,
             k_cache,
@@ -150,7 +161,47 @@ def paged_attention(
         meta.q_starts_list,
         heads,
         scale,
+        sliding_window,
+        logit_cap,
     )
+
+
+def window_table(
+    req_to_token: torch.Tensor, meta: PagedMeta, sliding_window: int
+) -> tuple[torch.Tensor, PagedMeta] | None:
+    """A request-to-token table and batch description under which plain causal attention is
+    sliding-window attention, or None when there is none: each request's row starts at the
+    oldest key its new token sees, which works where a request adds at most one token (a decode
+    step: its one query sees exactly the window) or all its queries see every earlier key
+    (prefix + new tokens within the window). Row i of the table is request i's."""
+    starts: list[int] = []
+    for prefix, new in zip(meta.prefix_lens_list, meta.extend_lens_list, strict=True):
+        if new <= 1:
+            starts.append(max(0, prefix - sliding_window + 1))
+        elif prefix + new <= sliding_window:
+            starts.append(0)
+        else:
+            return None
+    prefixes = [p - s for p, s in zip(meta.prefix_lens_list, starts, strict=True)]
+    lengths = [p + n for p, n in zip(prefixes, meta.extend_lens_list, strict=True)]
+    width = max(max(lengths, default=0), 1)
+    columns = torch.tensor(starts, dtype=torch.int64)[:, None] + torch.arange(width)[None, :]
+    # Columns past a request's length are never read; clamped only to stay inside the table.
+    columns = columns.clamp_(max=req_to_token.shape[1] - 1).to(req_to_token.device)
+    rows = req_to_token.index_select(0, meta.req_pool_indices.to(req_to_token.device))
+    table = rows.gather(1, columns).contiguous()
+    batch = list(range(len(starts)))
+    windowed = PagedMeta(
+        torch.tensor(batch, dtype=torch.int64),
+        torch.tensor(prefixes, dtype=torch.int64),
+        meta.extend_lens,
+        meta.q_starts,
+        batch,
+        prefixes,
+        meta.extend_lens_list,
+        meta.q_starts_list,
+    )
+    return table, windowed
 
 
 def gguf_linear(

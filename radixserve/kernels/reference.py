@@ -82,8 +82,26 @@ def paged_attention(
     q_starts: list[int],
     heads: int,
     scale: float,
+    sliding_window: int | None = None,
+    logit_cap: float | None = None,
 ) -> torch.Tensor:
-    """Causal attention of each request's new tokens over its prefix and themselves."""
+    """Causal attention of each request's new tokens over its prefix and themselves; with
+    `sliding_window` or `logit_cap`, windowed_attention's."""
+    if sliding_window is not None or logit_cap is not None:
+        return windowed_attention(
+            q,
+            k_cache,
+            v_cache,
+            req_to_token,
+            req_pool_indices,
+            prefix_lens,
+            extend_lens,
+            q_starts,
+            heads,
+            scale,
+            sliding_window,
+            logit_cap,
+        )
     kv_heads, dim = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty(q.shape[0], heads * dim, dtype=q.dtype)
     for row, prefix, new, start in zip(
@@ -105,6 +123,88 @@ def paged_attention(
             enable_gqa=heads != kv_heads,
         )
         out[start : start + new] = o[0].transpose(0, 1).reshape(new, heads * dim)
+    return out
+
+
+# Query rows attended at a time by windowed_attention: bounds its score matrix, and under a
+# sliding window lets each block read only the keys its rows can see.
+QUERY_BLOCK = 256
+
+
+def visible_keys(
+    query_pos: torch.Tensor, key_pos: torch.Tensor, sliding_window: int | None
+) -> torch.Tensor:
+    """Bool [queries, keys]: a query sees keys at its position or before, and with a sliding
+    window only the last `sliding_window` of those (its own included), as transformers masks."""
+    mask = key_pos[None, :] <= query_pos[:, None]
+    if sliding_window is not None:
+        mask &= key_pos[None, :] > query_pos[:, None] - sliding_window
+    return mask
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    logit_cap: float | None = None,
+) -> torch.Tensor:
+    """q [B, H, n, D], k and v [B, Hkv, L, D], mask bool broadcastable to [B, H, n, L] (every
+    query sees at least one key) -> [B, H, n, D]. With `logit_cap`, the scaled scores become
+    cap * tanh(score / cap) before masking and softmax: SDPA has no such step, so the product is
+    spelled out as transformers' eager attention does (softmax in float32)."""
+    if logit_cap is None:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+        )
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / logit_cap) * logit_cap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v)
+
+
+def windowed_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: list[int],
+    prefix_lens: list[int],
+    extend_lens: list[int],
+    q_starts: list[int],
+    heads: int,
+    scale: float,
+    sliding_window: int | None,
+    logit_cap: float | None,
+) -> torch.Tensor:
+    """paged_attention with a sliding window and/or soft-capped scores (see attention), in
+    blocks of QUERY_BLOCK query rows, each reading only the keys its rows can see: under a
+    window a long prefill costs rows x window, not rows x context."""
+    dim = k_cache.shape[2]
+    out = torch.empty(q.shape[0], heads * dim, dtype=q.dtype, device=q.device)
+    for row, prefix, new, start in zip(
+        req_pool_indices, prefix_lens, extend_lens, q_starts, strict=True
+    ):
+        for r0 in range(0, new, QUERY_BLOCK):
+            n = min(QUERY_BLOCK, new - r0)
+            first, end = prefix + r0, prefix + r0 + n  # positions [first, end) attend
+            key_start = 0 if sliding_window is None else max(0, first - sliding_window + 1)
+            slots = req_to_token[row, key_start:end]
+            k = k_cache.index_select(0, slots).to(q.dtype).transpose(0, 1)  # [Hkv, L, D]
+            v = v_cache.index_select(0, slots).to(q.dtype).transpose(0, 1)
+            rows = q[start + r0 : start + r0 + n].reshape(n, heads, dim).transpose(0, 1)
+            mask = visible_keys(
+                torch.arange(first, end, device=q.device),
+                torch.arange(key_start, end, device=q.device),
+                sliding_window,
+            )
+            o = attention(rows[None], k[None], v[None], mask, scale, logit_cap)
+            out[start + r0 : start + r0 + n] = o[0].transpose(0, 1).reshape(n, heads * dim)
     return out
 
 

@@ -25,7 +25,20 @@ class SiluAndMul(nn.Module):
         return F.silu(x[..., :d]) * x[..., d:]
 
 
-_ACTIVATIONS = {"silu": SiluAndMul}
+class GeluTanhAndMul(nn.Module):
+    """gelu(x[..., :d], tanh approximation) * x[..., d:] (transformers' gelu_pytorch_tanh, the
+    Gemma 2/3 MLP). Plain PyTorch: there is no fused kernel for it, and the one-call C++ decoder
+    layer, which has SiLU only, leaves layers with it alone."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        return F.gelu(x[..., :d], approximate="tanh") * x[..., d:]
+
+
+_ACTIVATIONS: dict[str, type[nn.Module]] = {
+    "silu": SiluAndMul,
+    "gelu_pytorch_tanh": GeluTanhAndMul,
+}
 
 
 def get_act_and_mul(name: str) -> nn.Module:

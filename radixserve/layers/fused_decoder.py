@@ -5,10 +5,11 @@ about ten Python module calls and dispatches; at batch sizes 1 to 8 those cost a
 of a ~20 ms decode step. llama_layer runs the same kernels in the same order, so its output is
 bitwise equal to the layer-by-layer fast path. It is used only where it can be: the C++ kernels
 are built, the batch runs on the CPU paged-attention backend, one tensor-parallel rank, SiLU MLP,
-no q/k norm, RoPE on every layer, block outputs joining the residual unscaled, and every
-projection is a float or GGUF-block weight. Layers that differ (Qwen3's and OLMo 2's q/k norms,
-SmolLM3's NoPE layers, Granite's residual_multiplier) run module by module, still on the fused
-norm, activation and RoPE + attention kernels.
+no q/k norm, RoPE on every layer, full causal attention without soft-capping, block outputs
+joining the residual unscaled, and every projection is a float or GGUF-block weight. Layers that
+differ (Qwen3's and OLMo 2's q/k norms, SmolLM3's NoPE layers, Granite's residual_multiplier,
+Gemma's sliding windows and capped scores) run module by module, still on the fused norm,
+activation and RoPE + attention kernels where those apply.
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ def fusable(layer: LlamaDecoderLayer) -> bool:
         ops.using_cpp_kernels()
         and layer.self_attn.q_norm is None
         and layer.self_attn.rotary_emb is not None
+        # The C++ layer's attention has no sliding window or soft-capping.
+        and layer.self_attn.attn.sliding_window is None
+        and layer.self_attn.attn.logit_cap is None
         and layer.residual_multiplier == 1.0
         and isinstance(layer.mlp.act_fn, SiluAndMul)
         and layer.post_attention_layernorm.variance_epsilon == eps

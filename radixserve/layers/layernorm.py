@@ -1,4 +1,5 @@
-"""RMSNorm, optionally fused with the residual add that precedes it; one split over TP ranks."""
+"""RMSNorm, optionally fused with the residual add that precedes it; one split over TP ranks;
+Gemma's, whose weights are offsets from 1."""
 
 from __future__ import annotations
 
@@ -86,3 +87,33 @@ class ShardedRMSNorm(RMSNorm):
         squares = ps.tensor_model_parallel_all_reduce(x32.pow(2).sum(-1, keepdim=True))
         x32 = x32 * torch.rsqrt(squares / (self.hidden_size * self.tp_size) + self.variance_epsilon)
         return self.weight * x32.to(x.dtype)
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: x / rms(x) * (1 + weight). Gemma checkpoints store each weight as its
+    offset from 1, and transformers scales in float32 before casting back (Llama's casts first,
+    so the two round differently in 16-bit dtypes).
+
+    The fused kernels compute x / rms(x) * w in float32, which for float32 inputs is this norm
+    with w = 1 + weight; other dtypes take the PyTorch path for the reference's rounding.
+    """
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.to(torch.float32)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if self.use_fast_kernels and x.dim() == 2 and x.dtype == torch.float32:
+            # Recomputed per call (hidden_size adds): a kept copy would go stale when the
+            # weights are updated in place.
+            scale = 1.0 + self.weight.float()
+            if residual is None:
+                return ops.rms_norm(x, scale, self.variance_epsilon)
+            return ops.fused_add_rms_norm(x, residual, scale, self.variance_epsilon)
+        if residual is None:
+            return self._norm(x)
+        x = x + residual
+        return self._norm(x), x

@@ -138,7 +138,10 @@ class ModelConfig:
         num_heads = int(hf.num_attention_heads)
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // num_heads
         rope_theta, rope_scaling = _rope_params(hf, rope_theta_fallback)
-        derived_len = derive_context_length(hf, rope_scaling)
+        # A per-layer-type table (transformers 5's Gemma 3) has no top-level factor, so, as
+        # SGLang reads it, no factor stretches max_position_embeddings (Gemma 3's already
+        # counts the linear scaling of its full-attention layers).
+        derived_len = derive_context_length(hf, None if _per_layer_type_rope(hf) else rope_scaling)
         if getattr(hf, "use_sliding_window", False) or _always_sliding_window(hf, derived_len):
             logger.warning(
                 "The model config asks for sliding-window attention; radixserve attends over the "
@@ -167,7 +170,11 @@ class ModelConfig:
             attention_bias=bool(getattr(hf, "attention_bias", False))
             or str(getattr(hf, "model_type", "")) == "qwen2",
             mlp_bias=bool(getattr(hf, "mlp_bias", False)),
-            hidden_act=str(getattr(hf, "hidden_act", "silu")),
+            # transformers' Gemma 2/3 read hidden_activation (their configs may keep a
+            # hidden_act as well, for older code).
+            hidden_act=str(
+                getattr(hf, "hidden_activation", None) or getattr(hf, "hidden_act", "silu")
+            ),
             eos_token_ids=_eos_ids(getattr(hf, "eos_token_id", None), generation_eos),
             dtype=dtype,
             hf_config=hf,
@@ -208,6 +215,27 @@ def _serving_context_len(requested: int | None, derived: int) -> int:
     return requested
 
 
+# transformers >= 5 keys RoPE parameters by layer type where they differ (Gemma 3); the
+# full-attention layers' are the model's RoPE.
+_GLOBAL_LAYER_TYPE = "full_attention"
+
+
+def _per_layer_type_rope(hf_config: Any) -> bool:
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    return isinstance(params.get(_GLOBAL_LAYER_TYPE), Mapping)
+
+
+def layer_type_rope(hf_config: Any, layer_type: str) -> tuple[float, dict[str, Any] | None] | None:
+    """(rope_theta, rope_scaling) of the layers of `layer_type` ("sliding_attention",
+    "full_attention") where the config keys RoPE by layer type, else None."""
+    if not _per_layer_type_rope(hf_config):
+        return None
+    params = hf_config.rope_parameters.get(layer_type)
+    if not isinstance(params, Mapping):
+        return None
+    return _normalised_rope(hf_config, dict(params), None)
+
+
 def _rope_params(
     hf_config: Any, theta_fallback: float | None
 ) -> tuple[float, dict[str, Any] | None]:
@@ -215,6 +243,15 @@ def _rope_params(
     # plus rope_scaling (with "type" or "rope_type").
     params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None)
     params = dict(params or {})
+    if isinstance(params.get(_GLOBAL_LAYER_TYPE), Mapping):
+        params = dict(params[_GLOBAL_LAYER_TYPE])
+    return _normalised_rope(hf_config, params, theta_fallback)
+
+
+def _normalised_rope(
+    hf_config: Any, params: dict[str, Any], theta_fallback: float | None
+) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling) from one set of RoPE parameters (consumed)."""
     theta = params.pop("rope_theta", None) or getattr(hf_config, "rope_theta", None)
     theta = float(theta or theta_fallback or 10000.0)
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"

@@ -5,8 +5,9 @@ The folder (config.json, safetensors, tokenizer files with the chat template) li
 1 MiB> (so copies, reinstalls and clones of the same file share it; RADIXSERVE_CACHE_DIR moves
 the root; `radixserve cache list|clear` manages it) and is written to a temp
 folder then renamed, so a half-written conversion is never used and the second start skips the
-conversion entirely. Config and tokenizer come from transformers' GGUF readers; tensor names and
-llama.cpp's q/k row permutation are handled here.
+conversion entirely. Config and tokenizer come from transformers' GGUF readers (the config fields
+they leave out are filled from the metadata by gguf_config.py); tensor names, llama.cpp's q/k row
+permutation and Gemma's norm weights (stored plus one) are handled here.
 """
 
 from __future__ import annotations
@@ -38,16 +39,24 @@ logger = logging.getLogger(__name__)
 SHARD_BYTES = 2 * 2**30
 
 # general.architecture values we convert (llama.cpp stores Mistral as llama).
-_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
 # transformers' model_type for a GGUF -> the HF architecture written to config.json.
 _HF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
+# model_type -> general.architecture, where they differ.
+_GGUF_ARCHITECTURE_OF = {"mistral": "llama", "gemma3_text": "gemma3"}
 # Architectures whose q/k rows llama.cpp's converter permuted (for its rope kernel).
 _PERMUTED_QK = {"llama"}
+_GEMMA_ARCHITECTURES = ("gemma2", "gemma3")
+# Architectures whose norm weights llama.cpp's converter stored plus one (Gemma's norms scale
+# by 1 + weight; llama.cpp's multiply by the weight): every "*norm.weight", q/k norms included.
+_NORMS_PLUS_ONE = frozenset(_GEMMA_ARCHITECTURES)
 
 _TOP_LEVEL_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -67,6 +76,15 @@ _BLOCK_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma's four norms per layer: llama.cpp calls the pre-feedforward one ffn_norm, the name
+# Llama's post-attention (pre-MLP) norm has.
+_GEMMA_BLOCK_NAMES = {
+    **_BLOCK_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_BLOCK_NAMES_OF = dict.fromkeys(_GEMMA_ARCHITECTURES, _GEMMA_BLOCK_NAMES)
 # Present in some GGUFs but derived from the config on our side.
 _IGNORED_NAMES = {"rope_freqs"}
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
@@ -163,13 +181,19 @@ def convert_gguf(gguf_path: Path, out_dir: Path, with_weights: bool = True) -> N
     _check_tensor_types(reader, gguf_path)
     config = _write_config(reader, arch, gguf_path, out_dir)
     _write_tokenizer(gguf_path, out_dir)
+    if arch in _GEMMA_ARCHITECTURES:
+        from radixserve.models.gguf_config import gemma_stop_ids
+
+        # Read by ModelConfig as a safetensors checkpoint's would be.
+        stops = {"eos_token_id": gemma_stop_ids(reader)}
+        (out_dir / "generation_config.json").write_text(json.dumps(stops, indent=2) + "\n")
     if with_weights:
         permute = arch in _PERMUTED_QK
         heads = (
             config.num_attention_heads,
             config.num_key_value_heads or config.num_attention_heads,
         )
-        _write_tensors(reader, gguf_path, out_dir, heads if permute else None)
+        _write_tensors(reader, gguf_path, out_dir, arch, heads if permute else None)
     marker = {
         "source": str(gguf_path.resolve()),
         "converter_version": CONVERTER_VERSION,
@@ -220,6 +244,10 @@ def _write_config(reader: object, arch: str, gguf_path: Path, out_dir: Path) -> 
     key_length = reader.fields.get(f"{arch}.attention.key_length")  # type: ignore[attr-defined]
     if key_length is not None:
         config.head_dim = int(key_length.contents())
+    if arch in _GEMMA_ARCHITECTURES:
+        from radixserve.models.gguf_config import fill_gemma_config
+
+        fill_gemma_config(reader, arch, config)
     config.save_pretrained(out_dir)
     return config
 
@@ -234,8 +262,14 @@ def _write_tokenizer(gguf_path: Path, out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """The HF name of a GGUF tensor; None for tensors we derive ourselves."""
+def gguf_architecture(model_type: str) -> str:
+    """The general.architecture llama.cpp writes for an HF model_type."""
+    return _GGUF_ARCHITECTURE_OF.get(model_type, model_type)
+
+
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """The HF name of a GGUF tensor of a file of general.architecture `arch`; None for tensors
+    we derive ourselves."""
     base, _, suffix = gguf_name.rpartition(".")
     if suffix not in ("weight", "bias") or not base:
         raise ValueError(f"unexpected GGUF tensor name {gguf_name!r}")
@@ -243,10 +277,19 @@ def hf_tensor_name(gguf_name: str) -> str | None:
         return None
     if base in _TOP_LEVEL_NAMES:
         return f"{_TOP_LEVEL_NAMES[base]}.{suffix}"
+    names = _BLOCK_NAMES_OF.get(arch, _BLOCK_NAMES)
     match = _BLOCK_RE.match(base)
-    if match and match.group(2) in _BLOCK_NAMES:
-        return f"model.layers.{match.group(1)}.{_BLOCK_NAMES[match.group(2)]}.{suffix}"
+    if match and match.group(2) in names:
+        return f"model.layers.{match.group(1)}.{names[match.group(2)]}.{suffix}"
     raise ValueError(f"unknown GGUF tensor name {gguf_name!r}")
+
+
+def hf_float_value(arch: str, hf_name: str, value: torch.Tensor) -> torch.Tensor:
+    """A float tensor as the HF checkpoint holds it: Gemma's norm weights lose the one that
+    llama.cpp's converter added (as transformers' GGUF loader takes it off)."""
+    if arch in _NORMS_PLUS_ONE and hf_name.endswith("norm.weight"):
+        return value - 1
+    return value
 
 
 def unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -274,17 +317,21 @@ def _dequantize(tensor: object) -> torch.Tensor:
 
 
 def _write_tensors(
-    reader: object, gguf_path: Path, out_dir: Path, qk_heads: tuple[int, int] | None
+    reader: object,
+    gguf_path: Path,
+    out_dir: Path,
+    arch: str,
+    qk_heads: tuple[int, int] | None,
 ) -> None:
     """Dequantise tensor by tensor into ~2 GiB safetensors shards, flushed as they fill."""
     writer = _ShardWriter(out_dir)
     tensors = reader.tensors  # type: ignore[attr-defined]
     for tensor in tqdm(tensors, desc=f"Converting {gguf_path.name}", unit="tensor"):
         try:
-            name = hf_tensor_name(tensor.name)
+            name = hf_tensor_name(tensor.name, arch)
             if name is None:
                 continue
-            value = _dequantize(tensor)
+            value = hf_float_value(arch, name, _dequantize(tensor))
         except Exception as e:
             raise ValueError(f"cannot convert tensor {tensor.name} of {gguf_path}: {e}") from e
         if qk_heads is not None and (".q_proj." in name or ".k_proj." in name):

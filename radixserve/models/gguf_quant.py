@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from radixserve.layers import gguf_formats as gt
 from radixserve.layers.gguf_formats import dequantize
 from radixserve.layers.linear import attach_gguf_parts
-from radixserve.models.gguf import hf_tensor_name, unpermute_qk
+from radixserve.models.gguf import hf_float_value, hf_tensor_name, unpermute_qk
 from radixserve.utils.gguf_cache import TensorEntry, tensor_table
 
 logger = logging.getLogger(__name__)
@@ -90,10 +90,14 @@ def load_gguf_weights(
     permuted_qk: bool,
     tied_lm_head: bool,
     progress: bool = True,
+    arch: str = "llama",
 ) -> QuantSummary:
-    """Fill `model` (built with uninitialised weights) from `gguf_path`."""
+    """Fill `model` (built with uninitialised weights) from `gguf_path`, a GGUF of
+    general.architecture `arch` (its tensor names and float conventions)."""
     with _GGUFFile(gguf_path) as file:
-        return _load(model, file, num_heads, num_kv_heads, permuted_qk, tied_lm_head, progress)
+        return _load(
+            model, file, num_heads, num_kv_heads, permuted_qk, tied_lm_head, progress, arch
+        )
 
 
 def _load(
@@ -104,6 +108,7 @@ def _load(
     permuted_qk: bool,
     tied_lm_head: bool,
     progress: bool,
+    arch: str,
 ) -> QuantSummary:
     raw = file.tensors
     heads = {"attn_q": num_heads, "attn_k": num_kv_heads} if permuted_qk else {}
@@ -143,7 +148,7 @@ def _load(
         quantized += 1
         nbytes += blocks.numel()
         bar.update()
-    model.load_weights(_float_tensors(file, on_blocks, heads, bar))
+    model.load_weights(_float_tensors(file, on_blocks, heads, bar, arch))
     bar.close()
     slow = sorted(gt.type_name(t) for t in types if not gt.runs_on_integer_kernels(t))
     if slow:
@@ -202,18 +207,19 @@ def _unpermute_rows_in_place(blocks: torch.Tensor, num_heads: int) -> None:
 
 
 def _float_tensors(
-    file: _GGUFFile, on_blocks: set[str], heads: dict[str, int], bar: tqdm
+    file: _GGUFFile, on_blocks: set[str], heads: dict[str, int], bar: tqdm, arch: str
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """HF-named float tensors of everything not kept on blocks."""
     for name, tensor in file.tensors.items():
         if name in on_blocks:
             continue
         bar.update()
-        hf_name = hf_tensor_name(name)
+        hf_name = hf_tensor_name(name, arch)
         if hf_name is None:
             continue
         shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dims fastest first
         value = dequantize(file.read(tensor).reshape(-1), int(tensor.tensor_type), shape)
+        value = hf_float_value(arch, hf_name, value)
         part = name.split(".")[-2] if name.startswith("blk.") else ""
         if part in heads:
             value = torch.from_numpy(np.ascontiguousarray(unpermute_qk(value.numpy(), heads[part])))

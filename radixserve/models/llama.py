@@ -1,6 +1,6 @@
 """The Llama family (Llama 2/3.x, SmolLM, Mistral), also the base of the Llama-shaped families
-(Qwen2, Qwen3, Phi-3, SmolLM3, OLMo 2, Granite), which vary it through the hooks of
-LlamaForCausalLM: attention_options, make_layer, embedding_multiplier.
+(Qwen2, Qwen3, Phi-3, SmolLM3, OLMo 2, Granite, Gemma 2/3), which vary it through the hooks of
+LlamaForCausalLM: attention_options, make_layer, embedding_multiplier, model_class.
 
 Model code only: it sees token ids, positions and the ForwardBatch its attention layers pass on,
 and returns hidden states or logits.
@@ -23,7 +23,7 @@ from radixserve.layers.fused_decoder import (
     run_fused_layer,
     run_fused_layers,
 )
-from radixserve.layers.layernorm import RMSNorm, ShardedRMSNorm
+from radixserve.layers.layernorm import GemmaRMSNorm, RMSNorm, ShardedRMSNorm
 from radixserve.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
@@ -49,6 +49,7 @@ class QKNorm(enum.Enum):
     NONE = "none"
     PER_HEAD = "per_head"  # over each head (Qwen3)
     FULL_WIDTH = "full_width"  # over all heads of the projection at once (OLMo 2)
+    GEMMA_PER_HEAD = "gemma_per_head"  # over each head, Gemma's (1 + weight) norm (Gemma 3)
 
 
 class AttentionOptions(NamedTuple):
@@ -57,6 +58,8 @@ class AttentionOptions(NamedTuple):
     qk_norm: QKNorm = QKNorm.NONE
     rope: bool = True  # False: a NoPE layer, whose q and k carry no position (SmolLM3)
     scaling: float | None = None  # softmax scale; None: head_dim ** -0.5 (Granite sets its own)
+    sliding_window: int | None = None  # keys a token sees, its own included; None: all (Gemma)
+    logit_cap: float | None = None  # scores soft-capped to cap * tanh(score / cap) (Gemma 2)
 
 
 # (config, layer index, the model's shared RoPE) -> a decoder layer
@@ -105,8 +108,9 @@ class LlamaAttention(nn.Module):
         self.q_norm: nn.Module | None = None
         self.k_norm: nn.Module | None = None
         eps = config.rms_norm_eps
-        if options.qk_norm is QKNorm.PER_HEAD:
-            self.q_norm, self.k_norm = RMSNorm(self.head_dim, eps), RMSNorm(self.head_dim, eps)
+        if options.qk_norm in (QKNorm.PER_HEAD, QKNorm.GEMMA_PER_HEAD):
+            norm = GemmaRMSNorm if options.qk_norm is QKNorm.GEMMA_PER_HEAD else RMSNorm
+            self.q_norm, self.k_norm = norm(self.head_dim, eps), norm(self.head_dim, eps)
         elif options.qk_norm is QKNorm.FULL_WIDTH:
             # This rank's heads of a norm over all of them: the weights are sliced the way
             # qkv_proj slices its rows (kv heads replicated when there are fewer than ranks).
@@ -118,7 +122,13 @@ class LlamaAttention(nn.Module):
         self.rotary_emb = rotary_emb if options.rope else None
         scaling = self.head_dim**-0.5 if options.scaling is None else options.scaling
         self.attn = RadixAttention(
-            layer_id, self.num_heads, self.num_kv_heads, self.head_dim, scaling
+            layer_id,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            scaling,
+            sliding_window=options.sliding_window,
+            logit_cap=options.logit_cap,
         )
 
     def _norm_heads(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
@@ -131,7 +141,7 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(hidden)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.q_norm is not None and self.k_norm is not None:
-            if self.qk_norm is QKNorm.PER_HEAD:
+            if self.qk_norm is not QKNorm.FULL_WIDTH:
                 q, k = self._norm_heads(q, self.q_norm), self._norm_heads(k, self.k_norm)
             else:
                 q, k = self.q_norm(q), self.k_norm(k)
@@ -228,14 +238,12 @@ class LlamaModel(nn.Module):
         # One table for all layers: it can be large (context_len x head_dim floats).
         self.rotary_emb = model_rope(config)
         self.layers = nn.ModuleList(
-            make_layer(config, i, self.rotary_emb) if self.stage.owns(i) else PPMissingLayer()
+            make_layer(config, i, self.layer_rope(config, i))
+            if self.stage.owns(i)
+            else PPMissingLayer()
             for i in range(config.num_hidden_layers)
         )
-        self.norm: nn.Module = (
-            RMSNorm(config.hidden_size, config.rms_norm_eps)
-            if self.stage.last
-            else PPMissingLayer()
-        )
+        self.norm: nn.Module = self.make_norm(config) if self.stage.last else PPMissingLayer()
         self.embedding_multiplier = embedding_multiplier
         self._layer_chains = LayerChainCache()
 
@@ -265,6 +273,16 @@ class LlamaModel(nn.Module):
             return self.norm(hidden)
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+    def layer_rope(self, config: ModelConfig, layer_id: int) -> RotaryEmbedding:
+        """The table layer `layer_id` rotates with: the model's one table (Gemma 3 gives its
+        sliding-window layers another; every table must read rows by position alike, since
+        `rotary_emb.table_rows` picks them once for all layers)."""
+        return self.rotary_emb
+
+    def make_norm(self, config: ModelConfig) -> nn.Module:
+        """The final norm."""
+        return RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The first layer's input (stage 0 of a pipeline)."""
@@ -303,6 +321,9 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Decoder-only LM: forward -> final-normed hidden states; compute_logits -> float32."""
 
+    # The body (embedding, layers, final norm); a family may vary its parts (Gemma).
+    model_class: type[LlamaModel] = LlamaModel
+
     stacked_params = (
         StackedParam("qkv_proj", "q_proj", "q"),
         StackedParam("qkv_proj", "k_proj", "k"),
@@ -314,7 +335,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, self.make_layer, self.embedding_multiplier(config))
+        self.model = self.model_class(config, self.make_layer, self.embedding_multiplier(config))
         stage = self.model.stage
         self.lm_head: nn.Module
         if not stage.last:

@@ -93,6 +93,7 @@ def load_model(
     if load_format == "dummy":
         init_dummy_weights(model, seed=seed)
     elif gguf_file is not None:
+        from radixserve.models.gguf import gguf_architecture
         from radixserve.models.gguf_quant import load_gguf_weights
 
         load_gguf_weights(
@@ -103,6 +104,7 @@ def load_model(
             permuted_qk=config.model_type in ("llama", "mistral"),
             tied_lm_head=config.tie_word_embeddings,
             progress=_is_first_rank(),
+            arch=gguf_architecture(config.model_type),
         )
     else:
         assert files is not None

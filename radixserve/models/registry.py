@@ -12,6 +12,8 @@ logger = logging.getLogger(__name__)
 
 # architecture name -> (module under radixserve.models, class name)
 _MODELS: dict[str, tuple[str, str]] = {
+    "Gemma2ForCausalLM": ("gemma2", "Gemma2ForCausalLM"),
+    "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
     "GraniteForCausalLM": ("granite", "GraniteForCausalLM"),
     "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
     # EAGLE draft heads (--speculative-algorithm EAGLE / EAGLE3 only).

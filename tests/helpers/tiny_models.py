@@ -33,6 +33,8 @@ _CONFIG_CLASSES = {
     "smollm3": "SmolLM3Config",
     "olmo2": "Olmo2Config",
     "granite": "GraniteConfig",
+    "gemma2": "Gemma2Config",
+    "gemma3": "Gemma3TextConfig",
 }
 
 
@@ -45,13 +47,17 @@ def hf_config_class(arch: str) -> Any:
 
 def tiny_hf_config(arch: str = "llama", **overrides: Any) -> Any:
     """A transformers config for a tiny model of `arch` (ARCHS, or phi3, smollm3, olmo2,
-    granite, each tested in its own file)."""
+    granite, gemma2, gemma3, each tested in its own file)."""
     config_class = hf_config_class(arch)
     if config_class is None:
         raise ValueError(f"this transformers has no {_CONFIG_CLASSES[arch]}")
     kwargs = dict(_BASE)
-    if arch in ("qwen3", "mistral"):
+    if arch in ("qwen3", "mistral", "gemma2", "gemma3"):
         kwargs["head_dim"] = 16
+    if arch in ("gemma2", "gemma3"):
+        # Gemma ties its embeddings; its own defaults (a 4096-token window, a softmax scale of
+        # 256 ** -0.5) would leave both untested on a tiny model.
+        kwargs.update(tie_word_embeddings=True, sliding_window=8, query_pre_attn_scalar=16)
     if arch == "mistral":
         kwargs["sliding_window"] = None
     if arch in ("phi3", "smollm3", "olmo2"):

@@ -3,6 +3,8 @@
 Attention reads K/V through the request-to-token table inside one kernel call per layer
 (radixserve.kernels: C++ where built, PyTorch otherwise), for decode, extend and mixed batches
 alike; RoPE and the KV store are fused into one more call. No per-request Python work per layer.
+Layers with soft-capped scores, and sliding-window layers in batches where the kernel cannot see
+exactly the window, take the PyTorch reference (kernels/ops.paged_attention says which).
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ class CpuPagedAttnBackend(AttentionBackend):
                 rotary.is_neox_style,
                 layer.num_heads,
                 layer.scaling,
+                layer.sliding_window,
+                layer.logit_cap,
             )
         ops.rope_store_kv(
             q,
@@ -113,6 +117,8 @@ class CpuPagedAttnBackend(AttentionBackend):
             meta.q_starts,
             layer.num_heads,
             layer.scaling,
+            layer.sliding_window,
+            layer.logit_cap,
         )
 
     def _attend(
@@ -127,6 +133,8 @@ class CpuPagedAttnBackend(AttentionBackend):
             self.paged_meta,
             layer.num_heads,
             layer.scaling,
+            layer.sliding_window,
+            layer.logit_cap,
         )
 
     def forward_extend(

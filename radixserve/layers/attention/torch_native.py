@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from radixserve.kernels import reference
 from radixserve.layers.attention.base import AttentionBackend
 
 if TYPE_CHECKING:
@@ -18,10 +19,17 @@ class TorchNativeAttnBackend(AttentionBackend):
     """Gathers each request's K/V through req_to_token and runs SDPA.
 
     Extend runs one SDPA per request (prefix + new tokens, causal with the prefix offset); decode
-    pads the batch to its longest sequence and masks, so it is a single SDPA call.
+    pads the batch to its longest sequence and masks, so it is a single SDPA call. Layers with
+    a sliding window or soft-capped scores run the plain-PyTorch windowed_attention instead (the
+    same gather through req_to_token, with those masks and the capped softmax spelled out).
     """
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        starts, total = [], 0
+        for new in forward_batch.extend_seq_lens_cpu:
+            starts.append(total)
+            total += new
+        self._q_starts = starts
         rows = forward_batch.req_to_token[forward_batch.req_pool_indices]
         if forward_batch.forward_mode.is_decode:
             max_len = max(forward_batch.seq_lens_cpu)
@@ -43,9 +51,31 @@ class TorchNativeAttnBackend(AttentionBackend):
                 )
             ]
 
+    def _windowed(
+        self, q: torch.Tensor, layer: RadixAttention, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        k_buf, v_buf = forward_batch.kv_cache.get_kv(layer.layer_id)
+        out = reference.windowed_attention(
+            q.reshape(q.shape[0], -1),
+            k_buf,
+            v_buf,
+            forward_batch.req_to_token,
+            forward_batch.req_pool_indices_cpu,
+            forward_batch.extend_prefix_lens_cpu,
+            forward_batch.extend_seq_lens_cpu,
+            self._q_starts,
+            layer.num_heads,
+            layer.scaling,
+            layer.sliding_window,
+            layer.logit_cap,
+        )
+        return out.view_as(q)
+
     def forward_extend(
         self, q: torch.Tensor, layer: RadixAttention, forward_batch: ForwardBatch
     ) -> torch.Tensor:
+        if layer.sliding_window is not None or layer.logit_cap is not None:
+            return self._windowed(q, layer, forward_batch)
         k_buf, v_buf = forward_batch.kv_cache.get_kv(layer.layer_id)
         out = torch.empty_like(q)
         start = 0
@@ -69,6 +99,8 @@ class TorchNativeAttnBackend(AttentionBackend):
     def forward_decode(
         self, q: torch.Tensor, layer: RadixAttention, forward_batch: ForwardBatch
     ) -> torch.Tensor:
+        if layer.sliding_window is not None or layer.logit_cap is not None:
+            return self._windowed(q, layer, forward_batch)
         k_buf, v_buf = forward_batch.kv_cache.get_kv(layer.layer_id)
         k = k_buf[self._decode_slots].to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
         v = v_buf[self._decode_slots].to(q.dtype).transpose(1, 2)

@@ -1,0 +1,105 @@
+"""The Gemma 2/3 config fields transformers' GGUF reader leaves out, filled from the file's
+metadata as llama.cpp reads it (llama-model.cpp), so the converted config.json describes the
+model llama.cpp runs from the same file:
+
+- attention and final logit soft-capping (`<arch>.attn_logit_softcapping`,
+  `<arch>.final_logit_softcapping`; Gemma 3 soft-caps no attention scores);
+- query_pre_attn_scalar, which GGUF does not store: llama.cpp scales scores by
+  (hidden_size / heads) ** -0.5 for the 27B models (known by their layer count) and by
+  head_dim ** -0.5 otherwise, which is what every released Gemma 2/3 config says;
+- which layers slide (`<arch>.attention.sliding_window_pattern` where present, else every
+  other layer for Gemma 2 and five of six for Gemma 3; none without a window);
+- Gemma 3's RoPE: linear scaling of the global layers (`<arch>.rope.scaling.*`), and the
+  sliding layers' base (`<arch>.rope.freq_base_swa`, else llama.cpp's fixed 10000).
+
+And the turn's end as a stop token (gemma_stop_ids): instruction-tuned Gemma ends its turns
+with <end_of_turn>, which its safetensors checkpoints list in generation_config.json and
+llama.cpp stops at by its name, while a GGUF's eos_token_id is usually <eos>.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+# llama.cpp's layer counts of the 27B models, the only ones whose query_pre_attn_scalar is
+# hidden_size / heads rather than head_dim.
+_LARGE_MODEL_LAYERS = {"gemma2": 46, "gemma3": 62}
+# Without a pattern in the file: every `period`-th layer is global (llama.cpp's set_swa_pattern).
+_DEFAULT_PERIOD = {"gemma2": 2, "gemma3": 6}
+LOCAL_ROPE_THETA = 10000.0
+
+
+def _value(reader: object, key: str) -> Any:
+    field = reader.fields.get(key)  # type: ignore[attr-defined]
+    return None if field is None else field.contents()
+
+
+def fill_gemma_config(reader: object, arch: str, config: Any) -> None:
+    """Set the fields above on `config` (transformers' config read from the same file)."""
+    if arch == "gemma2":
+        cap = _value(reader, f"{arch}.attn_logit_softcapping")
+        if cap is not None:
+            config.attn_logit_softcapping = float(cap)
+    final_cap = _value(reader, f"{arch}.final_logit_softcapping")
+    if final_cap is not None:
+        config.final_logit_softcapping = float(final_cap)
+    large = config.num_hidden_layers == _LARGE_MODEL_LAYERS[arch]
+    heads = config.num_attention_heads
+    config.query_pre_attn_scalar = config.hidden_size // heads if large else config.head_dim
+    if _value(reader, f"{arch}.attention.sliding_window") is None:
+        # llama.cpp's converter writes no window when no layer slides.
+        config.sliding_window = None
+        config.layer_types = [FULL] * config.num_hidden_layers
+    else:
+        config.layer_types = _layer_types(reader, arch, config.num_hidden_layers)
+    _fill_rope(reader, arch, config)
+
+
+def _layer_types(reader: object, arch: str, count: int) -> list[str]:
+    pattern = _value(reader, f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, list):  # one flag per layer, true where it slides
+        if len(pattern) != count:
+            raise ValueError(f"sliding_window_pattern has {len(pattern)} flags for {count} layers")
+        return [SLIDING if flag else FULL for flag in pattern]
+    period = int(pattern or _DEFAULT_PERIOD[arch])
+    return [SLIDING if i % period < period - 1 else FULL for i in range(count)]
+
+
+def _fill_rope(reader: object, arch: str, config: Any) -> None:
+    params = config.rope_parameters
+    per_type = isinstance(params.get(FULL), dict)  # transformers >= 5's Gemma 3
+    global_params = params[FULL] if per_type else params
+    scaling = _value(reader, f"{arch}.rope.scaling.type")
+    if scaling not in (None, "none"):
+        if scaling != "linear":
+            raise ValueError(f"GGUF rope scaling {scaling!r} of a {arch} model is not supported")
+        factor = float(_value(reader, f"{arch}.rope.scaling.factor"))
+        global_params.update(rope_type="linear", factor=factor)
+    if per_type:
+        local = _value(reader, f"{arch}.rope.freq_base_swa")
+        params[SLIDING]["rope_theta"] = LOCAL_ROPE_THETA if local is None else float(local)
+
+
+END_OF_TURN = b"<end_of_turn>"
+
+
+def gemma_stop_ids(reader: object) -> list[int]:
+    """The file's eos token and its end-of-turn token (tokenizer.ggml.eot_token_id, else the
+    vocabulary's <end_of_turn>), the ids a Gemma chat model stops at."""
+    ids: list[int] = []
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"):
+        value = _value(reader, key)
+        if value is not None and int(value) not in ids:
+            ids.append(int(value))
+    if _value(reader, "tokenizer.ggml.eot_token_id") is None:
+        tokens = reader.fields.get("tokenizer.ggml.tokens")  # type: ignore[attr-defined]
+        # The raw parts, not contents(): a real vocabulary has 262k tokens.
+        for i, part in enumerate(tokens.data if tokens is not None else ()):
+            if bytes(tokens.parts[part]) == END_OF_TURN:
+                ids.append(i)
+                break
+    return ids
