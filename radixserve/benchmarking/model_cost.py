@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from radixserve.kernels.gguf_types import FORMATS as GGUF_FORMATS
+from radixserve.kernels.gguf_types import row_weights as gguf_row_weights
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,7 @@ class ModelCost:
                 continue
             for part in gguf.parts or (gguf,):  # a fused layer of mixed types, part by part
                 rows, row_bytes = part.blocks.shape
-                fmt = GGUF_FORMATS[part.qtype]
-                cols = row_bytes // fmt.bytes * fmt.weights
+                cols = gguf_row_weights(part.qtype, row_bytes)
                 if rows >= vocab and cols == hidden:
                     head_params, head_bytes = rows * cols, part.blocks.numel()
                 else:

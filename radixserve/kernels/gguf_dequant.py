@@ -215,6 +215,5 @@ def dequantize(data: torch.Tensor, qtype: int, shape: tuple[int, ...]) -> torch.
 
 def dequantize_rows(blocks: torch.Tensor, qtype: int, out_features: int) -> torch.Tensor:
     """A linear weight's blocks [N, row bytes] -> float32 [N, K]."""
-    fmt = gt.FORMATS[qtype]
-    k = blocks.reshape(out_features, -1).shape[1] // fmt.bytes * fmt.weights
+    k = gt.row_weights(qtype, blocks.reshape(out_features, -1).shape[1])
     return dequantize(blocks, qtype, (out_features, k))

@@ -76,3 +76,9 @@ def row_bytes(qtype: int, k: int) -> int:
     if k % fmt.weights:
         raise ValueError(f"{fmt.name} rows need a multiple of {fmt.weights} weights, got {k}")
     return k // fmt.weights * fmt.bytes
+
+
+def row_weights(qtype: int, nbytes: int) -> int:
+    """K of a row of `nbytes` bytes of `qtype` blocks (row_bytes' inverse)."""
+    fmt = FORMATS[qtype]
+    return nbytes // fmt.bytes * fmt.weights

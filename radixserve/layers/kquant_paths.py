@@ -23,7 +23,7 @@ from torch import nn
 
 from radixserve.kernels import ops
 from radixserve.kernels.build import load_extension
-from radixserve.kernels.gguf_types import FORMATS
+from radixserve.kernels.gguf_types import row_weights
 from radixserve.layers.timing import interleaved_medians
 
 logger = logging.getLogger(__name__)
@@ -129,5 +129,4 @@ def _panel_min_rows(ext: object, weight: object, rounds: int = 5) -> int:
 
 
 def _in_features(weight: object) -> int:
-    fmt = FORMATS[weight.qtype]
-    return weight.blocks.shape[1] // fmt.bytes * fmt.weights
+    return row_weights(weight.qtype, weight.blocks.shape[1])

@@ -40,6 +40,9 @@ def test_row_bytes_checks_the_block_size() -> None:
     assert gguf_types.row_bytes(gguf_types.Q4_K, 512) == 288
     with pytest.raises(ValueError, match="multiple of 256"):
         gguf_types.row_bytes(gguf_types.Q6_K, 576)
+    for qtype in QUANTIZED:  # and row_weights is its inverse
+        k = 2 * gguf_types.FORMATS[qtype].weights
+        assert gguf_types.row_weights(qtype, gguf_types.row_bytes(qtype, k)) == k
 
 
 def _relative_error(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:
