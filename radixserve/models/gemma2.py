@@ -21,6 +21,7 @@ from radixserve.models.llama import (
     LlamaForCausalLM,
     LlamaMLP,
     LlamaModel,
+    input_norm,
 )
 
 if TYPE_CHECKING:
@@ -95,11 +96,7 @@ class GemmaDecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         forward_batch: ForwardBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden, residual = input_norm(self.input_layernorm, hidden, residual)
         attn = self.post_attention_layernorm(self.self_attn(positions, hidden, forward_batch))
         hidden, residual = self.pre_feedforward_layernorm(attn, residual)
         # The next layer's input norm (or the final norm) adds this to the residual.

@@ -155,6 +155,16 @@ class LlamaAttention(nn.Module):
         return self.o_proj(out)
 
 
+def input_norm(
+    norm: nn.Module, hidden: torch.Tensor, residual: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decoder layer's input norm: (normed hidden, residual). The first layer's residual is
+    its input; later layers' norms add the previous layer's output to the residual first."""
+    if residual is None:
+        return norm(hidden), hidden
+    return norm(hidden, residual)
+
+
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention and MLP. `residual_multiplier` (Granite) scales each block's output
     before it joins the residual stream."""
@@ -190,11 +200,7 @@ class LlamaDecoderLayer(nn.Module):
             if fused is not None:
                 return fused
         # The residual stream is carried separately so each norm can fuse the preceding add.
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden, residual = input_norm(self.input_layernorm, hidden, residual)
         hidden = self._scaled(self.self_attn(positions, hidden, forward_batch))
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         # The next layer's input norm (or the final norm) adds this to the residual.
