@@ -13,7 +13,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--dtype",
         STR,
         "auto",
-        "Weight and activation dtype. 'auto' picks bfloat16 where the hardware supports it fast (on a CPU: AVX512-BF16 or AMX-BF16 and a startup probe, cached per CPU, that measures bfloat16 matmuls faster than float32), else float16 on CUDA or float32 on CPU; 'half' is float16, 'float' is float32.",
+        "Weight and activation dtype. 'auto' picks bfloat16 where the hardware supports it fast (on a CPU: AVX512-BF16 or AMX-BF16 and a startup probe, cached per CPU, that measures bfloat16 matmuls faster than float32), else float16 on CUDA or float32 on CPU; a GGUF run on its blocks that are mostly K-quants gets float32 activations (with a bfloat16 KV cache where the CPU's choice is bfloat16), since its kernels quantize activations to int8 themselves; 'half' is float16, 'float' is float32.",
         support=IMPLEMENTED,
         choices=("auto", "half", "float16", "bfloat16", "float", "float32"),
     ),
