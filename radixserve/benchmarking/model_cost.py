@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from radixserve.kernels.gguf_types import row_weights as gguf_row_weights
+from radixserve.layers.quantization import MethodLayer
 
 
 @dataclass(frozen=True)
@@ -83,10 +84,12 @@ class ModelCost:
         # --quantization gguf: projections hold GGUF blocks (their float weights are empty); a
         # tied LM head multiplies the embedding's blocks, so those are what a step reads.
         for module in model.modules():
-            gguf = getattr(module, "gguf", None)
+            if not isinstance(module, MethodLayer):
+                continue
+            gguf = module.quant_method.gguf_weight()
             if gguf is None:
                 continue
-            for part in gguf.parts or (gguf,):  # a fused layer of mixed types, part by part
+            for part in gguf.pieces():  # a fused layer of mixed types, part by part
                 rows, row_bytes = part.blocks.shape
                 cols = gguf_row_weights(part.qtype, row_bytes)
                 if rows >= vocab and cols == hidden:

@@ -15,6 +15,15 @@ from radixserve.kernels.onednn_linear import pack_weight, packing_support
 from radixserve.layers.activation import SiluAndMul
 from radixserve.layers.kquant_paths import choose_kquant_paths
 from radixserve.layers.layernorm import RMSNorm
+from radixserve.layers.linear import LinearBase
+from radixserve.layers.quantization import (
+    GGUFLinearMethod,
+    GGUFWeight,
+    LinearMethod,
+    MethodLayer,
+    UnquantizedLinearMethod,
+)
+from radixserve.layers.quantization.packed import Int4PackLinearMethod, OneDNNLinearMethod
 from radixserve.layers.timing import interleaved_medians
 
 logger = logging.getLogger(__name__)
@@ -30,24 +39,29 @@ def use_fast_kernels(model: nn.Module, enabled: bool, repack_weights: bool = Tru
     are pre-packed for oneDNN where the CPU allows it (kernels/onednn_linear.py), and GGUF Q4_1
     layers take PyTorch's packed int4 matmul where it measures faster (kernels/int4pack.py)."""
     from radixserve.layers.fused_decoder import fusable, fused_layer_args
-    from radixserve.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 
     # Float matmuls of the decoder go through kernels.ops.float_linear (a packed kernel where it
-    # measured faster than torch's BLAS); the LM head keeps F.linear.
-    linears = (ReplicatedLinear, ColumnParallelLinear, RowParallelLinear)
+    # measured faster than torch's BLAS); the LM head keeps F.linear. Every layer first goes
+    # back to the method its weights were loaded in (dropping earlier packed copies).
+    float_weights = False
+    for module in model.modules():
+        if isinstance(module, MethodLayer):
+            method = module.quant_method.unpacked()
+            if isinstance(module, LinearBase):
+                method = method.with_fast_kernels(enabled)
+                float_weights |= (
+                    isinstance(method, UnquantizedLinearMethod)
+                    and module.weight.dtype == torch.float32
+                )
+            module.quant_method = method
+    linears = (LinearBase,)
     # Before fused_args: layers with packed weights do not qualify for the one-call C++ layer.
     pack_for_onednn(model, linears, enabled and repack_weights)
     pack_q4_1_for_int4(model, linears, enabled and repack_weights)
     choose_kquant_paths(model, linears, enabled)
     count = 0
-    float_weights = False
     for module in model.modules():
-        if isinstance(module, linears):
-            module.use_fast_kernels = enabled
-            weight = getattr(module, "weight", None)
-            is_float32 = weight is not None and weight.dtype == torch.float32
-            float_weights |= getattr(module, "gguf", None) is None and is_float32
-        elif isinstance(module, _FUSABLE):
+        if isinstance(module, _FUSABLE):
             module.use_fast_kernels = enabled
             count += 1
         elif hasattr(type(module), "fused_args"):  # a decoder layer that offers the fused call
@@ -70,7 +84,7 @@ def pack_for_onednn(model: nn.Module, linears: tuple[type, ...], enabled: bool) 
     """Pack a CPU model's ONEDNN_PACKED_DTYPE linear weights for oneDNN (or drop earlier packs
     when not `enabled`); logs what was done and why. Returns how many weights were packed."""
     dtype = ONEDNN_PACKED_DTYPE
-    drop_packed_weights(model, "onednn")
+    unpack(model, OneDNNLinearMethod)
     compute = getattr(getattr(model, "config", None), "dtype", dtype)
     if compute != dtype:  # 16-bit weights under float32 compute: widened as multiplied instead
         return 0
@@ -98,23 +112,27 @@ def pack_linear_layers(model: nn.Module, linears: tuple[type, ...], dtype: torch
     head = getattr(model, "lm_head", None)
     count = 0
     for module in model.modules():
-        if not (isinstance(module, linears) or module is head):
+        if not isinstance(module, MethodLayer) or not (
+            isinstance(module, linears) or module is head
+        ):
             continue
-        weight = getattr(module, "weight", None)
-        if getattr(module, "gguf", None) is not None or not isinstance(weight, torch.Tensor):
-            continue
+        method = module.quant_method
+        if not isinstance(method, UnquantizedLinearMethod):
+            continue  # GGUF blocks, a packed copy already
+        weight = module.weight
         if weight.dim() != 2 or weight.dtype != dtype or weight.device.type != "cpu":
             continue
-        module.onednn = pack_weight(weight)
+        module.quant_method = OneDNNLinearMethod(pack_weight(weight), method)
         count += 1
     return count
 
 
-def drop_packed_weights(model: nn.Module, attribute: str) -> None:
-    """Remove every module's packed copy held as `attribute` ("onednn", "int4"): back to the
-    weights they were made from, which were never changed."""
+def unpack(model: nn.Module, kind: type[LinearMethod]) -> None:
+    """Put every layer whose method is a `kind` packed copy back on the method it was made
+    from (its weights were never changed)."""
     for module in model.modules():
-        module.__dict__.pop(attribute, None)
+        if isinstance(module, MethodLayer) and isinstance(module.quant_method, kind):
+            module.quant_method = module.quant_method.unpacked()
 
 
 # --quantization gguf's Q4_1 layers on PyTorch's packed int4 matmul (kernels/int4pack.py):
@@ -129,15 +147,16 @@ def pack_q4_1_for_int4(model: nn.Module, linears: tuple[type, ...], enabled: boo
     drop earlier ones); logs the choice and why. Returns how many layers got one."""
     from radixserve.kernels.int4pack import Q4_1, int4pack_support, pack_q4_1, packable
 
-    drop_packed_weights(model, "int4")
-    layers = [
-        m
+    unpack(model, Int4PackLinearMethod)
+    layers: list[tuple[LinearBase, GGUFLinearMethod]] = [
+        (m, m.quant_method)
         for m in model.modules()
         if isinstance(m, linears)
-        and getattr(m, "gguf", None) is not None
-        and m.gguf.qtype == Q4_1
-        and packable(m.gguf.out_features)
-        and getattr(m, "tp_size", 1) == 1
+        and isinstance(m, LinearBase)
+        and isinstance(m.quant_method, GGUFLinearMethod)
+        and m.quant_method.weight.qtype == Q4_1
+        and packable(m.quant_method.weight.out_features)
+        and m.tp_size == 1
     ]
     if not enabled or not layers:
         return 0
@@ -155,7 +174,7 @@ def pack_q4_1_for_int4(model: nn.Module, linears: tuple[type, ...], enabled: boo
                 "PyTorch's bfloat16 int4 matmul)"
             )
             return 0
-        gain = _int4_gain(max(layers, key=lambda m: m.gguf.blocks.numel()))
+        gain = _int4_gain(max((g.weight for _, g in layers), key=lambda w: w.blocks.numel()))
         if gain < INT4_MIN_GAIN:
             logger.info(
                 "GGUF Q4_1 on radixserve's integer kernels: PyTorch's int4 matmul measured "
@@ -167,8 +186,8 @@ def pack_q4_1_for_int4(model: nn.Module, linears: tuple[type, ...], enabled: boo
         reason = f"{gain:.2f}x faster than radixserve's integer kernels here ({', '.join(bf16)})"
     else:
         reason = f"{INT4_ENV}=1"
-    for module in layers:
-        module.int4 = pack_q4_1(module.gguf.blocks)
+    for module, method in layers:
+        module.quant_method = Int4PackLinearMethod(pack_q4_1(method.weight.blocks), method)
     logger.info(
         "GGUF Q4_1 on PyTorch's packed int4 matmul, bfloat16 activations: %d layers (%s; they "
         "run module by module)",
@@ -178,12 +197,11 @@ def pack_q4_1_for_int4(model: nn.Module, linears: tuple[type, ...], enabled: boo
     return len(layers)
 
 
-def _int4_gain(layer: nn.Module, rounds: int = 5) -> float:
-    """Our integer kernel's time over the int4 matmul's on `layer`'s weight, at 1 and 8 rows
-    (decode), median of `rounds` interleaved rounds."""
+def _int4_gain(gguf: GGUFWeight, rounds: int = 5) -> float:
+    """Our integer kernel's time over the int4 matmul's on a layer's Q4_1 weight, at 1 and 8
+    rows (decode), median of `rounds` interleaved rounds."""
     from radixserve.kernels.int4pack import int4pack_linear, pack_q4_1
 
-    gguf = layer.gguf
     weight = pack_q4_1(gguf.blocks)
     total = {"ours": 0.0, "int4": 0.0}
     for rows in (1, 8):

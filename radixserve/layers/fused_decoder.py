@@ -23,7 +23,7 @@ from torch import nn
 from radixserve.kernels import ops
 from radixserve.layers.activation import SiluAndMul
 from radixserve.layers.attention.cpu_paged import CpuPagedAttnBackend
-from radixserve.layers.linear import GGUFWeight
+from radixserve.layers.linear import LinearBase
 
 if TYPE_CHECKING:
     from radixserve.model_executor.forward_batch import ForwardBatch
@@ -33,33 +33,25 @@ if TYPE_CHECKING:
 # down_proj, act_fn), input_layernorm, post_attention_layernorm, residual_multiplier.
 LlamaDecoderLayer = nn.Module
 
-FLOAT_WEIGHT = -1  # llama_layer's qtype for a plain float weight
 _NO_BIAS = torch.empty(0)
 
 
 def _projection(
-    linear: nn.Module,
+    linear: LinearBase,
 ) -> tuple[list[torch.Tensor], list[int], torch.Tensor] | None:
     """(weights or GGUF blocks of each part, their qtypes, bias or empty) of a linear layer, None
-    if the kernel cannot run it (a sharded weight, or a LoRA hook: the C++ layer has no place to
-    add the adapters' deltas, so --enable-lora runs decoder layers module by module). One part,
-    except a fused layer whose parts have different GGUF block types (Q4_K_M's q|k|v with a
-    Q6_K v): the kernel runs those part by part."""
-    if getattr(linear, "tp_size", 1) != 1 or getattr(linear, "lora", None) is not None:
+    if the kernel cannot run it (a sharded weight; a LoRA hook: the C++ layer has no place to
+    add the adapters' deltas, so --enable-lora runs decoder layers module by module; or a weight
+    its method packed for another library's kernel). One part, except a fused layer whose parts
+    have different GGUF block types (Q4_K_M's q|k|v with a Q6_K v): the kernel runs those part
+    by part."""
+    if linear.tp_size != 1 or linear.lora is not None:
         return None
-    if getattr(linear, "onednn", None) is not None or getattr(linear, "int4", None) is not None:
-        return None  # packed for oneDNN or PyTorch's int4 matmul: their kernels, not ours
+    operands = linear.quant_method.fused_operands(linear)
+    if operands is None:
+        return None
     bias = linear.bias if linear.bias is not None else _NO_BIAS
-    gguf: GGUFWeight | None = getattr(linear, "gguf", None)
-    if gguf is not None:
-        parts = gguf.parts or (gguf,)
-        for part in parts:
-            if not ops.gguf_kernel_type(part.qtype) or part.blocks.shape[0] != part.out_features:
-                return None
-        return [p.blocks for p in parts], [p.qtype for p in parts], bias
-    if linear.weight.dim() != 2:
-        return None
-    return [linear.weight], [FLOAT_WEIGHT], bias
+    return list(operands.weights), list(operands.qtypes), bias
 
 
 def fusable(layer: LlamaDecoderLayer) -> bool:

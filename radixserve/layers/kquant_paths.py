@@ -24,6 +24,7 @@ from torch import nn
 from radixserve.kernels import ops
 from radixserve.kernels.build import load_extension
 from radixserve.kernels.gguf_types import row_weights
+from radixserve.layers.quantization import GGUFWeight, MethodLayer
 from radixserve.layers.timing import interleaved_medians
 
 logger = logging.getLogger(__name__)
@@ -48,11 +49,16 @@ def choose_kquant_paths(model: nn.Module, linears: tuple[type, ...], enabled: bo
         return False
     ext.set_kquant_int8(False)
     ext.set_q8k_panel_min_rows(PANEL_NEVER)
+    held = [
+        m.quant_method.gguf_weight()
+        for m in model.modules()
+        if isinstance(m, linears) and isinstance(m, MethodLayer)
+    ]
     parts = [
         part
-        for m in model.modules()
-        if isinstance(m, linears) and getattr(m, "gguf", None) is not None
-        for part in (m.gguf.parts or (m.gguf,))
+        for weight in held
+        if weight is not None
+        for part in weight.pieces()
         if part.qtype in Q8K_TYPES
     ]
     mode = os.environ.get(KQUANT_INT8_ENV, "auto")
@@ -83,8 +89,8 @@ def choose_kquant_paths(model: nn.Module, linears: tuple[type, ...], enabled: bo
     return small
 
 
-def _small_batch_int8_gain(ext: object, weight: object, rounds: int = 5) -> float:
-    """The int16 kernels' time over the int8 per-row kernels' on `weight` (a GGUFWeight), at 1
+def _small_batch_int8_gain(ext: object, weight: GGUFWeight, rounds: int = 5) -> float:
+    """The int16 kernels' time over the int8 per-row kernels' on `weight`, at 1
     and 3 rows (whole layer: batch 1 reads it from memory)."""
     x_rows = [torch.randn(rows, _in_features(weight)) for rows in (1, 3)]
 
@@ -103,7 +109,7 @@ def _small_batch_int8_gain(ext: object, weight: object, rounds: int = 5) -> floa
     return total["int16"] / max(total["int8"], 1e-9)
 
 
-def _panel_min_rows(ext: object, weight: object, rounds: int = 5) -> int:
+def _panel_min_rows(ext: object, weight: GGUFWeight, rounds: int = 5) -> int:
     """From how many rows the panel GEMM should run: PANEL_MIN_ROWS where it beats the path it
     replaces at 8 rows too, PANEL_AFTER_SMALL_BATCHES where it beats the float tiles only at 64
     rows, else PANEL_NEVER."""
@@ -128,5 +134,5 @@ def _panel_min_rows(ext: object, weight: object, rounds: int = 5) -> int:
     return chosen
 
 
-def _in_features(weight: object) -> int:
+def _in_features(weight: GGUFWeight) -> int:
     return row_weights(weight.qtype, weight.blocks.shape[1])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -19,10 +19,7 @@ if TYPE_CHECKING:
     from radixserve.layers.lora import LoRAHook
 
 from radixserve.distributed import parallel_state as ps
-from radixserve.kernels import ops, reference
-from radixserve.kernels.int4pack import Int4PackWeight, int4pack_linear
-from radixserve.kernels.onednn_linear import OneDNNWeight, onednn_linear
-from radixserve.layers.weight_storage import weight_dtype, widened
+from radixserve.layers.quantization import LinearMethod, MethodLayer, UnquantizedLinearMethod
 
 logger = logging.getLogger(__name__)
 
@@ -45,145 +42,61 @@ def default_weight_loader(
     copy_checked(param, loaded_weight)
 
 
-# GGML block type id -> bytes per block of 32 weights, for the types the kernels run directly.
-GGUF_BLOCK_BYTES = reference.BLOCK_BYTES
+def linear_forward(layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ W^T (+ bias) by the layer's quantization method; plus the batch's LoRA deltas when
+    the layer carries a LoRA hook (layers/lora.py, only with --enable-lora)."""
+    out = layer.quant_method.apply(layer, x, bias)
+    return out if layer.lora is None else layer.lora(x, out)
 
 
-# GGUFWeight.qtype of a layer whose parts use different block types (see GGUFWeight.parts).
-MIXED_GGUF_TYPES = -1
+def _new_bias(size: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(size), requires_grad=False)
 
 
-class GGUFWeight(NamedTuple):
-    """A weight kept as GGUF blocks (--quantization gguf): uint8 [out_features, bytes].
+class LinearBase(MethodLayer):
+    """What every linear layer has: its quantization method (float until a loader or the fast
+    path gives it another, layers/quantization/), its rank count, and an optional LoRA hook."""
 
-    A fused layer whose parts use different block types (q|k|v with a Q6_K v) has qtype
-    MIXED_GGUF_TYPES, empty blocks and one GGUFWeight per part in `parts`, run one by one."""
-
-    blocks: torch.Tensor
-    qtype: int
-    out_features: int
-    parts: tuple[GGUFWeight, ...] = ()
-
-
-def attach_gguf_weight(
-    layer: nn.Module, blocks: torch.Tensor, qtype: int, free_float: bool = True
-) -> None:
-    """Make `layer` multiply by GGUF blocks; its float weight is dropped unless still needed
-    (a tied embedding table). Blocks must describe exactly the float weight's shape."""
-    weight = layer.weight
-    out_features = weight.shape[0]
-    if blocks.shape[0] != out_features:
-        raise ValueError(f"GGUF blocks have {blocks.shape[0]} rows, the layer {out_features}")
-    layer.register_buffer("gguf_blocks", blocks, persistent=False)
-    layer.gguf = GGUFWeight(blocks, qtype, out_features)
-    if free_float:
-        layer.weight = nn.Parameter(torch.empty(0, dtype=weight.dtype), requires_grad=False)
-
-
-def attach_gguf_parts(layer: nn.Module, parts: Sequence[tuple[torch.Tensor, int]]) -> None:
-    """Make `layer` multiply by GGUF blocks given part by part (rows stacked in order), and drop
-    its float weight; parts of one block type are joined into one matrix."""
-    weight = layer.weight
-    rows = sum(blocks.shape[0] for blocks, _ in parts)
-    if rows != weight.shape[0]:
-        raise ValueError(f"GGUF blocks have {rows} rows, the layer {weight.shape[0]}")
-    if len({qtype for _, qtype in parts}) == 1:
-        blocks = parts[0][0] if len(parts) == 1 else torch.cat([b for b, _ in parts])
-        attach_gguf_weight(layer, blocks, parts[0][1])
-    else:
-        pieces = []
-        for i, (blocks, qtype) in enumerate(parts):
-            layer.register_buffer(f"gguf_blocks_{i}", blocks, persistent=False)
-            pieces.append(GGUFWeight(blocks, qtype, blocks.shape[0]))
-        empty = torch.empty(0, 0, dtype=torch.uint8)
-        layer.gguf = GGUFWeight(empty, MIXED_GGUF_TYPES, rows, tuple(pieces))
-        layer.weight = nn.Parameter(torch.empty(0, dtype=weight.dtype), requires_grad=False)
-    layer.weight.held_as_blocks = True
-
-
-def quantized_or_float_linear(
-    layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    """x @ W^T (+ bias), on GGUF blocks when the layer has them; plus the batch's LoRA deltas
-    when the layer carries a LoRA hook (layers/lora.py, only with --enable-lora)."""
-    out = _base_linear(layer, x, bias)
-    lora = getattr(layer, "lora", None)
-    return out if lora is None else lora(x, out)
-
-
-def _base_linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    int4: Int4PackWeight | None = getattr(layer, "int4", None)  # layers/fast_path.py
-    if int4 is not None:
-        return int4pack_linear(x, int4, bias)
-    gguf: GGUFWeight | None = getattr(layer, "gguf", None)
-    if gguf is None:
-        packed: OneDNNWeight | None = getattr(layer, "onednn", None)  # kernels/onednn_linear.py
-        if packed is not None:
-            return onednn_linear(x, packed, bias)
-        if widened(layer.weight, x.dtype):  # 16-bit weights, float32 activations
-            if getattr(layer, "use_fast_kernels", False):
-                flat = ops.half_weight_linear(x.reshape(-1, x.shape[-1]), layer.weight, bias)
-                return flat.reshape(*x.shape[:-1], flat.shape[-1])
-            return F.linear(x, layer.weight.to(x.dtype), bias)  # exact: HF's float32 weights
-        if getattr(layer, "use_fast_kernels", False):  # set by layers.fast_path
-            return ops.float_linear(x, layer.weight, bias)
-        return F.linear(x, layer.weight, bias)
-    flat = x.reshape(-1, x.shape[-1])
-    if gguf.parts:
-        out = torch.cat(
-            [ops.gguf_linear(flat, p.blocks, p.qtype, p.out_features) for p in gguf.parts], dim=-1
-        )
-    else:
-        out = ops.gguf_linear(flat, gguf.blocks, gguf.qtype, gguf.out_features)
-    out = out.reshape(*x.shape[:-1], gguf.out_features)
-    return out if bias is None else out + bias
-
-
-def _new_param(*shape: int, weight: bool = False) -> nn.Parameter:
-    # torch.empty: the checkpoint overwrites everything, so initialising would be wasted work.
-    # A weight may be stored 16-bit under float32 compute (layers/weight_storage.py).
-    dtype = weight_dtype() if weight else torch.get_default_dtype()
-    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
-
-
-class ReplicatedLinear(nn.Module):
-    """A plain linear layer, the same on every rank."""
-
+    tp_size: int = 1
     lora: LoRAHook | None = None  # set by layers.lora.attach_lora_hooks
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+    def __init__(self, input_size: int, output_size: int) -> None:
         super().__init__()
         self.input_size = input_size
         self.output_size = output_size
-        self.weight = _new_param(output_size, input_size, weight=True)
+        self.quant_method: LinearMethod = UnquantizedLinearMethod()
+
+
+class ReplicatedLinear(LinearBase):
+    """A plain linear layer, the same on every rank."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__(input_size, output_size)
+        self.quant_method.create_weights(self, output_size, input_size)
         self.weight.weight_loader = default_weight_loader
-        self.bias = _new_param(output_size) if bias else None
+        self.bias = _new_bias(output_size) if bias else None
         if self.bias is not None:
             self.bias.weight_loader = default_weight_loader
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return quantized_or_float_linear(self, x, self.bias)
+        return linear_forward(self, x, self.bias)
 
 
-class ColumnParallelLinear(nn.Module):
+class ColumnParallelLinear(LinearBase):
     """y = x W^T + b with W split by output rows: rank r holds rows [r*n, (r+1)*n).
 
     The output stays sharded (gather_output is not needed by the models here: a column layer is
     always followed by a row-parallel one or by per-head attention).
     """
 
-    lora: LoRAHook | None = None  # set by layers.lora.attach_lora_hooks
-
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
-        super().__init__()
+        super().__init__(input_size, output_size)
         self.tp_rank = ps.get_tp_rank()
         self.tp_size = ps.get_tp_size()
-        self.input_size = input_size
-        self.output_size = output_size
         self.output_size_per_partition = ps.divide(output_size, self.tp_size, "output size")
-        self.weight = _new_param(self.output_size_per_partition, input_size, weight=True)
+        self.quant_method.create_weights(self, self.output_size_per_partition, input_size)
         self.weight.weight_loader = self.weight_loader
-        self.bias = _new_param(self.output_size_per_partition) if bias else None
+        self.bias = _new_bias(self.output_size_per_partition) if bias else None
         if self.bias is not None:
             self.bias.weight_loader = self.weight_loader
 
@@ -196,7 +109,7 @@ class ColumnParallelLinear(nn.Module):
         copy_checked(param, loaded_weight.narrow(0, self.tp_rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return quantized_or_float_linear(self, x, self.bias)
+        return linear_forward(self, x, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -277,25 +190,21 @@ class QKVParallelLinear(ColumnParallelLinear):
         copy_checked(target, loaded_weight.narrow(0, src_start, size))
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(LinearBase):
     """y = x W^T + b with W split by input columns; partial sums are all-reduced.
 
     The input is expected already sharded (the output of a column-parallel layer). The bias is
     added once, after the reduction.
     """
 
-    lora: LoRAHook | None = None  # set by layers.lora.attach_lora_hooks (tp 1 only)
-
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
-        super().__init__()
+        super().__init__(input_size, output_size)
         self.tp_rank = ps.get_tp_rank()
         self.tp_size = ps.get_tp_size()
-        self.input_size = input_size
-        self.output_size = output_size
         self.input_size_per_partition = ps.divide(input_size, self.tp_size, "input size")
-        self.weight = _new_param(output_size, self.input_size_per_partition, weight=True)
+        self.quant_method.create_weights(self, output_size, self.input_size_per_partition)
         self.weight.weight_loader = self.weight_loader
-        self.bias = _new_param(output_size) if bias else None
+        self.bias = _new_bias(output_size) if bias else None
         if self.bias is not None:
             self.bias.weight_loader = default_weight_loader
 
@@ -309,7 +218,9 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return quantized_or_float_linear(self, x, self.bias)
+            return linear_forward(self, x, self.bias)
+        # Sharded: plain float weights only (quantization runs with one rank), bias added once
+        # after the reduction.
         out = ps.tensor_model_parallel_all_reduce(F.linear(x, self.weight))
         if self.bias is not None:
             out = out + self.bias

@@ -8,8 +8,7 @@ import torch
 from torch import nn
 
 from radixserve.distributed import parallel_state as ps
-from radixserve.layers.linear import quantized_or_float_linear
-from radixserve.layers.vocab_embedding import VocabParallelEmbedding
+from radixserve.layers.quantization import MethodLayer
 
 logger = logging.getLogger(__name__)
 
@@ -25,8 +24,8 @@ class LogitsProcessor(nn.Module):
         super().__init__()
         self.vocab_size = vocab_size
 
-    def forward(self, hidden: torch.Tensor, lm_head: VocabParallelEmbedding) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, lm_head: MethodLayer) -> torch.Tensor:
         bias = getattr(lm_head, "bias", None)
-        logits = quantized_or_float_linear(lm_head, hidden, bias)
+        logits = lm_head.quant_method.apply(lm_head, hidden, bias)
         logits = ps.tensor_model_parallel_all_gather(logits, dim=-1)
         return logits[..., : self.vocab_size].float()

@@ -10,7 +10,13 @@ from torch import nn
 
 from radixserve.distributed import parallel_state as ps
 from radixserve.kernels.reference import dequantize_blocks
-from radixserve.layers.linear import GGUFWeight, copy_checked
+from radixserve.layers.linear import copy_checked
+from radixserve.layers.quantization import (
+    GGUFWeight,
+    LinearMethod,
+    MethodLayer,
+    UnquantizedLinearMethod,
+)
 from radixserve.layers.weight_storage import weight_dtype
 
 logger = logging.getLogger(__name__)
@@ -23,12 +29,14 @@ def gguf_rows(weight: GGUFWeight, ids: torch.Tensor) -> torch.Tensor:
     return rows.reshape(*ids.shape, rows.shape[-1])
 
 
-class VocabParallelEmbedding(nn.Module):
+class VocabParallelEmbedding(MethodLayer):
     """Embedding whose rows are split evenly over TP ranks.
 
     The vocabulary is padded up to a multiple of tp_size; rank r owns rows
     [r * rows_per_partition, (r + 1) * rows_per_partition). Padding rows are zero and never
-    produce logits (the logits processor slices them off).
+    produce logits (the logits processor slices them off). As the LM head (tied or not) it
+    multiplies through its `quant_method` like a linear layer: float, GGUF blocks
+    (--quantization gguf; lookups then dequantize the rows they read) or packed for oneDNN.
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
@@ -53,6 +61,8 @@ class VocabParallelEmbedding(nn.Module):
             requires_grad=False,
         )
         self.weight.weight_loader = self.weight_loader
+        # The LM head keeps F.linear (never the fused float kernels).
+        self.quant_method: LinearMethod = UnquantizedLinearMethod()
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
@@ -69,7 +79,7 @@ class VocabParallelEmbedding(nn.Module):
         param.data[owned:].zero_()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        blocks: GGUFWeight | None = getattr(self, "gguf", None)
+        blocks = self.quant_method.gguf_weight()
         if blocks is not None:
             # --quantization gguf (one rank only) dropped the float table: dequantize the rows
             # looked up. Q8_0 and Q4_1 dequantize exactly as the table was made, so the result

@@ -15,8 +15,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from radixserve.layers.linear import GGUFWeight
 from radixserve.layers.logits_processor import LogitsProcessor
+from radixserve.layers.quantization import (
+    GGUFLinearMethod,
+    GGUFWeight,
+    LinearMethod,
+    MethodLayer,
+    UnquantizedLinearMethod,
+)
 from radixserve.models.llama import LlamaForCausalLM
 
 if TYPE_CHECKING:
@@ -76,21 +82,23 @@ def has_tensor(weights: list[tuple[str, torch.Tensor]], fragment: str) -> bool:
     return any(fragment in name for name, _ in weights)
 
 
-class HotLMHead(nn.Module):
+class HotLMHead(MethodLayer):
     """The rows of an LM head (float or GGUF blocks) for a subset of the vocabulary: a draft
     head that may only draft those tokens pays for a fraction of the full projection."""
 
-    def __init__(self, lm_head: nn.Module, token_ids: torch.Tensor) -> None:
+    def __init__(self, lm_head: MethodLayer, token_ids: torch.Tensor) -> None:
         super().__init__()
         self.bias = None if getattr(lm_head, "bias", None) is None else lm_head.bias[token_ids]
-        gguf: GGUFWeight | None = getattr(lm_head, "gguf", None)
+        gguf = lm_head.quant_method.gguf_weight()
+        self.quant_method: LinearMethod
         if gguf is not None:
-            self.gguf = GGUFWeight(
+            rows = GGUFWeight(
                 gguf.blocks[token_ids].contiguous(), gguf.qtype, int(token_ids.numel())
             )
+            self.quant_method = GGUFLinearMethod(rows)
         else:
             self.weight = nn.Parameter(lm_head.weight[token_ids].clone(), requires_grad=False)
-        self.use_fast_kernels = getattr(lm_head, "use_fast_kernels", False)
+            self.quant_method = UnquantizedLinearMethod()
 
 
 def scatter_hot_logits(logits: torch.Tensor, token_ids: torch.Tensor, vocab: int) -> torch.Tensor:

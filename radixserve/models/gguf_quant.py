@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from radixserve.layers import gguf_formats as gt
 from radixserve.layers.gguf_formats import dequantize
-from radixserve.layers.linear import attach_gguf_parts
+from radixserve.layers.quantization import use_gguf_blocks
 from radixserve.models.gguf import hf_float_value, hf_tensor_name, unpermute_qk
 from radixserve.utils.gguf_cache import TensorEntry, tensor_table
 
@@ -129,7 +129,7 @@ def _load(
             for _, qtype in blocks:
                 types[qtype] += 1
             bar.update(len(tensors))
-            attach_gguf_parts(layer.get_submodule(path), blocks)
+            use_gguf_blocks(layer.get_submodule(path), blocks)
             on_blocks.update(names)
             quantized += 1
             nbytes += sum(b.numel() for b, _ in blocks)
@@ -142,7 +142,7 @@ def _load(
             continue
         qtype = int(tensor.tensor_type)
         blocks = _copy_blocks(file, tensor, None)
-        attach_gguf_parts(module, [(blocks, qtype)])
+        use_gguf_blocks(module, [(blocks, qtype)])
         types[qtype] += 1
         on_blocks.add(name)
         quantized += 1

@@ -13,7 +13,7 @@ import logging
 import torch
 from torch import nn
 
-from radixserve.layers.linear import GGUF_BLOCK_BYTES, attach_gguf_weight
+from radixserve.layers.quantization import use_gguf_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def q8_0_blocks(weight: torch.Tensor) -> torch.Tensor:
     q = torch.round(w * inverse.unsqueeze(-1)).clamp_(-127, 127).to(torch.int8)
     d = scale.to(torch.float16).view(torch.uint8).reshape(rows, cols // 32, 2)
     blocks = torch.cat([d, q.view(torch.uint8)], dim=-1)
-    assert blocks.shape[-1] == GGUF_BLOCK_BYTES[GGML_Q8_0]
+    assert blocks.shape[-1] == 34  # fp16 scale + 32 int8 codes
     return blocks.reshape(rows, -1).contiguous()
 
 
@@ -40,13 +40,13 @@ def apply_int8_quantization(model: nn.Module) -> tuple[int, int]:
     """Quantize the decoder projections in place; returns (layers quantized, bytes of blocks)."""
     count = nbytes = 0
     for name, module in model.named_modules():
-        if not name.endswith(_PROJECTIONS) or getattr(module, "gguf", None) is not None:
+        if not name.endswith(_PROJECTIONS) or module.quant_method.gguf_weight() is not None:
             continue
         weight = getattr(module, "weight", None)
         if weight is None or weight.dim() != 2 or weight.shape[1] % 32:
             continue
         blocks = q8_0_blocks(weight)
-        attach_gguf_weight(module, blocks, GGML_Q8_0)
+        use_gguf_blocks(module, [(blocks, GGML_Q8_0)])
         count += 1
         nbytes += blocks.numel()
     logger.info("w8a8_int8: %d projections on int8 blocks (%d MB)", count, nbytes // 10**6)

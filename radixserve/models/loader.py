@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from radixserve.layers.quantization import MethodLayer
 from radixserve.layers.weight_storage import HALF_DTYPES, stored_weights
 from radixserve.models.config import ModelConfig, looks_like_hub_id
 from radixserve.models.dummy import init_dummy_weights
@@ -152,11 +153,9 @@ def _count_weights(model: torch.nn.Module) -> int:
     """Float parameters plus the weights held as GGUF blocks (their float parameter is empty)."""
     total = sum(p.numel() for p in model.parameters())
     for module in model.modules():
-        gguf = getattr(module, "gguf", None)
+        gguf = module.quant_method.gguf_weight() if isinstance(module, MethodLayer) else None
         if gguf is not None:
-            total += sum(part.out_features for part in (gguf.parts or (gguf,))) * _in_features(
-                module
-            )
+            total += sum(part.out_features for part in gguf.pieces()) * _in_features(module)
     return total
 
 

@@ -109,7 +109,7 @@ def test_embedding_rows_dequantized_from_blocks_equal_the_float_table(
     import numpy as np
     from gguf import GGUFReader
 
-    from radixserve.layers.linear import GGUFWeight
+    from radixserve.layers.quantization import GGUFWeight
     from radixserve.layers.vocab_embedding import gguf_rows
 
     tensor = next(t for t in GGUFReader(default_gguf).tensors if t.name == "token_embd.weight")

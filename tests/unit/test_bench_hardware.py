@@ -155,16 +155,16 @@ def test_model_cost_counts_gguf_blocks_not_freed_float_weights() -> None:
     """--quantization gguf: a projection's bytes are its blocks (Q4_1: 20 bytes per 32
     weights), and a tied LM head reads the embedding's blocks (Q8_0: 34 per 32)."""
     from radixserve.kernels import reference
-    from radixserve.layers.linear import attach_gguf_weight
+    from radixserve.layers.linear import ReplicatedLinear
+    from radixserve.layers.quantization import use_gguf_blocks
+    from radixserve.layers.vocab_embedding import VocabParallelEmbedding
 
     config = SimpleNamespace(**{**vars(CONFIG), "hidden_size": 32})
     model = torch.nn.Module()
-    model.embed = torch.nn.Embedding(100, 32)
-    model.body = torch.nn.Linear(32, 64, bias=False)
-    attach_gguf_weight(model.body, torch.zeros(64, 20, dtype=torch.uint8), reference.GGML_Q4_1)
-    attach_gguf_weight(
-        model.embed, torch.zeros(100, 34, dtype=torch.uint8), reference.GGML_Q8_0, free_float=False
-    )
+    model.embed = VocabParallelEmbedding(100, 32)
+    model.body = ReplicatedLinear(32, 64)
+    use_gguf_blocks(model.body, [(torch.zeros(64, 20, dtype=torch.uint8), reference.GGML_Q4_1)])
+    use_gguf_blocks(model.embed, [(torch.zeros(100, 34, dtype=torch.uint8), reference.GGML_Q8_0)])
     cost = ModelCost.from_model(model, config, torch.float32)
     assert cost.body_params == 64 * 32 and cost.body_bytes == 64 * 20
     assert cost.lm_head_params == 100 * 32 and cost.lm_head_bytes == 100 * 34

@@ -108,8 +108,8 @@ def test_blocks_stay_blocks_and_norms_lose_the_added_one(tmp_path: Path) -> None
     path = write_gemma_gguf(tmp_path / "g.gguf", hf, arch, {}, gt.Q8_0)
     model = load_model(str(path), dtype="float32", gguf_blocks=True).model
     layer = model.model.layers[0]
-    assert layer.self_attn.qkv_proj.gguf.qtype == gt.Q8_0
-    assert model.model.embed_tokens.gguf.qtype == gt.Q8_0
+    assert layer.self_attn.qkv_proj.quant_method.gguf_weight().qtype == gt.Q8_0
+    assert model.model.embed_tokens.quant_method.gguf_weight().qtype == gt.Q8_0
     hf_layer = hf.model.layers[0]
     for ours, theirs in [
         (layer.pre_feedforward_layernorm, hf_layer.pre_feedforward_layernorm),

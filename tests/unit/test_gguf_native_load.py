@@ -15,7 +15,7 @@ from radixserve import Engine
 from radixserve.kernels import gguf_types as gt
 from radixserve.kernels.build import DISABLE_ENV, load_extension
 from radixserve.layers.kquant_paths import KQUANT_INT8_ENV
-from radixserve.layers.linear import MIXED_GGUF_TYPES
+from radixserve.layers.quantization import MIXED_GGUF_TYPES
 from radixserve.models.loader import load_model
 from radixserve.utils.cache_dir import CACHE_DIR_ENV
 from tests.helpers.hf_reference import hf_greedy_ids
@@ -107,12 +107,12 @@ def test_no_float_copy_of_quantized_weights(tmp_path: Path) -> None:
     cfg = loaded.config
     norms = (2 * cfg.num_hidden_layers + 1) * cfg.hidden_size
     assert float_numel == norms
-    qkv = model.model.layers[0].self_attn.qkv_proj.gguf
+    qkv = model.model.layers[0].self_attn.qkv_proj.quant_method.gguf_weight()
     assert qkv.qtype == MIXED_GGUF_TYPES
     assert [p.qtype for p in qkv.parts] == [gt.Q4_K, gt.Q4_K, gt.Q6_K]
-    assert model.model.embed_tokens.gguf.qtype == gt.Q6_K
-    assert model.lm_head.gguf.qtype == gt.Q8_0
-    assert model.model.layers[0].self_attn.o_proj.gguf.qtype == gt.IQ4_XS
+    assert model.model.embed_tokens.quant_method.gguf_weight().qtype == gt.Q6_K
+    assert model.lm_head.quant_method.gguf_weight().qtype == gt.Q8_0
+    assert model.model.layers[0].self_attn.o_proj.quant_method.gguf_weight().qtype == gt.IQ4_XS
     assert not list(loaded.model_dir.glob("*.safetensors"))
     assert (loaded.model_dir / "config.json").is_file()
     assert (loaded.model_dir / "tokenizer.json").is_file()
@@ -141,8 +141,8 @@ def test_tensor_table_is_cached_between_starts(
     states = first.model.state_dict(), second.model.state_dict()
     assert states[0].keys() == states[1].keys()
     assert all(torch.equal(states[0][name], states[1][name]) for name in states[0])
-    qkv_a = first.model.model.layers[0].self_attn.qkv_proj.gguf.parts
-    qkv_b = second.model.model.layers[0].self_attn.qkv_proj.gguf.parts
+    qkv_a = first.model.model.layers[0].self_attn.qkv_proj.quant_method.gguf_weight().parts
+    qkv_b = second.model.model.layers[0].self_attn.qkv_proj.quant_method.gguf_weight().parts
     assert all(torch.equal(x.blocks, y.blocks) for x, y in zip(qkv_a, qkv_b, strict=True))
     assert gguf_cache._read_table_cache(table, tmp_path / "blocks.gguf") is not None
     other = tmp_path / "other.gguf"

@@ -19,9 +19,11 @@ from radixserve.kernels.int4pack import (
     pack_q4_1,
 )
 from radixserve.layers import fast_path
-from radixserve.layers import linear as linear_module
 from radixserve.layers.fast_path import INT4_ENV, use_fast_kernels
 from radixserve.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from radixserve.layers.quantization import GGUFWeight
+from radixserve.layers.quantization import packed as packed_module
+from radixserve.layers.quantization.packed import Int4PackLinearMethod
 from radixserve.models.llama import LlamaDecoderLayer
 from tests.unit.test_kernels import _quantize_tiny, _random_gguf_blocks, _run_steps, _tiny_model
 
@@ -79,8 +81,17 @@ def test_pack_refuses_shapes_it_cannot_take() -> None:
 
 def _q4_1_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [
-        m for m in model.modules() if getattr(m, "gguf", None) is not None and m.gguf.qtype == Q4_1
+        m for m in model.modules() if _held_blocks(m) is not None and _held_blocks(m).qtype == Q4_1
     ]
+
+
+def _held_blocks(module: torch.nn.Module) -> GGUFWeight | None:
+    method = getattr(module, "quant_method", None)
+    return None if method is None else method.gguf_weight()
+
+
+def _on_int4(module: torch.nn.Module) -> bool:
+    return isinstance(getattr(module, "quant_method", None), Int4PackLinearMethod)
 
 
 def test_forced_int4_runs_module_by_module_and_tracks_our_kernels(
@@ -95,7 +106,7 @@ def test_forced_int4_runs_module_by_module_and_tracks_our_kernels(
         with caplog.at_level(logging.INFO, logger=fast_path.__name__):
             use_fast_kernels(model, True)
         q4 = _q4_1_layers(model)
-        assert q4 and all(getattr(m, "int4", None) is not None for m in q4)
+        assert q4 and all(_on_int4(m) for m in q4)
         assert f"packed int4 matmul, bfloat16 activations: {len(q4)} layers" in caplog.text
         assert all(
             m.fused_args is None for m in model.modules() if isinstance(m, LlamaDecoderLayer)
@@ -106,13 +117,13 @@ def test_forced_int4_runs_module_by_module_and_tracks_our_kernels(
             calls.append(1)
             return int4pack_linear(x, weight, bias)
 
-        monkeypatch.setattr(linear_module, "int4pack_linear", counted)
+        monkeypatch.setattr(packed_module, "int4pack_linear", counted)
         got = _run_steps(model, config, fast=True)
     assert len(calls) == 3 * len(q4)  # every Q4_1 layer in each of the three steps
     for w, g in zip(want, got, strict=True):
         torch.testing.assert_close(g, w, rtol=5e-2, atol=5e-2)
         assert torch.equal(g.argmax(-1), w.argmax(-1))
-    assert all(getattr(m, "int4", None) is None for m in model.modules())  # switched off
+    assert not any(_on_int4(m) for m in model.modules())  # switched off
 
 
 def test_auto_takes_int4_only_with_bf16_units_and_a_measured_gain(
@@ -138,11 +149,11 @@ def test_auto_takes_int4_only_with_bf16_units_and_a_measured_gain(
     monkeypatch.setattr(fast_path, "_int4_gain", lambda layer: 2.5)
     assert fast_path.pack_q4_1_for_int4(model, LINEARS, enabled=True) == len(_q4_1_layers(model))
     assert fast_path.pack_q4_1_for_int4(model, LINEARS, enabled=False) == 0
-    assert all(getattr(m, "int4", None) is None for m in model.modules())
+    assert not any(_on_int4(m) for m in model.modules())
 
 
 def test_the_gain_probe_times_both_kernels_on_the_layer() -> None:
     model, _ = _tiny_model("llama")
     _quantize_tiny(model)
-    gain = fast_path._int4_gain(_q4_1_layers(model)[0], rounds=2)
+    gain = fast_path._int4_gain(_held_blocks(_q4_1_layers(model)[0]), rounds=2)
     assert 0 < gain < float("inf")

@@ -191,7 +191,7 @@ def _random_gguf_blocks(rows: int, cols: int, qtype: int, gen: torch.Generator) 
 
 def _quantize_tiny(model: torch.nn.Module) -> int:
     """Put every decoder projection on random GGUF blocks (alternating Q4_1 and Q8_0)."""
-    from radixserve.layers.linear import attach_gguf_weight
+    from radixserve.layers.quantization import use_gguf_blocks
 
     gen = torch.Generator().manual_seed(1)
     count = 0
@@ -199,7 +199,7 @@ def _quantize_tiny(model: torch.nn.Module) -> int:
         if name.endswith(("qkv_proj", "o_proj", "gate_up_proj", "down_proj")):
             rows, cols = module.weight.shape
             qtype = (reference.GGML_Q4_1, reference.GGML_Q8_0)[count % 2]
-            attach_gguf_weight(module, _random_gguf_blocks(rows, cols, qtype, gen), qtype)
+            use_gguf_blocks(module, [(_random_gguf_blocks(rows, cols, qtype, gen), qtype)])
             count += 1
     return count
 
@@ -302,7 +302,7 @@ def _quantize_k_quants(model: torch.nn.Module) -> int:
     """Q4_K_M's layout on every decoder projection: q|k|v as Q4_K, Q4_K and a Q6_K v (a fused
     layer of mixed parts), o and gate_up Q4_K, down Q6_K. Returns the layers with mixed parts."""
     from radixserve.kernels import gguf_types
-    from radixserve.layers.linear import attach_gguf_parts, attach_gguf_weight
+    from radixserve.layers.quantization import use_gguf_blocks
     from tests.helpers.tiny_gguf import random_blocks
 
     mixed = 0
@@ -315,14 +315,14 @@ def _quantize_k_quants(model: torch.nn.Module) -> int:
             kv = attn.attn.num_kv_heads * attn.attn.head_dim
             q = rows - 2 * kv
             parts = [(q, gguf_types.Q4_K), (kv, gguf_types.Q4_K), (kv, gguf_types.Q6_K)]
-            attach_gguf_parts(
+            use_gguf_blocks(
                 module,
                 [(random_blocks(t, n, cols, seed=index + i), t) for i, (n, t) in enumerate(parts)],
             )
             mixed += 1
         else:
             qtype = gguf_types.Q6_K if name.endswith("down_proj") else gguf_types.Q4_K
-            attach_gguf_weight(module, random_blocks(qtype, rows, cols, seed=index), qtype)
+            use_gguf_blocks(module, [(random_blocks(qtype, rows, cols, seed=index), qtype)])
     return mixed
 
 

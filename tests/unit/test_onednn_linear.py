@@ -17,11 +17,17 @@ import torch.nn.functional as F
 
 from radixserve.kernels.onednn_linear import onednn_linear, pack_weight, packing_support
 from radixserve.layers import fast_path
-from radixserve.layers import linear as linear_module
 from radixserve.layers.fast_path import use_fast_kernels
 from radixserve.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from radixserve.layers.quantization import packed as packed_module
+from radixserve.layers.quantization.packed import OneDNNLinearMethod
 from radixserve.models.llama import LlamaDecoderLayer
 from tests.unit.test_kernels import _run_steps, _tiny_model
+
+
+def _packed(module: torch.nn.Module) -> bool:
+    return isinstance(getattr(module, "quant_method", None), OneDNNLinearMethod)
+
 
 LINEARS = (ReplicatedLinear, ColumnParallelLinear, RowParallelLinear)
 
@@ -78,8 +84,8 @@ def test_packed_model_runs_module_by_module_and_matches_plain(
         with caplog.at_level(logging.INFO, logger=fast_path.__name__):
             use_fast_kernels(model, True)
         linears = [m for m in model.modules() if isinstance(m, LINEARS)]
-        assert all(getattr(m, "onednn", None) is not None for m in linears)
-        assert getattr(model.lm_head, "onednn", None) is not None
+        assert all(_packed(m) for m in linears)
+        assert _packed(model.lm_head)
         assert f"pre-packed for oneDNN: {len(linears) + 1} layers" in caplog.text
         layers = [m for m in model.modules() if isinstance(m, LlamaDecoderLayer)]
         assert layers and all(layer.fused_args is None for layer in layers)
@@ -89,7 +95,7 @@ def test_packed_model_runs_module_by_module_and_matches_plain(
             calls.append(1)
             return onednn_linear(x, weight, bias)
 
-        monkeypatch.setattr(linear_module, "onednn_linear", counted)
+        monkeypatch.setattr(packed_module, "onednn_linear", counted)
         got = _run_steps(model, config, fast=True)  # packs again, runs, switches off
     # every projection of every layer and the LM head, in each of the three steps
     assert len(calls) == 3 * (len(linears) + 1)
@@ -97,7 +103,7 @@ def test_packed_model_runs_module_by_module_and_matches_plain(
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
         assert torch.equal(g.argmax(-1), w.argmax(-1))
     # _run_steps ends with use_fast_kernels(model, False): back to plain weights
-    assert all(getattr(m, "onednn", None) is None for m in model.modules())
+    assert not any(_packed(m) for m in model.modules())
 
 
 def test_packed_weights_follow_the_switches(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,12 +113,12 @@ def test_packed_weights_follow_the_switches(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(fast_path, "ONEDNN_PACKED_DTYPE", torch.float32)
     model, _ = _tiny_model("llama")
     use_fast_kernels(model, True, repack_weights=False)
-    assert all(getattr(m, "onednn", None) is None for m in model.modules())
+    assert not any(_packed(m) for m in model.modules())
     assert all(m.fused_args is not None for m in model.modules() if hasattr(m, "fused_args"))
     use_fast_kernels(model, True)
-    assert any(getattr(m, "onednn", None) is not None for m in model.modules())
+    assert any(_packed(m) for m in model.modules())
     use_fast_kernels(model, False)
-    assert all(getattr(m, "onednn", None) is None for m in model.modules())
+    assert not any(_packed(m) for m in model.modules())
     bf16_model, _ = _tiny_model("llama", torch.bfloat16)
     assert fast_path.pack_for_onednn(bf16_model, LINEARS, enabled=True) == 0
 

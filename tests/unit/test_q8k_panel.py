@@ -14,7 +14,7 @@ import torch
 from radixserve.kernels import gguf_dequant, gguf_types, ops
 from radixserve.kernels.build import load_extension
 from radixserve.layers import kquant_paths
-from radixserve.layers.linear import GGUFWeight
+from radixserve.layers.quantization import GGUFLinearMethod, GGUFWeight, MethodLayer
 from tests.helpers.tiny_gguf import random_blocks
 
 Q8K_TYPES = sorted(gguf_types.Q8K_TYPES)
@@ -120,10 +120,10 @@ def test_unknown_variant_is_refused(ext: object) -> None:
         ext.set_q8k_isa("sse2")
 
 
-class _Layer(torch.nn.Module):
+class _Layer(MethodLayer):
     def __init__(self, weight: GGUFWeight) -> None:
         super().__init__()
-        self.gguf = weight
+        self.quant_method = GGUFLinearMethod(weight)
 
 
 def _model(qtype: int = gguf_types.Q4_K, n: int = 64, k: int = 512) -> torch.nn.Module:
@@ -195,6 +195,6 @@ def test_panel_rows_follow_the_timings(
         return {"other": 1.0, "panel": next(shares)}
 
     monkeypatch.setattr(kquant_paths, "interleaved_medians", fake_medians)
-    weight = _model().get_submodule("0").gguf
+    weight = _model().get_submodule("0").quant_method.gguf_weight()
     assert kquant_paths._panel_min_rows(ext, weight) == expected
     assert ext.q8k_panel_min_rows() == NEVER  # measuring leaves the switch off
