@@ -105,11 +105,10 @@ class ModelRunner:
             seed=server_args.random_seed,
             check_config=lambda cfg: self._check_config(cfg, draft_head),
             gguf_blocks=self._gguf_blocks(),
+            quantization=self._on_load_quantization(),
         )
         self.model = loaded.model
         self.model_config: ModelConfig = loaded.config
-        if server_args.quantization == "w8a8_int8":
-            self._quantize_int8()
         self.model_dir = loaded.model_dir
         self.dtype = self.model_config.dtype
         # Every rank must size its pools as rank 0 does: the scheduler's slot numbers index them.
@@ -203,13 +202,17 @@ class ModelRunner:
             raise ValueError("--enable-lora runs with --tp-size 1 only")
         return LoRAManager(config, self.model, self.dtype, self.device)
 
-    def _quantize_int8(self) -> None:
+    def _on_load_quantization(self) -> str | None:
+        """--quantization w8a8_int8 / bitsandbytes: projections quantized while they load."""
         from radixserve.distributed import parallel_state as ps
-        from radixserve.models.int8_quant import apply_int8_quantization
+        from radixserve.models.quantize_on_load import SCHEMES
 
+        name = self.server_args.quantization
+        if name not in SCHEMES:
+            return None
         if ps.get_tp_size() != 1 or self.device.type != "cpu":
-            raise ValueError("--quantization w8a8_int8 runs on the CPU with --tp-size 1 only")
-        apply_int8_quantization(self.model)
+            raise ValueError(f"--quantization {name} runs on the CPU with --tp-size 1 only")
+        return name
 
     def _gguf_blocks(self) -> bool:
         """--quantization gguf: the model loads straight from the GGUF's blocks."""

@@ -17,6 +17,7 @@ from radixserve.layers.quantization import MethodLayer
 from radixserve.layers.weight_storage import HALF_DTYPES, stored_weights
 from radixserve.models.config import ModelConfig, looks_like_hub_id
 from radixserve.models.dummy import init_dummy_weights
+from radixserve.models.quantize_on_load import SCHEMES, OnLoadQuantization
 from radixserve.models.registry import get_model_class
 from radixserve.models.weight_utils import (
     WeightFiles,
@@ -54,11 +55,14 @@ def load_model(
     seed: int = 0,
     check_config: Callable[[ModelConfig], None] | None = None,
     gguf_blocks: bool = False,
+    quantization: str | None = None,
 ) -> LoadedModel:
     """Build the model named by config.json and fill its weights (`seed` is for dummy).
     `check_config` may refuse the config before anything is built (e.g. --tp-size rules).
     `gguf_blocks` (--quantization gguf): a GGUF model's linear layers and embedding keep the
-    file's quantized blocks (models/gguf_quant.py), read from the file without conversion."""
+    file's quantized blocks (models/gguf_quant.py), read from the file without conversion.
+    `quantization` naming a quantize-on-load scheme (models/quantize_on_load.py: w8a8_int8,
+    bitsandbytes): the decoder projections become blocks layer by layer as they load."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(
             f"--load-format {load_format!r} is not supported; supported: {', '.join(LOAD_FORMATS)}"
@@ -91,8 +95,11 @@ def load_model(
     stored = _stored_weight_dtype(files, config.dtype, target) if files is not None else None
     with _default_dtype(config.dtype), target, stored_weights(stored):
         model = model_class(config)
+    on_load = _on_load_quantization(model, quantization, gguf_file is not None)
     if load_format == "dummy":
         init_dummy_weights(model, seed=seed)
+        if on_load is not None:
+            on_load.quantize_loaded()
     elif gguf_file is not None:
         from radixserve.models.gguf import gguf_architecture
         from radixserve.models.gguf_quant import load_gguf_weights
@@ -109,7 +116,11 @@ def load_model(
         )
     else:
         assert files is not None
+        if on_load is not None:
+            on_load.install()
         model.load_weights(iterate_weights(files, progress=_is_first_rank()))
+    if on_load is not None:
+        on_load.finish()
     model.eval()
     num_params = _count_weights(model)
     logger.info(
@@ -122,6 +133,19 @@ def load_model(
         time.perf_counter() - start,
     )
     return LoadedModel(model, config, model_dir)
+
+
+def _on_load_quantization(
+    model: nn.Module, quantization: str | None, from_gguf_blocks: bool
+) -> OnLoadQuantization | None:
+    scheme = SCHEMES.get(quantization or "")
+    if scheme is None:
+        return None
+    if from_gguf_blocks:
+        raise ValueError(
+            f"--quantization {quantization} quantizes float checkpoints, not GGUF blocks"
+        )
+    return OnLoadQuantization(model, scheme)
 
 
 def _stored_weight_dtype(
