@@ -1,18 +1,25 @@
 """The kernels the layers call: the C++ extension where it is built and passed its probe,
-else the pure-PyTorch reference (radixserve/kernels/reference.py). Same signatures either way."""
+else the pure-PyTorch reference (radixserve/kernels/reference.py). Same signatures either way.
+The ops with a reference are made from their declarations in kernels/op_table.py."""
 
 from __future__ import annotations
 
 import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
 
 import torch
 import torch.nn.functional as F
 
-from radixserve.kernels import reference
+from radixserve.kernels import op_table, reference
 from radixserve.kernels.build import load_extension
+from radixserve.kernels.op_table import KernelOp
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 logger = logging.getLogger(__name__)
 
@@ -33,50 +40,43 @@ def using_cpp_kernels() -> bool:
     return load_extension() is not None
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    ext = _ext(x)
-    if ext is not None and x.dim() == 2 and x.is_contiguous():
-        return ext.rms_norm(x, weight, eps)
-    return reference.rms_norm(x, weight, eps)
+def _dispatch(op: KernelOp[P, R]) -> Callable[P, R]:
+    """The function layers call for table op `op` (kernels/op_table.py): the C++ kernel where
+    the extension takes the arguments, else the PyTorch reference; under torch.compile the
+    opaque torch.ops.radixserve op (layers/compile_ops.py) where the op has one, else the
+    reference, which dynamo traces. Same signature and documentation as the reference."""
+    name, reference_fn, accepts, call_cpp = op.name, op.reference, op.accepts, op.call_cpp
+    opaque, opaque_when = op.fake is not None, op.opaque_when
+
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        if kwargs:  # the kernels take positional arguments only
+            raise TypeError(f"ops.{name} takes positional arguments only")
+        if torch.compiler.is_compiling():
+            if opaque and opaque_when(*args):
+                return getattr(torch.ops.radixserve, name)(*args)
+            return reference_fn(*args)
+        ext = _ext(args[0])  # type: ignore[arg-type]
+        if ext is not None and accepts(ext, *args):
+            return call_cpp(getattr(ext, name), *args)
+        return reference_fn(*args)
+
+    functools.update_wrapper(call, reference_fn)
+    return call
 
 
-def fused_add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(x + residual), x + residual); the C++ kernel reuses x and residual's memory."""
-    ext = _ext(x)
-    if ext is not None and x.dim() == 2 and x.is_contiguous() and residual.is_contiguous():
-        ext.fused_add_rms_norm(x, residual, weight, eps)
-        return x, residual
-    return reference.fused_add_rms_norm(x, residual, weight, eps)
-
-
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    ext = _ext(x)
-    if ext is not None and x.dim() == 2 and x.stride(1) == 1:
-        return ext.silu_and_mul(x)
-    return reference.silu_and_mul(x)
-
-
-def rope_store_kv(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slots: torch.Tensor,
-    head_dim: int,
-    rot_dim: int,
-    neox: bool,
-) -> None:
-    args = (q, k, v, positions, cos_sin, k_cache, v_cache, slots, head_dim, rot_dim, neox)
-    ext = _ext(q)
-    if ext is not None:
-        ext.rope_store_kv(*args)
-    else:
-        reference.rope_store_kv(*args)
+rms_norm = _dispatch(op_table.RMS_NORM)
+# (rms_norm(x + residual), x + residual); the C++ kernel reuses x and residual's memory.
+fused_add_rms_norm = _dispatch(op_table.FUSED_ADD_RMS_NORM)
+silu_and_mul = _dispatch(op_table.SILU_AND_MUL)
+rope_store_kv = _dispatch(op_table.ROPE_STORE_KV)
+gguf_linear = _dispatch(op_table.GGUF_LINEAR)
+# float32 x @ W^T (+ bias) for a bfloat16/float16 weight, widened as it is multiplied (the C++
+# kernel), else widened whole for F.linear.
+half_weight_linear = _dispatch(op_table.HALF_WEIGHT_LINEAR)
+# x @ W^T (+ bias) for a float weight on the fast path: the extension's float_linear (the
+# packed kernel from the row count tune_float_gemm chose, else at::linear), as the fused layer
+# computes it; F.linear without the extension.
+float_linear = _dispatch(op_table.FLOAT_LINEAR)
 
 
 @dataclass(frozen=True)
@@ -204,78 +204,10 @@ def window_table(
     return table, windowed
 
 
-def gguf_linear(
-    x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_features: int
-) -> torch.Tensor:
-    if torch.compiler.is_compiling():
-        return torch.ops.radixserve.gguf_linear(x, blocks, qtype, out_features)
-    ext = _ext(x)
-    if ext is not None and x.dim() == 2 and x.stride(1) == 1 and gguf_kernel_type(qtype):
-        return ext.gguf_linear(x, blocks, qtype, out_features)
-    return reference.gguf_linear(x, blocks, qtype, out_features)
-
-
-_NO_BIAS = torch.empty(0)
-
-
-def half_weight_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    """float32 x @ W^T (+ bias) for a bfloat16/float16 weight, widened as it is multiplied (the
-    C++ kernel), else widened whole for F.linear."""
-    ext = _ext(x)
-    if (
-        ext is not None
-        and x.dtype == torch.float32
-        and x.dim() == 2
-        and x.stride(1) == 1
-        and x.shape[1] % 8 == 0
-        and weight.is_contiguous()
-        and ext.half_weight_linear_available()
-    ):
-        return ext.half_weight_linear(x, weight, _NO_BIAS if bias is None else bias)
-    return F.linear(x, weight.to(x.dtype), bias)
-
-
 def gguf_kernel_type(qtype: int) -> bool:
     """Whether the C++ kernels run GGML type `qtype` (else gguf_linear dequantizes tiles)."""
     ext = load_extension()
-    return ext is not None and _build_runs_type(ext, qtype)
-
-
-@functools.cache
-def _build_runs_type(ext: object, qtype: int) -> bool:
-    # Fixed per build; cached because gguf_linear asks on every call.
-    return bool(ext.gguf_kernel_type(qtype))  # type: ignore[attr-defined]
-
-
-def float_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    """x @ W^T (+ bias) for a float weight on the fast path: the extension's float_linear (the
-    packed kernel from the row count tune_float_gemm chose, else at::linear), as the fused layer
-    computes it; F.linear without the extension. Under torch.compile: the same kernel as the
-    opaque op radixserve::float_linear (layers/compile_ops.py sets COMPILED_FLOAT_LINEAR), since
-    the BLAS inductor would call runs 2.5-3.5x slower at decode's 2-16 rows on AMD CPUs."""
-    if torch.compiler.is_compiling():
-        if COMPILED_FLOAT_LINEAR and x.dtype == weight.dtype and x.dtype in _KERNEL_DTYPES:
-            return torch.ops.radixserve.float_linear(x, weight, bias)
-        return F.linear(x, weight, bias)
-    ext = _ext(x)
-    if ext is None or x.dtype != weight.dtype:
-        return F.linear(x, weight, bias)
-    flat = x.reshape(-1, x.shape[-1])
-    empty = _EMPTY.get(x.dtype)
-    if empty is None:
-        empty = _EMPTY.setdefault(x.dtype, torch.empty(0, dtype=x.dtype))
-    out = ext.float_linear(flat, weight, empty if bias is None else bias)
-    return out.reshape(*x.shape[:-1], weight.shape[0])
-
-
-_EMPTY: dict[torch.dtype, torch.Tensor] = {}
-# Set by layers/compile_ops.py where the C++ kernels are built: compiled graphs call
-# float_linear as an opaque op instead of inductor's matmul.
-COMPILED_FLOAT_LINEAR = False
+    return ext is not None and op_table.runs_block_type(ext, qtype)
 
 
 def _packed_gain(ext: object, rows: int, rounds: int = 3) -> float:

@@ -208,6 +208,21 @@ def windowed_attention(
     return out
 
 
+def half_weight_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """float32 x @ W^T (+ bias) for a bfloat16/float16 weight, widened whole (exact per value:
+    HF transformers' float32 product)."""
+    return F.linear(x, weight.to(x.dtype), bias)
+
+
+def float_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x [..., in] @ W^T (+ bias): what the packed float kernel computes, in another order."""
+    return F.linear(x, weight, bias)
+
+
 def q4_1_codes(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Q4_1 blocks [N, K / 32 * 20] -> (q uint8 [N, nb, 32] in 0..15, d and m float32
     [N, nb, 1]), with w = d * q + m. A block keeps weights 0-15 in the low nibbles of its 16

@@ -6,18 +6,22 @@ module by module on plain PyTorch ops that inductor fuses, except for these call
   (how many keys each request reads) is data the op reads at run time, never a shape dynamo
   specialises on, and a decode step does not recompile as sequences grow (SGLang registers its
   CPU attention as an opaque op for the same reason);
-- the float matmuls of the decoder (ops.float_linear: radixserve's packed AVX2 kernel where it
-  measured faster than torch's BLAS, which inductor would call; the LM head stays inductor's);
-- the GGUF block GEMV: inductor would otherwise dequantize the blocks (and, with freezing,
+- the kernel ops declared with a fake in kernels/op_table.py, registered from that table: the
+  float matmuls of the decoder (ops.float_linear: radixserve's packed AVX2 kernel where it
+  measured faster than torch's BLAS, which inductor would call; the LM head stays inductor's)
+  and the GGUF block GEMV (inductor would otherwise dequantize the blocks and, with freezing,
   constant-fold them into float weights four to eight times their size).
 register_fake gives dynamo each op's output shape without running it.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from radixserve.kernels import ops
+from radixserve.kernels import op_table, ops
+from radixserve.kernels.op_table import KernelOp
 
 
 @torch.library.custom_op("radixserve::rope_paged_attention", mutates_args=("k_cache", "v_cache"))
@@ -114,28 +118,21 @@ def _(q: torch.Tensor, *args: object) -> torch.Tensor:
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op("radixserve::gguf_linear", mutates_args=())
-def gguf_linear(
-    x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_features: int
-) -> torch.Tensor:
-    """x [T, in] @ dequantized(blocks)^T -> [T, out_features]."""
-    return ops.gguf_linear(x.contiguous(), blocks, qtype, out_features)
+def _register(op: KernelOp[..., Any]) -> None:
+    """torch.ops.radixserve.<name> for a table op with a fake: the eager dispatcher of
+    kernels.ops behind it (contiguous inputs: the kernels read rows of them), the fake for
+    dynamo. The schema comes from the op's reference."""
+    eager = getattr(ops, op.name)
+
+    def run(*args: Any) -> Any:
+        return eager(*(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args))
+
+    custom = torch.library.custom_op(
+        f"radixserve::{op.name}", run, mutates_args=op.mutates, schema=op.schema
+    )
+    custom.register_fake(op.fake)
 
 
-@gguf_linear.register_fake
-def _(x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_features: int) -> torch.Tensor:
-    return x.new_empty((x.shape[0], out_features))
-
-
-@torch.library.custom_op("radixserve::float_linear", mutates_args=())
-def float_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [..., in] @ weight^T (+ bias) through ops.float_linear (eager: the packed kernel)."""
-    return ops.float_linear(x, weight, bias)
-
-
-@float_linear.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
-ops.COMPILED_FLOAT_LINEAR = ops.using_cpp_kernels()
+for _op in op_table.TABLE:
+    if _op.fake is not None:
+        _register(_op)
