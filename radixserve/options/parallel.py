@@ -63,7 +63,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "Tensor parallelism size. Here: one scheduler/worker process per rank over "
         "torch.distributed (gloo on CPU, NCCL on CUDA), the CPU cores split between ranks; "
         "heads must split (a clear error names the valid sizes); not with --quantization "
-        "gguf or w8a8_int8.",
+        "gguf, w8a8_int8 or bitsandbytes.",
         support=IMPLEMENTED,
         aliases=("--tensor-parallel-size",),
     ),
@@ -83,7 +83,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--tp-size ranks (tp x pp processes in all, over torch.distributed: gloo on CPU), "
         "hidden states passed by point-to-point send/recv; a stage loads and caches only its "
         "layers. Not with --dp-size, --nnodes, speculative decoding, LoRA, the hierarchical "
-        "cache or --quantization gguf / w8a8_int8.",
+        "cache or --quantization gguf / w8a8_int8 / bitsandbytes.",
         support=IMPLEMENTED,
         aliases=("--pipeline-parallel-size",),
     ),

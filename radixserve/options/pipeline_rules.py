@@ -43,7 +43,7 @@ def check_pipeline(v: Mapping[str, Any]) -> None:
                 f"{pp} cannot be combined with {option} yet ({what} are not pipelined); "
                 "use --pp-size 1, or leave out that option",
             )
-    if v.get("quantization") in ("gguf", "w8a8_int8"):
+    if v.get("quantization") in ("gguf", "w8a8_int8", "bitsandbytes"):
         raise ServerArgsError(
             "--pp-size",
             f"{pp} cannot be combined with --quantization {v['quantization']} yet; use "

@@ -21,10 +21,10 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--quantization",
         STR,
         None,
-        "Quantization method of the weights. gguf keeps a GGUF file's Q4_1/Q8_0 blocks and runs the linear layers on them (integer dot products with int16-quantized activations for small batches, float tiles over dequantized blocks for prefill); it is the default for a .gguf --model-path on the CPU with --tp-size 1 and --pp-size 1 (as SGLang sets it for GGUF files). unquant dequantises a GGUF to --dtype instead, which is exact (HF transformers' arithmetic in float32). w8a8_int8 quantizes a float checkpoint's projections to int8 (one scale per 32 weights) at load, run by the same kernels (CPU, --tp-size 1).",
+        "Quantization method of the weights. gguf keeps a GGUF file's Q4_1/Q8_0 blocks and runs the linear layers on them (integer dot products with int16-quantized activations for small batches, float tiles over dequantized blocks for prefill); it is the default for a .gguf --model-path on the CPU with --tp-size 1 and --pp-size 1 (as SGLang sets it for GGUF files). unquant dequantises a GGUF to --dtype instead, which is exact (HF transformers' arithmetic in float32). w8a8_int8 quantizes a float checkpoint's decoder projections to int8 (Q8_0 blocks: one scale per 32 weights) layer by layer as they load, each float weight freed as soon as its last shard is in, so the model is never held in float; the same kernels run them (CPU, --tp-size 1). bitsandbytes is SGLang's name for quantizing a float checkpoint to 4 bits in flight, and does that here, layer by layer as w8a8_int8: into Q4_K blocks (4.5 bits a weight: min-max per 32 weights with 6-bit scales and mins per 256) where the input size is a multiple of 256, else Q4_1 (5 bits: an fp16 step and minimum per 32), which the integer kernels run natively. It is not bitsandbytes' NF4 (a 16-value normal-float codebook with one absmax per 64 weights, bfloat16 matmuls on dequantized weights): the codes, block sizes and error differ (~6% relative weight error per matmul), no bitsandbytes package is used, and pre-quantized bitsandbytes checkpoints are not read. Both keep the LM head and embeddings in float, as SGLang does.",
         support=IMPLEMENTED,
         choices=QUANTIZATION_CHOICES,
-        supported_choices=("gguf", "w8a8_int8", "unquant"),
+        supported_choices=("gguf", "w8a8_int8", "bitsandbytes", "unquant"),
     ),
     value(
         "--quantization-param-path",

@@ -79,7 +79,7 @@ def _check_parallel(v: Mapping[str, Any]) -> None:
         if size > 1 and dest in _NOT_YET_PARALLEL:
             raise _fail(dest, f"{kind} parallelism is not supported yet (got {size}); use 1")
     tp = v.get("tp_size", 1)
-    if tp > 1 and v.get("quantization") in ("gguf", "w8a8_int8"):
+    if tp > 1 and v.get("quantization") in ("gguf", "w8a8_int8", "bitsandbytes"):
         # Their int8/GGUF blocks are not split over ranks (yet).
         raise _fail(
             "tp_size",

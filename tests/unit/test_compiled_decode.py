@@ -82,6 +82,7 @@ def test_padded_rows_attend_nothing_and_store_in_the_spare_slot() -> None:
         ({"pp_size": 2}, "--enable-torch-compile", "--pp-size 1 only"),
         ({"enable_lora": True}, "--enable-torch-compile", "--enable-lora"),
         ({"quantization": "w8a8_int8"}, "--enable-torch-compile", "w8a8_int8"),
+        ({"quantization": "bitsandbytes"}, "--enable-torch-compile", "bitsandbytes"),
         ({"attention_backend": "torch_native"}, "--enable-torch-compile", "intel_amx"),
         ({"cuda_graph_bs_decode": [1, 0]}, "--cuda-graph-bs-decode", ">= 1"),
         ({"cuda_graph_bs_decode": [64]}, "--cuda-graph-bs-decode", "nothing would be compiled"),

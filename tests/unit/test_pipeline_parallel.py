@@ -149,6 +149,7 @@ def test_pipeline_options_are_checked() -> None:
         ({"pp_size": 2, "speculative_algorithm": "NGRAM"}, "--speculative-algorithm"),
         ({"pp_size": 2, "enable_hierarchical_cache": True}, "--enable-hierarchical-cache"),
         ({"pp_size": 2, "quantization": "w8a8_int8"}, "--quantization w8a8_int8"),
+        ({"pp_size": 2, "quantization": "bitsandbytes"}, "--quantization bitsandbytes"),
         ({"pp_size": 2, "dp_size": 2}, "--dp-size 2"),
         ({"pp_size": 2, "pp_async_batch_depth": 2}, "--pp-async-batch-depth"),
     ]

@@ -112,6 +112,7 @@ def test_a_gguf_model_runs_quantized_where_the_kernels_can(
     # what the user chose stands: the exact float path, or another method
     assert _cpu(model_path="/m/x.gguf", quantization="unquant").quantization == "unquant"
     assert _cpu(model_path="/m/x.gguf", quantization="w8a8_int8").quantization == "w8a8_int8"
+    assert _cpu(model_path="/m/x.gguf", quantization="bitsandbytes").quantization == "bitsandbytes"
     # not a GGUF, or not loaded as one
     assert _cpu(model_path="/models/m").quantization is None
     assert _cpu(model_path="/m/x.gguf", load_format="dummy").quantization is None

@@ -41,6 +41,8 @@ def test_tp_options_are_accepted_and_checked() -> None:
     assert args.tp_size == 2 and args.dist_timeout == 30
     with pytest.raises(ServerArgsError, match="--tp-size: 2 cannot be combined with --quantiz"):
         ServerArgs(tp_size=2, quantization="w8a8_int8")
+    with pytest.raises(ServerArgsError, match="--quantization bitsandbytes"):
+        ServerArgs(tp_size=2, quantization="bitsandbytes")
     with pytest.raises(ServerArgsError, match="--dist-timeout"):
         ServerArgs(tp_size=2, dist_timeout=0)
     with pytest.raises(ServerArgsError, match="--dist-init-addr: expected HOST:PORT"):
