@@ -3,6 +3,9 @@
 Every parameter carries a `weight_loader(param, loaded_weight, shard_id=None)` that receives the
 full checkpoint tensor and copies this rank's slice into the parameter. Fused layers (qkv,
 gate_up) also carry `shard_ids` on their parameters: the shards a complete load must deliver.
+How a layer holds its weight and multiplies by it is its `quant_method`
+(layers/quantization/): float when built, GGUF blocks or packed copies once a loader or the
+fast path gives it another.
 """
 
 from __future__ import annotations
