@@ -35,7 +35,7 @@ def _always(ext: object, *args: Any) -> bool:
     return True
 
 
-def _call_directly(kernel: Callable[..., Any], *args: Any) -> Any:
+def call_directly(kernel: Callable[..., Any], *args: Any) -> Any:
     return kernel(*args)
 
 
@@ -51,7 +51,7 @@ class KernelOp(Generic[P, R]):
     accepts: Callable[..., bool] = _always
     # How the extension's function is called with the op's arguments, where its binding
     # differs from the reference's signature.
-    call_cpp: Callable[..., Any] = _call_directly
+    call_cpp: Callable[..., Any] = call_directly
     # Output shapes without running (torch.library fake): set for the ops compiled graphs keep
     # opaque, as torch.ops.radixserve.<name> (layers/compile_ops.py).
     fake: Callable[..., Any] | None = None

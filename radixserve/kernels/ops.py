@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -44,24 +44,27 @@ def _dispatch(op: KernelOp[P, R]) -> Callable[P, R]:
     """The function layers call for table op `op` (kernels/op_table.py): the C++ kernel where
     the extension takes the arguments, else the PyTorch reference; under torch.compile the
     opaque torch.ops.radixserve op (layers/compile_ops.py) where the op has one, else the
-    reference, which dynamo traces. Same signature and documentation as the reference."""
+    reference, which dynamo traces. Same signature and documentation as the reference.
+    Positional arguments only: this runs ~10 times per layer per step module by module, so it
+    does no more than the hand-written wrappers it replaced (~0.5 us a call)."""
     name, reference_fn, accepts, call_cpp = op.name, op.reference, op.accepts, op.call_cpp
+    direct = call_cpp is op_table.call_directly
     opaque, opaque_when = op.fake is not None, op.opaque_when
 
-    def call(*args: P.args, **kwargs: P.kwargs) -> R:
-        if kwargs:  # the kernels take positional arguments only
-            raise TypeError(f"ops.{name} takes positional arguments only")
-        if torch.compiler.is_compiling():
-            if opaque and opaque_when(*args):
-                return getattr(torch.ops.radixserve, name)(*args)
-            return reference_fn(*args)
-        ext = _ext(args[0])  # type: ignore[arg-type]
-        if ext is not None and accepts(ext, *args):
-            return call_cpp(getattr(ext, name), *args)
+    def call(*args: Any) -> Any:
+        x = args[0]
+        compiling = torch.compiler.is_compiling()
+        if not compiling and x.device.type == "cpu" and x.dtype in _KERNEL_DTYPES:
+            ext = load_extension()
+            if ext is not None and accepts(ext, *args):
+                kernel = getattr(ext, name)
+                return kernel(*args) if direct else call_cpp(kernel, *args)
+        elif compiling and opaque and opaque_when(*args):
+            return getattr(torch.ops.radixserve, name)(*args)
         return reference_fn(*args)
 
     functools.update_wrapper(call, reference_fn)
-    return call
+    return cast("Callable[P, R]", call)
 
 
 rms_norm = _dispatch(op_table.RMS_NORM)

