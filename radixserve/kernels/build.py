@@ -37,6 +37,7 @@ SOURCES = (
     "gguf_kquant.cpp",
     "gguf_q8k.cpp",
     "gguf_q8k_panel.cpp",
+    "gguf_q8k_amx.cpp",
     "float_gemm.cpp",
     "half_weight_gemm.cpp",
 )

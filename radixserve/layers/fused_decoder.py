@@ -63,8 +63,8 @@ def fusable(layer: LlamaDecoderLayer) -> bool:
         ops.using_cpp_kernels()
         and layer.self_attn.q_norm is None
         and layer.self_attn.rotary_emb is not None
-        # The C++ layer's attention has no sliding window or soft-capping.
-        and layer.self_attn.attn.sliding_window is None
+        # The C++ layer's attention has no soft-capping; a sliding window it runs only for
+        # batches that the window does not mask (FusedLayerArgs.window).
         and layer.self_attn.attn.logit_cap is None
         and layer.residual_multiplier == 1.0
         and isinstance(layer.mlp.act_fn, SiluAndMul)
@@ -91,6 +91,9 @@ class FusedLayerArgs(NamedTuple):
     kv_heads: int
     head_dim: int
     scale: float
+    # The layer's sliding window (keys a token sees, its own included), None: all. The kernel
+    # attends over every key, so it runs only batches whose sequences fit the window.
+    window: int | None = None
 
 
 def fused_layer_args(layer: LlamaDecoderLayer) -> FusedLayerArgs | None:
@@ -117,11 +120,15 @@ def fused_layer_args(layer: LlamaDecoderLayer) -> FusedLayerArgs | None:
         kv_heads=radix.num_kv_heads,
         head_dim=radix.head_dim,
         scale=radix.scaling,
+        window=radix.sliding_window,
     )
 
 
 def _can_run_fused(
-    hidden: torch.Tensor, residual: torch.Tensor | None, forward_batch: ForwardBatch
+    hidden: torch.Tensor,
+    residual: torch.Tensor | None,
+    forward_batch: ForwardBatch,
+    window: int | None = None,
 ) -> bool:
     return not (
         torch.compiler.is_compiling()  # traced module by module (model_executor/compiled_decode.py)
@@ -131,7 +138,21 @@ def _can_run_fused(
         or not hidden.is_contiguous()
         or hidden.dtype not in (torch.float32, torch.bfloat16)
         or (residual is not None and not residual.is_contiguous())
+        or (window is not None and not _within_window(forward_batch, window))
     )
+
+
+def _within_window(forward_batch: ForwardBatch, window: int) -> bool:
+    """Whether no sequence of the batch is longer than `window` (prefix and new tokens), so
+    the window masks nothing and full attention gives the windowed result."""
+    meta = forward_batch.attn_backend.paged_meta
+    lengths = map(sum, zip(meta.prefix_lens_list, meta.extend_lens_list, strict=True))
+    return max(lengths, default=0) <= window
+
+
+def _smallest_window(layer_args: Sequence[FusedLayerArgs]) -> int | None:
+    windows = [args.window for args in layer_args if args.window is not None]
+    return min(windows) if windows else None
 
 
 def _call_fused(
@@ -182,7 +203,7 @@ def run_fused_layer(
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The layer's (output, residual) in one kernel call, or None when this batch cannot take
     the fused path (the caller then runs the layer module by module)."""
-    if not _can_run_fused(hidden, residual, forward_batch):
+    if not _can_run_fused(hidden, residual, forward_batch, args.window):
         return None
     return _call_fused(
         args, positions, hidden, residual, forward_batch, _paged_meta_list(forward_batch)
@@ -243,7 +264,9 @@ def run_fused_layers(
     of a ~12 ms step, and the Python loop with its ~20 arguments per call another ~0.2-0.3 ms).
     The kernel returns contiguous float tensors, so what was checked for the first layer holds
     for the rest."""
-    if not layer_args or not _can_run_fused(hidden, None, forward_batch):
+    if not layer_args or not _can_run_fused(
+        hidden, None, forward_batch, _smallest_window(layer_args)
+    ):
         return None
     meta = _paged_meta_list(forward_batch)
     chain = chains.get(layer_args) if chains is not None else None

@@ -7,6 +7,10 @@ at startup by measurement on the model's own largest K-quant layer, and logged.
 - Many rows (prefill, large decode batches): the Q8_K panel GEMM (csrc/gguf_q8k_panel.cpp:
   weight panels decoded once for all rows, vpdpbusd where the CPU has VNNI) or float tiles over
   dequantized panels (csrc/gguf_gemm_tiled.cpp, exact in x).
+- Where the CPU and the OS allow AMX-INT8 (q8k_isa "amx_int8"), the panel GEMM on tiles
+  (csrc/gguf_q8k_amx.cpp) from AMX_MIN_ROWS or AMX_AFTER_MID_BATCHES rows, where it measures
+  faster than the vpdpbusd panel (its panels cost more to decode, so it wins only with many
+  rows). All of these give a row the same bits.
 
 RADIXSERVE_GGUF_KQUANT_INT8: "auto" takes each int8 path where it measures KQUANT_INT8_MIN_GAIN
 faster (per-row kernels at 1 and 3 rows, the panel at 8 and 64), "1" both always, "0" never.
@@ -37,6 +41,9 @@ PANEL_MIN_ROWS = 4
 PANEL_AFTER_SMALL_BATCHES = 16  # where it wins only at 64 rows
 PANEL_NEVER = 2**62
 PANEL_PROBE_COLUMNS = 2048  # output rows of the layer the panel is timed on (not the LM head's 49k)
+AMX_ISA = "amx_int8"
+AMX_MIN_ROWS = 64  # where the tiles win at 64 rows (1.2-1.3x on Sapphire Rapids, 2x at 512)
+AMX_AFTER_MID_BATCHES = 128  # where they win only at 128
 
 
 def choose_kquant_paths(model: nn.Module, linears: tuple[type, ...], enabled: bool) -> bool:
@@ -49,6 +56,7 @@ def choose_kquant_paths(model: nn.Module, linears: tuple[type, ...], enabled: bo
         return False
     ext.set_kquant_int8(False)
     ext.set_q8k_panel_min_rows(PANEL_NEVER)
+    ext.set_q8k_isa(_vector_isa(ext))
     held = [
         m.quant_method.gguf_weight()
         for m in model.modules()
@@ -68,25 +76,41 @@ def choose_kquant_paths(model: nn.Module, linears: tuple[type, ...], enabled: bo
                 "GGUF K-quants on int16 activations and float tiles (%s=0)", KQUANT_INT8_ENV
             )
         return False
+    amx_rows = PANEL_NEVER
     if mode == "1":
         small, min_rows, reason = True, PANEL_MIN_ROWS, f"{KQUANT_INT8_ENV}=1"
+        amx_rows = AMX_MIN_ROWS if AMX_ISA in ext.q8k_isas() else PANEL_NEVER
     else:
         largest = max(parts, key=lambda p: p.blocks.numel())
         gain = _small_batch_int8_gain(ext, largest)
         small = gain >= KQUANT_INT8_MIN_GAIN
         ext.set_kquant_int8(small)
         min_rows = _panel_min_rows(ext, largest)
+        if min_rows != PANEL_NEVER and AMX_ISA in ext.q8k_isas():
+            amx_rows = _amx_min_rows(ext, largest)
         reason = f"int8 measured {gain:.2f}x the int16 kernels' speed at 1-3 rows"
     ext.set_kquant_int8(small)
     ext.set_q8k_panel_min_rows(min_rows)
+    if amx_rows != PANEL_NEVER:
+        ext.set_q8k_isa(AMX_ISA)
+        ext.set_q8k_amx_min_rows(amx_rows)
     few = "int8 activations per 256 (Q8_K, as llama.cpp)" if small else "int16 activations"
     many = (
         "float tiles (the Q8_K panel GEMM measured no faster)"
         if min_rows == PANEL_NEVER
-        else f"the Q8_K panel GEMM ({ext.q8k_isa()}) from {min_rows} rows"
+        else f"the Q8_K panel GEMM ({_vector_isa(ext)}) from {min_rows} rows"
     )
+    if amx_rows != PANEL_NEVER:
+        many += f", on AMX-INT8 tiles from {amx_rows} rows"
+    elif min_rows != PANEL_NEVER and AMX_ISA in ext.q8k_isas():
+        many += " (AMX-INT8 tiles measured no faster)"
     logger.info("GGUF K-quants: %s for a few rows (%s), %s", few, reason, many)
     return small
+
+
+def _vector_isa(ext: object) -> str:
+    """The widest Q8_K variant without tiles: the default, and amx_int8's kernels for few rows."""
+    return [isa for isa in ext.q8k_isas() if isa != AMX_ISA][-1]
 
 
 def _small_batch_int8_gain(ext: object, weight: GGUFWeight, rounds: int = 5) -> float:
@@ -131,6 +155,38 @@ def _panel_min_rows(ext: object, weight: GGUFWeight, rounds: int = 5) -> int:
             break
         chosen = min_rows
     ext.set_q8k_panel_min_rows(PANEL_NEVER)
+    return chosen
+
+
+def _amx_min_rows(ext: object, weight: GGUFWeight, rounds: int = 5) -> int:
+    """From how many rows the panel GEMM should run on AMX tiles: AMX_MIN_ROWS where they beat
+    the vpdpbusd panel at 64 rows, AMX_AFTER_MID_BATCHES where only at 128, else PANEL_NEVER.
+    Leaves the vector variant selected."""
+    n = min(weight.out_features, PANEL_PROBE_COLUMNS)
+    blocks = weight.blocks[:n].contiguous()
+    k = _in_features(weight)
+    vector = _vector_isa(ext)
+
+    def call(x: torch.Tensor, isa: str) -> None:
+        ext.set_q8k_isa(isa)
+        ops.gguf_linear(x, blocks, weight.qtype, n)
+
+    ext.set_q8k_panel_min_rows(1)
+    ext.set_q8k_amx_min_rows(1)
+    chosen = PANEL_NEVER
+    try:
+        for rows, min_rows in ((AMX_AFTER_MID_BATCHES, AMX_AFTER_MID_BATCHES), (64, AMX_MIN_ROWS)):
+            x = torch.randn(rows, k)
+            medians = interleaved_medians(
+                {"vector": lambda x=x: call(x, vector), "amx": lambda x=x: call(x, AMX_ISA)},
+                rounds,
+            )
+            if medians["vector"] < KQUANT_INT8_MIN_GAIN * medians["amx"]:
+                break
+            chosen = min_rows
+    finally:
+        ext.set_q8k_isa(vector)
+        ext.set_q8k_panel_min_rows(PANEL_NEVER)
     return chosen
 
 

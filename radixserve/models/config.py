@@ -142,7 +142,7 @@ class ModelConfig:
         # SGLang reads it, no factor stretches max_position_embeddings (Gemma 3's already
         # counts the linear scaling of its full-attention layers).
         derived_len = derive_context_length(hf, None if _per_layer_type_rope(hf) else rope_scaling)
-        if getattr(hf, "use_sliding_window", False) or _always_sliding_window(hf, derived_len):
+        if getattr(hf, "use_sliding_window", False) and not _always_sliding_window(hf, derived_len):
             logger.warning(
                 "The model config asks for sliding-window attention; radixserve attends over the "
                 "full context, so outputs past the window (%s tokens) can differ",
@@ -286,6 +286,14 @@ def _partial_rotary_factor(hf_config: Any) -> float:
 # Model types whose reference implementation applies `sliding_window` whenever it is set (no
 # use_sliding_window switch).
 _WINDOW_WHEN_SET = ("mistral", "phi3")
+
+
+def reference_sliding_window(hf_config: Any, context_len: int) -> int | None:
+    """The sliding window transformers applies to every layer of a Mistral or Phi-3 model
+    (keys a token sees, its own included), or None where it masks nothing."""
+    if not _always_sliding_window(hf_config, context_len):
+        return None
+    return int(hf_config.sliding_window)
 
 
 def _always_sliding_window(hf_config: Any, context_len: int) -> bool:

@@ -385,5 +385,20 @@ class LlamaForCausalLM(nn.Module):
         load_weights_into(self, weights, self.stacked_params)
 
 
+def reference_window_options(options: AttentionOptions, config: ModelConfig) -> AttentionOptions:
+    """`options` with the sliding window transformers gives every layer of a Mistral or Phi-3
+    model whenever its config sets one shorter than the context (Mistral 7B v0.1's 4096,
+    Phi-3-mini-4k's 2047)."""
+    from radixserve.models.config import reference_sliding_window
+
+    window = reference_sliding_window(config.hf_config, config.context_len)
+    return options._replace(sliding_window=window)
+
+
 class MistralForCausalLM(LlamaForCausalLM):
-    """Mistral checkpoints are Llama-shaped."""
+    """Mistral checkpoints are Llama-shaped, with a sliding window on every layer where the
+    config sets one."""
+
+    @classmethod
+    def attention_options(cls, config: ModelConfig) -> AttentionOptions:
+        return reference_window_options(super().attention_options(config), config)

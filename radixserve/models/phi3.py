@@ -2,7 +2,8 @@
 
 What differs lives elsewhere: the checkpoint stores q|k|v and gate|up already fused (split
 here, so the fused layers load and shard them like any other Llama checkpoint), LongRoPE
-(layers/longrope.py) and Phi-4-mini's partial rotary (ModelConfig.rotary_dim).
+(layers/longrope.py), Phi-4-mini's partial rotary (ModelConfig.rotary_dim), and Phi-3-mini's
+sliding window (2047 keys a token sees; transformers applies it whenever the config sets one).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixserve.models.llama import LlamaForCausalLM
+from radixserve.models.llama import AttentionOptions, LlamaForCausalLM, reference_window_options
 
 if TYPE_CHECKING:
     from radixserve.models.config import ModelConfig
@@ -43,5 +44,9 @@ def split_fused_projections(
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):
+    @classmethod
+    def attention_options(cls, config: ModelConfig) -> AttentionOptions:
+        return reference_window_options(super().attention_options(config), config)
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         super().load_weights(split_fused_projections(weights, self.config))

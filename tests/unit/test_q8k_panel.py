@@ -31,6 +31,7 @@ def ext() -> Iterator[object]:
     yield ext
     ext.set_kquant_int8(False)
     ext.set_q8k_panel_min_rows(NEVER)
+    ext.set_q8k_amx_min_rows(1)
     ext.set_q8k_isa(isa)
 
 
@@ -49,6 +50,7 @@ def panel(
 ) -> torch.Tensor:
     ext.set_q8k_isa(isa)
     ext.set_q8k_panel_min_rows(1)
+    ext.set_q8k_amx_min_rows(1)  # amx_int8: tiles at any row count
     try:
         return ops.gguf_linear(x, blocks, qtype, n)
     finally:
@@ -84,7 +86,7 @@ def test_a_row_has_the_same_bits_in_any_batch(ext: object, qtype: int) -> None:
     vector width the CPU runs them at."""
     n, k = 40, 512
     blocks = random_blocks(qtype, n, k, seed=3)
-    x = torch.randn(19, k, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(70, k, generator=torch.Generator().manual_seed(3))
     ext.set_kquant_int8(True)
     reference = None
     for isa in ext.q8k_isas():
@@ -92,11 +94,26 @@ def test_a_row_has_the_same_bits_in_any_batch(ext: object, qtype: int) -> None:
         alone = torch.cat([ops.gguf_linear(x[i : i + 1], blocks, qtype, n) for i in range(len(x))])
         three = ops.gguf_linear(x[:3].contiguous(), blocks, qtype, n)
         assert torch.equal(three, alone[:3]), isa
-        for rows in (4, 7, 19):
+        for rows in (4, 7, 19, 33, 70):  # amx_int8: one or two tiles of 16 rows, partial ones
             got = panel(ext, isa, x[:rows].contiguous(), blocks, qtype, n)
             assert torch.equal(got, alone[:rows]), (isa, rows)
         reference = alone if reference is None else reference
         assert torch.equal(alone, reference), isa
+
+
+@pytest.mark.parametrize("qtype", Q8K_TYPES, ids=gguf_types.type_name)
+def test_extreme_activation_sums_stay_exact(ext: object, qtype: int) -> None:
+    """Rows whose runs of 16 all quantize to +-127 give the largest per-16 sums (+-2032), the
+    edge of the AMX kernel's bf16 split of the correction (64 h + l); with Q6_K's signed scales
+    too, every variant still gives the per-row kernel's bits, on a K of 2048 (tile layout)."""
+    n, k = 21, 2048
+    blocks = random_blocks(qtype, n, k, seed=5)
+    signs = torch.tensor([1.0, -1.0]).repeat_interleave(16).repeat(k // 32)
+    x = torch.stack([torch.ones(k), -torch.ones(k), signs, -signs, torch.randn(k)] * 4)
+    ext.set_kquant_int8(True)
+    alone = torch.cat([ops.gguf_linear(x[i : i + 1], blocks, qtype, n) for i in range(len(x))])
+    for isa in ext.q8k_isas():
+        assert torch.equal(panel(ext, isa, x, blocks, qtype, n), alone), isa
 
 
 def test_min_rows_switches_between_the_paths(ext: object) -> None:
@@ -142,6 +159,11 @@ def test_environment_forces_the_paths(
     assert kquant_paths.choose_kquant_paths(_model(), (_Layer,), enabled=True) is int8
     assert ext.kquant_int8() is int8
     assert ext.q8k_panel_min_rows() == min_rows
+    # "1" takes the tiles where this machine has them, from AMX_MIN_ROWS; "0" never
+    with_tiles = mode == "1" and kquant_paths.AMX_ISA in ext.q8k_isas()
+    assert (ext.q8k_isa() == kquant_paths.AMX_ISA) is with_tiles
+    if with_tiles:
+        assert ext.q8k_amx_min_rows() == kquant_paths.AMX_MIN_ROWS
 
 
 def test_auto_measures_and_logs_its_choice(
@@ -156,10 +178,16 @@ def test_auto_measures_and_logs_its_choice(
     allowed = (kquant_paths.PANEL_MIN_ROWS, kquant_paths.PANEL_AFTER_SMALL_BATCHES, NEVER)
     assert ext.q8k_panel_min_rows() in allowed
     assert "for a few rows" in caplog.text and "measured" in caplog.text
+    vector = [isa for isa in ext.q8k_isas() if isa != kquant_paths.AMX_ISA][-1]
     if ext.q8k_panel_min_rows() == NEVER:
         assert "measured no faster" in caplog.text
+        assert ext.q8k_isa() == vector
     else:
-        assert f"panel GEMM ({ext.q8k_isa()}) from {ext.q8k_panel_min_rows()} rows" in caplog.text
+        assert f"panel GEMM ({vector}) from {ext.q8k_panel_min_rows()} rows" in caplog.text
+    if ext.q8k_isa() == kquant_paths.AMX_ISA:
+        assert f"on AMX-INT8 tiles from {ext.q8k_amx_min_rows()} rows" in caplog.text
+        allowed = (kquant_paths.AMX_MIN_ROWS, kquant_paths.AMX_AFTER_MID_BATCHES)
+        assert ext.q8k_amx_min_rows() in allowed
 
 
 def test_disabled_fast_kernels_leave_both_paths_off(
@@ -198,3 +226,36 @@ def test_panel_rows_follow_the_timings(
     weight = _model().get_submodule("0").quant_method.gguf_weight()
     assert kquant_paths._panel_min_rows(ext, weight) == expected
     assert ext.q8k_panel_min_rows() == NEVER  # measuring leaves the switch off
+
+
+@pytest.mark.parametrize(
+    ("amx_share_128", "amx_share_64", "expected"),
+    [
+        (0.5, 0.8, kquant_paths.AMX_MIN_ROWS),  # faster at 128 and at 64 rows
+        (0.5, 1.2, kquant_paths.AMX_AFTER_MID_BATCHES),  # only at 128 rows
+        (0.95, 0.5, NEVER),  # not 1.1x faster at 128 rows: never
+    ],
+)
+def test_amx_rows_follow_the_timings(
+    ext: object,
+    monkeypatch: pytest.MonkeyPatch,
+    amx_share_128: float,
+    amx_share_64: float,
+    expected: int,
+) -> None:
+    """From how many rows the panel runs on AMX tiles, from their time against the vector
+    panel's at 128 and 64 rows (timings replaced: the rule is under test); measuring leaves the
+    vector variant selected."""
+    if kquant_paths.AMX_ISA not in ext.q8k_isas():
+        pytest.skip("no AMX-INT8 here (CPU or OS)")
+    shares = iter([amx_share_128, amx_share_64])
+
+    def fake_medians(calls: dict, rounds: int) -> dict[str, float]:
+        assert set(calls) == {"vector", "amx"}
+        return {"vector": 1.0, "amx": next(shares)}
+
+    monkeypatch.setattr(kquant_paths, "interleaved_medians", fake_medians)
+    weight = _model().get_submodule("0").quant_method.gguf_weight()
+    assert kquant_paths._amx_min_rows(ext, weight) == expected
+    assert ext.q8k_isa() != kquant_paths.AMX_ISA
+    assert ext.q8k_panel_min_rows() == NEVER

@@ -32,6 +32,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_q8k_isa", &radixserve::set_q8k_isa);
   m.def("q8k_isa", &radixserve::q8k_isa);
   m.def("set_q8k_panel_min_rows", &radixserve::set_q8k_panel_min_rows);
+  m.def("set_q8k_amx_min_rows", &radixserve::set_q8k_amx_min_rows);
+  m.def("q8k_amx_min_rows", &radixserve::q8k_amx_min_rows);
   m.def("q8k_panel_min_rows", &radixserve::q8k_panel_min_rows);
   m.def("float_linear_packed", &radixserve::float_linear_packed);
   m.def("float_linear", &radixserve::float_linear);

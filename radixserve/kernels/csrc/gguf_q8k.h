@@ -6,6 +6,11 @@
 
 #include "common.h"
 
+#if defined(__AMX_INT8__) && defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BW__) && \
+    defined(__AVX512VNNI__)
+#define RS_Q8K_AMX 1  // this build has the AMX-INT8 panel GEMM (gguf_q8k_amx.cpp)
+#endif
+
 namespace radixserve {
 
 // Activation rows quantized per 256 values: int8 codes, one float scale, and the integer sum of
@@ -37,12 +42,23 @@ void q8k_dot_columns(const uint8_t* blocks, int64_t row_bytes, int64_t qtype, co
 
 // The variants of the Q8_K kernels this build has: "avx2" (maddubs, 256-bit), and where the
 // CPU has more, the wider one, the default: "avx512_vnni" (512-bit per-row kernel, vpdpbusd
-// panel), "avx512" (512-bit per-row kernel, no VNNI) or "avx_vnni" (256-bit vpdpbusd panel).
-// Tests run each; q8k_wide() says whether the wider one is in use.
+// panel), "avx512" (512-bit per-row kernel, no VNNI) or "avx_vnni" (256-bit vpdpbusd panel);
+// last, where the CPU and the OS allow AMX-INT8, "amx_int8": avx512_vnni's kernels with the
+// panel GEMM on tiles from q8k_amx_min_rows rows. Tests run each; q8k_wide() says whether a
+// wider one than avx2 is in use, q8k_amx() whether amx_int8 is.
 std::vector<std::string> q8k_isas();
 void set_q8k_isa(const std::string& isa);
 std::string q8k_isa();
 bool q8k_wide();
+bool q8k_amx();
+// From this many activation rows amx_int8 runs panels on tiles (fewer: the vpdpbusd panel).
+void set_q8k_amx_min_rows(int64_t rows);
+int64_t q8k_amx_min_rows();
+// Whether the OS grants this process the tile state (asked once; false in a build without AMX).
+bool q8k_amx_permitted();
+// q8k_panel_linear on AMX-INT8 tiles (gguf_q8k_amx.cpp).
+void q8k_amx_linear(const uint8_t* blocks, int64_t row_bytes, int64_t qtype, const Q8KRows& xq,
+                    int64_t m, int64_t k, int64_t n, float* out);
 // Many activation rows: out[M, N] = x . W^T over panels of weight rows decoded once
 // (gguf_q8k_panel.cpp).
 void q8k_panel_linear(const uint8_t* blocks, int64_t row_bytes, int64_t qtype, const Q8KRows& xq,
