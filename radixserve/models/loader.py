@@ -121,6 +121,11 @@ def load_model(
         model.load_weights(iterate_weights(files, progress=_is_first_rank()))
     if on_load is not None:
         on_load.finish()
+    # Every layer's method sees its weights complete (a layer still waiting for a shard the
+    # checkpoint lacked says so here, if the loader's own check did not).
+    for module in model.modules():
+        if isinstance(module, MethodLayer):
+            module.quant_method.process_weights_after_loading(module)
     model.eval()
     num_params = _count_weights(model)
     logger.info(

@@ -71,12 +71,7 @@ class OnLoadQuantization:
         return self.layers, self.nbytes
 
     def finish(self) -> tuple[int, int]:
-        """Check that no projection is left loading; log and return (layers, bytes of blocks)."""
-        for module in self.model.modules():
-            if isinstance(module, LinearBase) and isinstance(
-                module.quant_method, QuantizeOnLoadMethod
-            ):
-                module.quant_method.process_weights_after_loading(module)
+        """Log and return (layers quantized, bytes of blocks)."""
         types = sorted(
             {
                 type_name(g.qtype)

@@ -233,6 +233,8 @@ def test_a_layer_still_loading_refuses_to_run() -> None:
     assert isinstance(layer.quant_method, QuantizeOnLoadMethod)
     with pytest.raises(RuntimeError, match="still loading"):
         layer(torch.randn(1, layer.input_size))
+    with pytest.raises(ValueError, match="never completely loaded"):
+        layer.quant_method.process_weights_after_loading(layer)
     assert quantize_on_load.SCHEMES["bitsandbytes"].takes(64)
 
 
