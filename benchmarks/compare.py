@@ -1021,7 +1021,7 @@ def measure(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
 def write_report(record: dict[str, Any], output: Path, plot_path: Path) -> None:
     """docs/performance.md and its plot from a record (keeps the old file's Notes section)."""
     results = record["results"]
-    plot = report.plot_throughput(results, plot_path)
+    plot = report.plot_throughput(results, plot_path, record["settings"].get("input_len"))
     plot_name = os.path.relpath(plot, output.parent) if plot else None
     existing = output.read_text() if output.exists() else None
     text = report.render_document(

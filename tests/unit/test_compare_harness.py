@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import shutil
 import subprocess
 import sys
@@ -250,6 +251,91 @@ def test_notes_are_kept(report: ModuleType, fake_results: list[dict[str, Any]]) 
     assert again.rstrip().endswith("radixserve decodes slowly at c=1.")
     assert "![output tok/s vs concurrency](performance.png)" in again
     assert "## Notes and more" not in report.split_notes("## Notes and more\ntext")
+
+
+def _shaped(result: dict[str, Any], input_len: int, output_len: int) -> dict[str, Any]:
+    """A random result of one shape, as compare.py records it."""
+    return {**result, "input_len": input_len, "expected_output_len": output_len}
+
+
+def _two_shape_results(report: ModuleType) -> list[dict[str, Any]]:
+    """128:64 (radixserve half llama.cpp's speed) then 512:128 (radixserve three times)."""
+    results = []
+    for concurrency in (1, 8):
+        results += [
+            _shaped(_result(report.RADIXSERVE, concurrency, 100, 50), 128, 64),
+            _shaped(_result(report.LLAMA_CPP, concurrency, 200, 25), 128, 64),
+        ]
+    for concurrency in (1, 8):
+        results += [
+            _shaped(_result(report.RADIXSERVE, concurrency, 300, 40), 512, 128),
+            _shaped(_result(report.LLAMA_CPP, concurrency, 100, 80), 512, 128),
+        ]
+    return results
+
+
+def test_each_shape_is_its_own_section(report: ModuleType) -> None:
+    results = _two_shape_results(report)
+    doc = report.render_document(
+        [("CPU", "test")], results, {"num_prompts_text": "16 prompts per run"}, [], [], [], "p.png"
+    )
+    first = doc.index("## Random 128 in / 64 out")
+    second = doc.index("## Random 512 in / 128 out")
+    assert first < second < doc.index("\n## Notes\n")
+    assert doc.count("Ratios (radixserve / other") == 2
+    # Each ratio table compares its own shape's runs only.
+    assert "| 1 | 0.50x | n/a | n/a | 2.00x |" in doc[first:second]
+    assert "| 1 | 3.00x | n/a | n/a | 0.50x |" in doc[second:]
+    assert "| 8 | radixserve | 300.0 |" in doc[second:]
+    assert "| 8 | radixserve | 300.0 |" not in doc[first:second]
+    assert doc.count("](p.png)") == 1
+
+
+def test_a_failed_run_names_its_shape(report: ModuleType) -> None:
+    failed = {
+        "workload": "random",
+        "engine": "x",
+        "concurrency": 1,
+        "input_len": 512,
+        "expected_output_len": 128,
+        "error": "boom",
+    }
+    assert report.check_result(failed) == ["x (random 512:128, concurrency 1) failed: boom"]
+
+
+def test_old_record_renders(compare: ModuleType, report: ModuleType, tmp_path: Path) -> None:
+    """A record written before --shapes: one shape in the settings, none in the results."""
+    results = []
+    for concurrency in (1, 8):
+        for engine, tok_s in ((report.RADIXSERVE, 120.0), (report.LLAMA_CPP, 100.0)):
+            result = _result(engine, concurrency, tok_s, 30)
+            assert "input_len" not in result
+            results.append(result)
+    record = {
+        "meta": [["CPU", "test"]],
+        "settings": {"input_len": 128, "output_len": 64, "hf_batches": 1},
+        "results": results,
+        "llama_bench": [],
+        "radixserve_offline": {},
+        "memory": [],
+        "warnings": [],
+    }
+    record_path = tmp_path / "record.json"
+    record_path.write_text(json.dumps(record))
+    output, plot = tmp_path / "performance.md", tmp_path / "performance.png"
+    compare.main(["--render-only", str(record_path), "--output", str(output), "--plot", str(plot)])
+    doc = output.read_text()
+    assert doc.count("## Random") == 1
+    assert "## Random 128 in / 64 out" in doc
+    assert "| 8 | radixserve | 120.0 |" in doc
+    assert "| 1 | 1.20x |" in doc
+    assert plot.stat().st_size > 1000
+
+
+def test_plot_has_a_panel_per_shape(report: ModuleType, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    path = report.plot_throughput(_two_shape_results(report), tmp_path / "plot.png")
+    assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_plot_is_written(
