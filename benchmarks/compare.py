@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/compare.py --quick    # small; proves the pipeline (~25 min on 2 busy cores)
     .venv/bin/python benchmarks/compare.py --concurrencies 1 8 --workloads random \\
         --radixserve-args '--dtype bfloat16'
+    .venv/bin/python benchmarks/compare.py --workloads random --shapes 128:64 512:128 2048:32
     .venv/bin/python benchmarks/compare.py --render-only ~/.cache/radixserve-bench/runs/<time>/record.json
 
 One command from a fresh clone: builds llama-server/llama-bench if missing
@@ -11,8 +12,9 @@ One command from a fresh clone: builds llama-server/llama-bench if missing
 free localhost ports, drives them with radixserve's SGLang-compatible load generator
 (`python -m radixserve.bench_serving`), runs HF transformers with static batches
 (benchmarks/hf_static.py), and writes docs/performance.md (tables, machine, versions, ratios)
-and docs/performance.png. For each workload and concurrency the engines run back to back, so
-machine noise hits them alike. Text after '## Notes' in an existing performance.md is kept.
+and docs/performance.png. For each workload, random shape (--shapes) and concurrency the engines
+run back to back, so machine noise hits them alike; each shape is a section of its own. Text
+after '## Notes' in an existing performance.md is kept.
 
 The anchors (llama.cpp, transformers, matplotlib) are benchmark-only: see
 benchmarks/requirements-compare.txt; radixserve itself depends on none of them.
@@ -72,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="tiny run: concurrency 1 and 8, 16 prompts, 64 in / 64 out, small shared prefix",
+        help="tiny run: concurrency 1 and 8, 16 prompts, shape 64:64, small shared prefix",
     )
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
@@ -89,8 +91,28 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="per run; default max(2 x concurrency, 8) (--quick: 16)",
     )
-    parser.add_argument("--input-len", type=int, default=None, help="default 128 (--quick: 64)")
-    parser.add_argument("--output-len", type=int, default=None, help="default 128 (--quick: 64)")
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        type=parse_shape,
+        default=None,
+        metavar="IN:OUT",
+        help="random workload shapes, prompt tokens:output tokens (e.g. 128:64 512:128 2048:32), "
+        "each a report section of its own; default: one shape, from --input-len and "
+        "--output-len, which are refused together with --shapes",
+    )
+    parser.add_argument(
+        "--input-len",
+        type=int,
+        default=None,
+        help="one random shape's prompt tokens; default 128 (--quick: 64)",
+    )
+    parser.add_argument(
+        "--output-len",
+        type=int,
+        default=None,
+        help="one random shape's output tokens; default 128 (--quick: 64)",
+    )
     parser.add_argument(
         "--hf-batches",
         type=int,
@@ -157,14 +179,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_shape(text: str) -> report.Shape:
+    """IN:OUT, two positive token counts."""
+    input_text, sep, output_text = text.partition(":")
+    try:
+        shape = report.Shape(int(input_text), int(output_text))
+    except ValueError:
+        shape = None
+    if not sep or shape is None or min(shape) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not IN:OUT (prompt tokens:output tokens, e.g. 512:128)"
+        )
+    return shape
+
+
+def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The parsed command line, after the checks that span several options."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.shapes is not None:
+        if args.input_len is not None or args.output_len is not None:
+            parser.error(
+                "--shapes names every random shape; drop --input-len/--output-len "
+                "(or pass them alone for one shape)"
+            )
+        repeated = sorted({str(s) for s in args.shapes if args.shapes.count(s) > 1})
+        if repeated:
+            parser.error(f"--shapes lists {', '.join(repeated)} more than once")
+    return args
+
+
 @dataclass
 class Settings:
     workloads: list[str]
     engines: list[str]
     concurrencies: list[int]
     num_prompts: int | None
-    input_len: int
-    output_len: int
+    shapes: list[report.Shape]
     seed: int
     gsp: dict[str, int]
     radixserve_args: list[str]
@@ -177,6 +228,14 @@ def _pick(value: Any, quick: bool, full: Any, small: Any) -> Any:
     if value is not None:
         return value
     return small if quick else full
+
+
+def random_shapes(args: argparse.Namespace, quick: bool) -> list[report.Shape]:
+    """--shapes, or the one shape that --input-len and --output-len (or their defaults) name."""
+    if args.shapes:
+        return list(args.shapes)
+    input_len = _pick(args.input_len, quick, 128, 64)
+    return [report.Shape(input_len, _pick(args.output_len, quick, 128, 64))]
 
 
 def resolve_settings(args: argparse.Namespace) -> Settings:
@@ -194,8 +253,7 @@ def resolve_settings(args: argparse.Namespace) -> Settings:
         engines=list(args.engines),
         concurrencies=list(_pick(args.concurrencies, quick, [1, 8, 32, 64], [1, 8])),
         num_prompts=_pick(args.num_prompts, quick, None, 16),
-        input_len=_pick(args.input_len, quick, 128, 64),
-        output_len=_pick(args.output_len, quick, 128, 64),
+        shapes=random_shapes(args, quick),
         seed=args.seed,
         gsp=gsp,
         radixserve_args=shlex.split(args.radixserve_args),
@@ -221,24 +279,34 @@ class Job:
     concurrency: int
     num_prompts: int
     expected_output_len: int
+    shape: report.Shape | None = None  # a random job's; None for shared-prefix
 
     @property
     def label(self) -> str:
-        return f"{self.workload} c={self.concurrency} {self.engine}"
+        workload = self.workload if self.shape is None else f"{self.workload} {self.shape}"
+        return f"{workload} c={self.concurrency} {self.engine}"
+
+    def random_shape(self) -> report.Shape:
+        if self.shape is None:
+            raise ValueError(f"{self.label} has no random shape")
+        return self.shape
 
 
 def plan_jobs(settings: Settings) -> list[Job]:
-    """Interleaved: for each workload and concurrency, every engine back to back."""
+    """Interleaved: for each workload, shape and concurrency, every engine back to back."""
     jobs: list[Job] = []
     if report.RANDOM in settings.workloads:
-        for concurrency in settings.concurrencies:
-            for engine in settings.engines:
-                prompts = (
-                    settings.hf_batches * concurrency
-                    if engine in (report.HF_BF16, report.HF_FP32)
-                    else num_prompts_for(settings, concurrency)
-                )
-                jobs.append(Job(report.RANDOM, engine, concurrency, prompts, settings.output_len))
+        for shape in settings.shapes:
+            for concurrency in settings.concurrencies:
+                for engine in settings.engines:
+                    prompts = (
+                        settings.hf_batches * concurrency
+                        if engine in (report.HF_BF16, report.HF_FP32)
+                        else num_prompts_for(settings, concurrency)
+                    )
+                    jobs.append(
+                        Job(report.RANDOM, engine, concurrency, prompts, shape.output_len, shape)
+                    )
     if report.SHARED_PREFIX in settings.workloads:
         gsp = settings.gsp
         prompts = gsp["num_groups"] * gsp["prompts_per_group"]
@@ -253,20 +321,29 @@ def plan_jobs(settings: Settings) -> list[Job]:
 
 
 def llama_ctx_per_slot(settings: Settings, workload: str) -> int:
-    """Context per llama-server slot: the longest prompt + output, with room for BOS/rounding."""
+    """Context per llama-server slot: the longest prompt + output, with room for BOS/rounding.
+    For the random workload that is the largest shape's, so llama-server runs with the same
+    context (and KV memory) in every shape."""
     if workload == report.SHARED_PREFIX:
         gsp = settings.gsp
         tokens = gsp["system_prompt_len"] + gsp["question_len"] + gsp["output_len"]
     else:
-        tokens = settings.input_len + settings.output_len
+        tokens = max(shape.input_len + shape.output_len for shape in settings.shapes)
     # Room for BOS and for llama.cpp tokenizing the random text a little longer.
     return tokens + 128
 
 
+# Seeds of the n-th random shape are n strides apart: distinct while concurrencies stay below
+# 1000, and the first shape keeps the seeds of runs made before --shapes.
+SHAPE_SEED_STRIDE = 1_000_000
+
+
 def seed_for(settings: Settings, job: Job) -> int:
-    """One seed per workload and concurrency: the same prompts for every engine, new ones for each
-    concurrency (a prefix cache must not profit from an earlier run's prompts)."""
-    return settings.seed * 1000 + job.concurrency
+    """One seed per workload, shape and concurrency: the same prompts for every engine, new ones
+    for each concurrency and shape (a prefix cache must not profit from an earlier run's prompts,
+    and one seed would make a shorter shape's prompts the prefixes of a longer one's)."""
+    shape_index = settings.shapes.index(job.shape) if job.shape is not None else 0
+    return settings.seed * 1000 + job.concurrency + SHAPE_SEED_STRIDE * shape_index
 
 
 # ----------------------------------------------------------------------------- processes
@@ -533,13 +610,14 @@ def bench_serving_command(
     else:
         command += ["--extra-request-body", json.dumps({"ignore_eos": True})]
     if job.workload == report.RANDOM:
+        shape = job.random_shape()
         command += [
             "--dataset-name",
             "random",
             "--random-input-len",
-            str(settings.input_len),
+            str(shape.input_len),
             "--random-output-len",
-            str(settings.output_len),
+            str(shape.output_len),
             "--random-range-ratio",
             "1.0",
         ]
@@ -564,6 +642,7 @@ def bench_serving_command(
 
 def hf_command(job: Job, settings: Settings, gguf: Path, out: Path) -> list[str]:
     dtype = "bfloat16" if job.engine == report.HF_BF16 else "float32"
+    shape = job.random_shape()
     return [
         sys.executable,
         str(HF_RUNNER),
@@ -576,9 +655,9 @@ def hf_command(job: Job, settings: Settings, gguf: Path, out: Path) -> list[str]
         "--num-prompts",
         str(job.num_prompts),
         "--input-len",
-        str(settings.input_len),
+        str(shape.input_len),
         "--output-len",
-        str(settings.output_len),
+        str(shape.output_len),
         "--seed",
         str(seed_for(settings, job)),
         "--output-file",
@@ -608,7 +687,8 @@ def last_json_line(path: Path) -> dict[str, Any]:
 
 def job_slug(job: Job) -> str:
     engine = job.engine.replace(" --", "-").replace(".", "").replace(" ", "-")
-    return f"{job.workload}-c{job.concurrency}-{engine}"
+    shape = "" if job.shape is None else f"-{job.shape.input_len}x{job.shape.output_len}"
+    return f"{job.workload}{shape}-c{job.concurrency}-{engine}"
 
 
 def run_job(job: Job, pool: ServerPool, settings: Settings, timeout: float) -> report.Result:
@@ -619,6 +699,8 @@ def run_job(job: Job, pool: ServerPool, settings: Settings, timeout: float) -> r
         "num_prompts": job.num_prompts,
         "expected_output_len": job.expected_output_len,
     }
+    if job.shape is not None:
+        result["input_len"] = job.shape.input_len  # with expected_output_len: the shape
     out = pool.run_dir / f"{job_slug(job)}.jsonl"
     log = pool.run_dir / f"{job_slug(job)}.log"
     out.unlink(missing_ok=True)
@@ -888,8 +970,7 @@ def describe_settings(settings: Settings, llama_bench_cmd: Sequence[str] | None)
     prompts = sorted({num_prompts_for(settings, c) for c in settings.concurrencies})
     gsp = settings.gsp
     return {
-        "input_len": settings.input_len,
-        "output_len": settings.output_len,
+        "shapes": [list(shape) for shape in settings.shapes],
         "hf_batches": settings.hf_batches,
         "num_prompts_text": (
             f"{settings.num_prompts} prompts per run"
@@ -1046,7 +1127,7 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_arguments(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     ensure_requirements()
     if args.render_only is not None:

@@ -87,7 +87,7 @@ def fake_results(report: ModuleType) -> list[dict[str, Any]]:
 def test_defaults_match_the_issue(compare: ModuleType) -> None:
     settings = compare.resolve_settings(compare.build_parser().parse_args([]))
     assert settings.concurrencies == [1, 8, 32, 64]
-    assert (settings.input_len, settings.output_len) == (128, 128)
+    assert settings.shapes == [(128, 128)]
     assert settings.gsp["num_groups"] == 16
     assert settings.gsp["system_prompt_len"] == 1024
     assert settings.gsp["question_len"] == 64
@@ -98,7 +98,7 @@ def test_quick_mode_and_explicit_flags(compare: ModuleType) -> None:
     parser = compare.build_parser()
     quick = compare.resolve_settings(parser.parse_args(["--quick"]))
     assert quick.concurrencies == [1, 8]
-    assert (quick.num_prompts, quick.input_len, quick.output_len) == (16, 64, 64)
+    assert (quick.num_prompts, quick.shapes) == (16, [(64, 64)])
     explicit = compare.resolve_settings(
         parser.parse_args(
             [
@@ -113,7 +113,7 @@ def test_quick_mode_and_explicit_flags(compare: ModuleType) -> None:
         )
     )
     assert explicit.concurrencies == [2]
-    assert explicit.output_len == 32
+    assert explicit.shapes == [(64, 32)]
     assert explicit.radixserve_args == ["--dtype", "bfloat16", "--quantization", "gguf"]
 
 
@@ -141,11 +141,95 @@ def test_same_prompts_for_all_engines_new_ones_per_concurrency(compare: ModuleTy
     assert len({seed for _, seed in seeds}) == len(settings.concurrencies)
 
 
+def _shapes_settings(compare: ModuleType, *argv: str) -> Any:
+    args = ["--quick", "--shapes", "128:64", "512:128", "2048:32", *argv]
+    return compare.resolve_settings(compare.parse_arguments(args))
+
+
+def test_plan_runs_every_shape_engines_back_to_back(
+    compare: ModuleType, report: ModuleType
+) -> None:
+    settings = _shapes_settings(compare, "--engines", "radixserve", "llama.cpp")
+    jobs = [j for j in compare.plan_jobs(settings) if j.workload == report.RANDOM]
+    shapes = [report.Shape(128, 64), report.Shape(512, 128), report.Shape(2048, 32)]
+    engines = [report.RADIXSERVE, report.LLAMA_CPP]
+    assert [(j.shape, j.concurrency, j.engine) for j in jobs] == [
+        (shape, concurrency, engine)
+        for shape in shapes
+        for concurrency in (1, 8)
+        for engine in engines
+    ]
+    assert all(j.expected_output_len == j.shape.output_len for j in jobs)
+    assert len({compare.job_slug(j) for j in jobs}) == len(jobs)  # no run overwrites another's
+
+
+def test_seeds_per_shape_and_concurrency(compare: ModuleType, report: ModuleType) -> None:
+    settings = _shapes_settings(compare)
+    jobs = [j for j in compare.plan_jobs(settings) if j.workload == report.RANDOM]
+    seeds: dict[tuple[Any, int], set[int]] = {}
+    for job in jobs:
+        seeds.setdefault((job.shape, job.concurrency), set()).add(compare.seed_for(settings, job))
+    assert all(len(s) == 1 for s in seeds.values())  # the same prompts for every engine
+    assert len({seed for s in seeds.values() for seed in s}) == len(seeds) == 3 * 2
+    # The first shape keeps the seeds of a one-shape run.
+    one = compare.resolve_settings(compare.parse_arguments(["--quick", "--input-len", "128"]))
+    first = next(j for j in jobs if j.shape == (128, 64) and j.concurrency == 8)
+    same = next(j for j in compare.plan_jobs(one) if j.concurrency == 8)
+    assert compare.seed_for(settings, first) == compare.seed_for(one, same)
+
+
+def test_llama_slot_context_fits_the_largest_shape(compare: ModuleType, report: ModuleType) -> None:
+    settings = _shapes_settings(compare)
+    assert compare.llama_ctx_per_slot(settings, report.RANDOM) >= 2048 + 32
+    assert compare.llama_ctx_per_slot(settings, report.RANDOM) < 2048 + 32 + 512
+    gsp = settings.gsp
+    shared = gsp["system_prompt_len"] + gsp["question_len"] + gsp["output_len"]
+    assert compare.llama_ctx_per_slot(settings, report.SHARED_PREFIX) >= shared
+
+
+def test_commands_take_the_job_shape(
+    compare: ModuleType, report: ModuleType, tmp_path: Path
+) -> None:
+    settings = _shapes_settings(compare)
+    server = compare.Server("x", [], 1234, tmp_path / "log")
+    shape = report.Shape(2048, 32)
+    job = compare.Job(report.RANDOM, report.LLAMA_CPP, 8, 16, 32, shape)
+    command = compare.bench_serving_command(job, server, settings, tmp_path / "m", tmp_path / "o")
+    assert command[command.index("--random-input-len") + 1] == "2048"
+    assert command[command.index("--random-output-len") + 1] == "32"
+    hf = compare.Job(report.RANDOM, report.HF_FP32, 8, 8, 32, shape)
+    command = compare.hf_command(hf, settings, tmp_path / "m.gguf", tmp_path / "o")
+    assert command[command.index("--input-len") + 1] == "2048"
+    assert command[command.index("--output-len") + 1] == "32"
+    assert command[command.index("--seed") + 1] == str(compare.seed_for(settings, hf))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--shapes", "128:64", "--input-len", "256"], "drop --input-len/--output-len"),
+        (["--shapes", "128:64", "--output-len", "16"], "drop --input-len/--output-len"),
+        (["--shapes", "128x64"], "'128x64' is not IN:OUT"),
+        (["--shapes", "128:"], "'128:' is not IN:OUT"),
+        (["--shapes", "0:64"], "'0:64' is not IN:OUT"),
+        (["--shapes", "128:64", "512:8", "128:64"], "lists 128:64 more than once"),
+    ],
+)
+def test_bad_shape_arguments_are_refused(
+    compare: ModuleType, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        compare.parse_arguments(argv)
+    assert exit_info.value.code == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert message in errors[-1]  # one line says what is wrong
+
+
 def test_bench_serving_commands(compare: ModuleType, report: ModuleType, tmp_path: Path) -> None:
     settings = compare.resolve_settings(compare.build_parser().parse_args(["--quick"]))
     server = compare.Server("x", [], 1234, tmp_path / "log")
     gguf = tmp_path / "m.gguf"
-    ours = compare.Job(report.RANDOM, report.RADIXSERVE, 8, 16, 64)
+    ours = compare.Job(report.RANDOM, report.RADIXSERVE, 8, 16, 64, report.Shape(64, 64))
     command = compare.bench_serving_command(ours, server, settings, gguf, tmp_path / "o.jsonl")
     assert command[command.index("--backend") + 1] == "sglang"
     assert "--flush-cache" in command
