@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -143,7 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-path",
         type=Path,
         default=None,
-        help="the .gguf file (default: radixserve's default model)",
+        help="the model: a .gguf file, or a Hugging Face folder (safetensors), which llama.cpp "
+        "cannot read: then llama.cpp and llama-bench are skipped, with a note in the report "
+        "(default: radixserve's default model)",
     )
     parser.add_argument(
         "--threads",
@@ -466,8 +469,16 @@ class ServerPool:
     """Starts servers when a job needs them; one llama-server at a time (its --parallel is the
     concurrency), the radixserve servers kept until the end."""
 
-    def __init__(self, gguf: Path, llama_server: Path | None, settings: Settings, run_dir: Path):
-        self.gguf = gguf
+    def __init__(
+        self,
+        model: Path,
+        gguf: Path | None,
+        llama_server: Path | None,
+        settings: Settings,
+        run_dir: Path,
+    ):
+        self.model = model  # what radixserve serves and the load generator tokenizes with
+        self.gguf = gguf  # the model's GGUF file, for llama-server; None when it has none
         self.llama_server = llama_server
         self.settings = settings
         self.run_dir = run_dir
@@ -493,7 +504,7 @@ class ServerPool:
                 "--port",
                 str(port),
                 "--model-path",
-                str(self.gguf),
+                str(self.model),
                 *self.settings.radixserve_args,
                 *extra,
             ]
@@ -528,8 +539,8 @@ class ServerPool:
         if self.llama is not None and self.llama_key == key:
             return self.llama
         self.stop_llama()
-        if self.llama_server is None:
-            raise RuntimeError("no llama-server binary")
+        if self.llama_server is None or self.gguf is None:
+            raise RuntimeError("no llama-server binary, or no GGUF file for it")
         port = free_port()
         threads = str(self.settings.threads)
         command = [
@@ -579,7 +590,7 @@ class ServerPool:
 
 
 def bench_serving_command(
-    job: Job, server: Server, settings: Settings, gguf: Path, out: Path
+    job: Job, server: Server, settings: Settings, model: Path, out: Path
 ) -> list[str]:
     backend = "sglang" if job.engine.startswith(report.RADIXSERVE) else "openai"
     command = [
@@ -591,7 +602,7 @@ def bench_serving_command(
         "--base-url",
         server.base_url,
         "--tokenizer",
-        str(gguf),
+        str(model),
         "--num-prompts",
         str(job.num_prompts),
         "--max-concurrency",
@@ -640,14 +651,14 @@ def bench_serving_command(
     return command
 
 
-def hf_command(job: Job, settings: Settings, gguf: Path, out: Path) -> list[str]:
+def hf_command(job: Job, settings: Settings, model: Path, out: Path) -> list[str]:
     dtype = "bfloat16" if job.engine == report.HF_BF16 else "float32"
     shape = job.random_shape()
     return [
         sys.executable,
         str(HF_RUNNER),
-        "--gguf",
-        str(gguf),
+        "--model",
+        str(model),
         "--dtype",
         dtype,
         "--concurrency",
@@ -706,10 +717,13 @@ def run_job(job: Job, pool: ServerPool, settings: Settings, timeout: float) -> r
     out.unlink(missing_ok=True)
     try:
         if job.engine in (report.HF_BF16, report.HF_FP32):
-            run_logged(hf_command(job, settings, pool.gguf, out), log, timeout)
+            # A GGUF through transformers' GGUF loader (a folder holding one has no config).
+            hf_model = pool.gguf or pool.model
+            run_logged(hf_command(job, settings, hf_model, out), log, timeout)
         else:
             server = _server_for(job, pool, settings)
-            run_logged(bench_serving_command(job, server, settings, pool.gguf, out), log, timeout)
+            command = bench_serving_command(job, server, settings, pool.model, out)
+            run_logged(command, log, timeout)
         result["metrics"] = summary_metrics(last_json_line(out), result)
     except (RuntimeError, OSError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
         result["error"] = str(exc).splitlines()[0]
@@ -836,7 +850,7 @@ OFFLINE_SHAPES = (("pp512", 512, 1), ("tg128", 1, 129))
 
 
 def run_radixserve_offline(
-    gguf: Path, settings: Settings, run_dir: Path
+    model: Path, settings: Settings, run_dir: Path
 ) -> tuple[dict[str, float], str | None]:
     """radixserve's bench_one_batch at batch 1 in llama-bench's shapes, right after llama-bench:
     {"pp512": prefill tok/s, "tg128": decode tok/s (every step, as llama-bench counts)}."""
@@ -845,7 +859,7 @@ def run_radixserve_offline(
         out = run_dir / f"radixserve-offline-{test}.jsonl"
         out.unlink(missing_ok=True)
         command = [
-            sys.executable, "-m", "radixserve.bench_one_batch", "--model-path", str(gguf),
+            sys.executable, "-m", "radixserve.bench_one_batch", "--model-path", str(model),
             *settings.radixserve_args, "--batch-size", "1", "--input-len", str(input_len),
             "--output-len", str(output_len), "--result-filename", str(out),
         ]  # fmt: skip
@@ -932,9 +946,9 @@ def git_revision() -> str:
 
 
 def machine_meta(
-    args: argparse.Namespace, settings: Settings, llama: LlamaCpp, gguf: Path
+    args: argparse.Namespace, settings: Settings, llama: LlamaCpp, model: Path
 ) -> list[tuple[str, str]]:
-    model, flags = cpu_info()
+    cpu_model, flags = cpu_info()
     present = [f for f in CPU_FLAGS_OF_INTEREST if f in flags]
     absent = [f for f in CPU_FLAGS_OF_INTEREST if f not in flags]
     memory = memory_total_gib()
@@ -948,7 +962,7 @@ def machine_meta(
     return [
         ("Date", dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")),
         ("Command", "`" + shlex.join(["benchmarks/compare.py", *sys.argv[1:]]) + "`"),
-        ("CPU", f"{model}, {os.cpu_count()} logical CPUs"),
+        ("CPU", f"{cpu_model}, {os.cpu_count()} logical CPUs"),
         ("CPU flags", f"has: {', '.join(present) or 'none'}; lacks: {', '.join(absent) or 'none'}"),
         ("Memory", "n/a" if memory is None else f"{memory:.0f} GiB"),
         ("Load average at start (1/5/15 min)", load_text(args.load_at_start)),
@@ -959,18 +973,31 @@ def machine_meta(
         ("llama.cpp", llama_text),
         ("llama.cpp build flags", info.get("cmake_flags", "n/a") if info else "n/a"),
         ("llama-server threads", str(settings.threads)),
-        ("Model", f"{gguf.name} ({gguf.stat().st_size / 2**20:.0f} MiB)"),
+        ("Model", model_text(model)),
     ]
+
+
+def model_text(model: Path) -> str:
+    """The model's name and size on disk (a folder's: all its files)."""
+    if not model.exists():  # not a local path (a hub id): the report must still be written
+        return str(model)
+    if model.is_dir():
+        size = sum(f.stat().st_size for f in model.rglob("*") if f.is_file())
+        return f"{model.name}/ (folder, {size / 2**20:.0f} MiB)"
+    return f"{model.name} ({model.stat().st_size / 2**20:.0f} MiB)"
 
 
 # ----------------------------------------------------------------------------- document
 
 
-def describe_settings(settings: Settings, llama_bench_cmd: Sequence[str] | None) -> dict[str, Any]:
+def describe_settings(
+    settings: Settings, llama_bench_cmd: Sequence[str] | None, notes: Sequence[str] = ()
+) -> dict[str, Any]:
     prompts = sorted({num_prompts_for(settings, c) for c in settings.concurrencies})
     gsp = settings.gsp
     return {
         "shapes": [list(shape) for shape in settings.shapes],
+        "notes": list(notes),
         "hf_batches": settings.hf_batches,
         "num_prompts_text": (
             f"{settings.num_prompts} prompts per run"
@@ -1020,11 +1047,38 @@ def default_gguf() -> Path:
     return Path(ensure_default_model())
 
 
+def gguf_file_of(model: Path) -> Path | None:
+    """The GGUF file llama.cpp would read for `model` (the file, or a folder's only .gguf), or
+    None: llama.cpp reads GGUF files only, radixserve and transformers read folders too."""
+    from radixserve.models.gguf import find_gguf_file
+
+    try:
+        return find_gguf_file(model)
+    except ValueError as exc:  # a folder of several GGUFs: radixserve refuses it as well
+        raise SystemExit(str(exc)) from None
+
+
+def skip_llama_cpp(model: Path, settings: Settings) -> tuple[Settings, str]:
+    """Settings without the llama.cpp engine, for a model llama.cpp cannot read, and the report's
+    note saying so; refuses when no engine is left."""
+    engines = [e for e in settings.engines if e != report.LLAMA_CPP]
+    if not engines:
+        raise SystemExit(
+            f"{model} is not a GGUF model, and llama.cpp (the only engine asked for) reads "
+            "GGUF files only"
+        )
+    note = (
+        f"llama.cpp skipped: {model.name} is not a GGUF model and llama.cpp reads GGUF files "
+        "only, so neither llama-server nor llama-bench ran; the other engines ran on it."
+    )
+    return dataclasses.replace(settings, engines=engines), note
+
+
 @contextlib.contextmanager
 def server_pool(
-    gguf: Path, llama: LlamaCpp, settings: Settings, run_dir: Path
+    model: Path, gguf: Path | None, llama: LlamaCpp, settings: Settings, run_dir: Path
 ) -> Iterator[ServerPool]:
-    pool = ServerPool(gguf, llama.server, settings, run_dir)
+    pool = ServerPool(model, gguf, llama.server, settings, run_dir)
     try:
         yield pool
     finally:
@@ -1055,30 +1109,37 @@ def run_all(
 def measure(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     """Build if needed, run llama-bench and every job; the record the document is made from."""
     load_at_start = load_average()  # before anything of ours loads the CPUs
-    gguf = Path(args.model_path) if args.model_path else default_gguf()
+    model = Path(args.model_path) if args.model_path else default_gguf()
+    gguf = gguf_file_of(model)
+    notes: list[str] = []
+    if gguf is None:
+        settings, note = skip_llama_cpp(model, settings)
+        notes.append(note)
+        print(note, flush=True)
     run_dir = args.run_dir or DEFAULT_CACHE / "runs" / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
-    print(f"model {gguf}\nraw results and logs: {run_dir}", flush=True)
+    print(f"model {model}\nraw results and logs: {run_dir}", flush=True)
 
     needs_llama = report.LLAMA_CPP in settings.engines or not args.skip_llama_bench
-    llama = ensure_llama_cpp(args, gguf) if needs_llama else LlamaCpp()
+    llama = ensure_llama_cpp(args, gguf) if needs_llama and gguf is not None else LlamaCpp()
     warnings: list[str] = []
     busy = busy_machine_warning(load_at_start, os.cpu_count() or 1)
     warnings += [busy] if busy else []
     bench_entries: list[dict[str, Any]] = []
     bench_cmd: list[str] | None = None
-    if llama.bench is not None and not args.skip_llama_bench:
+    if llama.bench is not None and gguf is not None and not args.skip_llama_bench:
         bench_cmd = llama_bench_command(llama.bench, gguf, settings.threads, settings.quick)
         print("llama-bench pp512 / tg128 ...", flush=True)
         bench_entries, problem = run_llama_bench(bench_cmd, run_dir)
         warnings += [problem] if problem else []
     offline: dict[str, float] = {}
-    if report.RADIXSERVE in settings.engines and not args.skip_llama_bench:
+    # The offline figures only mean something next to llama-bench's, so they go where it goes.
+    if report.RADIXSERVE in settings.engines and bench_cmd is not None:
         print("radixserve offline batch 1 in llama-bench's shapes ...", flush=True)
-        offline, problem = run_radixserve_offline(gguf, settings, run_dir)
+        offline, problem = run_radixserve_offline(model, settings, run_dir)
         warnings += [problem] if problem else []
 
-    with server_pool(gguf, llama, settings, run_dir) as pool:
+    with server_pool(model, gguf, llama, settings, run_dir) as pool:
         results = run_all(plan_jobs(settings), pool, settings, args.timeout)
         memory = list(pool.memory)
     if llama.info.get("notes"):
@@ -1087,8 +1148,8 @@ def measure(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         warnings += report.check_result(result)
     args.load_at_start = load_at_start
     record = {
-        "meta": machine_meta(args, settings, llama, gguf),
-        "settings": describe_settings(settings, bench_cmd),
+        "meta": machine_meta(args, settings, llama, model),
+        "settings": describe_settings(settings, bench_cmd, notes),
         "results": results,
         "llama_bench": bench_entries,
         "radixserve_offline": offline,

@@ -347,6 +347,8 @@ def render_document(
         "servers (SGLang's `bench_serving` generator: `radixserve.bench_serving`), engines run "
         "back to back for each workload, shape and concurrency so machine noise hits them alike.",
         "",
+        # Why an engine is missing (e.g. llama.cpp on a safetensors folder); old records have none.
+        *[f"**Note:** {note}\n" for note in settings.get("notes") or []],
         "## Machine and versions",
         "",
         key_value_table(meta),
@@ -417,7 +419,7 @@ def random_method_text(settings: dict[str, Any]) -> str:
         "Servers: continuous batching, `--max-concurrency` = concurrency, "
         f"{settings.get('num_prompts_text', '')}. HF transformers: "
         f"{settings.get('hf_batches', 1)} static batch(es) of `concurrency` prompts through "
-        "`model.generate` (greedy, min = max new tokens, weights dequantized from the GGUF); "
+        "`model.generate` (greedy, min = max new tokens, a GGUF's weights dequantized); "
         "its TTFT is the batch's prefill and its latency the batch's. torch's bfloat16 "
         "matmuls are slow fallbacks on CPUs without avx512_bf16/AMX, hence the float32 row."
     )

@@ -432,6 +432,87 @@ def test_plot_is_written(
     assert report.plot_throughput([], tmp_path / "none.png") is None
 
 
+def _safetensors_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "tiny-llama"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"\0" * 2048)
+    return folder
+
+
+def test_a_gguf_model_keeps_llama_cpp(compare: ModuleType, tmp_path: Path) -> None:
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert compare.gguf_file_of(gguf) == gguf
+    folder = tmp_path / "holds-one"
+    folder.mkdir()
+    (folder / "x.gguf").write_bytes(b"GGUF")
+    assert compare.gguf_file_of(folder) == folder / "x.gguf"  # radixserve serves such a folder
+
+
+def test_a_safetensors_folder_skips_llama_cpp_with_a_note(
+    compare: ModuleType, report: ModuleType, tmp_path: Path
+) -> None:
+    folder = _safetensors_folder(tmp_path)
+    assert compare.gguf_file_of(folder) is None
+    settings = compare.resolve_settings(compare.parse_arguments(["--quick"]))
+    kept, note = compare.skip_llama_cpp(folder, settings)
+    assert kept.engines == [report.RADIXSERVE, report.HF_BF16, report.HF_FP32]
+    assert "llama.cpp skipped" in note and "tiny-llama" in note
+    jobs = compare.plan_jobs(kept)
+    assert jobs and all(j.engine != report.LLAMA_CPP for j in jobs)
+    assert report.RADIXSERVE_NO_RADIX in {j.engine for j in jobs}  # shared prefix still runs
+    only_llama = compare.resolve_settings(compare.parse_arguments(["--engines", "llama.cpp"]))
+    with pytest.raises(SystemExit, match="reads GGUF files only"):
+        compare.skip_llama_cpp(folder, only_llama)
+    assert compare.model_text(folder).startswith("tiny-llama/ (folder, ")
+    doc = report.render_document([("CPU", "t")], [], {"notes": [note]}, [], [], [], None)
+    assert f"**Note:** {note}" in doc
+
+
+def test_measure_on_a_folder_runs_every_shape_without_llama_cpp(
+    compare: ModuleType, report: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """measure() end to end with the runs faked: no llama.cpp build or job, a note, shaped
+    results."""
+    folder = _safetensors_folder(tmp_path)
+
+    def no_build(*_: Any) -> None:
+        raise AssertionError("llama.cpp must not be built for a model it cannot read")
+
+    def fake_run(job: Any, pool: Any, settings: Any, timeout: float) -> dict[str, Any]:
+        assert pool.model == folder and pool.gguf is None
+        result = _result(job.engine, job.concurrency, 100, 10, workload=job.workload)
+        return {**result, "input_len": job.shape.input_len} if job.shape else result
+
+    monkeypatch.setattr(compare, "ensure_llama_cpp", no_build)
+    monkeypatch.setattr(compare, "run_job", fake_run)
+    argv = ["--quick", "--model-path", str(folder), "--run-dir", str(tmp_path / "run"),
+            "--workloads", "random", "--engines", "radixserve", "llama.cpp",
+            "--shapes", "32:8", "64:4"]  # fmt: skip
+    args = compare.parse_arguments(argv)
+    record = compare.measure(args, compare.resolve_settings(args))
+    assert {r["engine"] for r in record["results"]} == {report.RADIXSERVE}
+    assert [(r["input_len"], r["concurrency"]) for r in record["results"]] == [
+        (32, 1), (32, 8), (64, 1), (64, 8)
+    ]  # fmt: skip
+    assert record["settings"]["shapes"] == [[32, 8], [64, 4]]
+    assert "llama.cpp skipped" in record["settings"]["notes"][0]
+    assert record["llama_bench"] == [] and record["radixserve_offline"] == {}
+    written = json.loads((tmp_path / "run" / "record.json").read_text())
+    assert written["results"] == record["results"]
+
+
+def test_hf_runner_loads_a_gguf_or_a_folder(tmp_path: Path) -> None:
+    hf_static = _load("hf_static")
+    folder = _safetensors_folder(tmp_path)
+    assert hf_static.pretrained_source(folder) == (str(folder), {})
+    gguf = tmp_path / "m.gguf"
+    assert hf_static.pretrained_source(gguf) == (str(tmp_path), {"gguf_file": "m.gguf"})
+    old_flag = hf_static.parse_args(["--gguf", str(gguf)])
+    assert old_flag.model == str(gguf)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_build_script_prints_cached_binaries() -> None:
