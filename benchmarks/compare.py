@@ -14,7 +14,9 @@ free localhost ports, drives them with radixserve's SGLang-compatible load gener
 (benchmarks/hf_static.py), and writes docs/performance.md (tables, machine, versions, ratios)
 and docs/performance.png. For each workload, random shape (--shapes) and concurrency the engines
 run back to back, so machine noise hits them alike; each shape is a section of its own. Text
-after '## Notes' in an existing performance.md is kept.
+after '## Notes' in an existing performance.md is kept. --model-path takes a .gguf or a Hugging
+Face (safetensors) folder; llama.cpp reads GGUF files only, so on a folder it is skipped with a
+note in the report.
 
 The anchors (llama.cpp, transformers, matplotlib) are benchmark-only: see
 benchmarks/requirements-compare.txt; radixserve itself depends on none of them.
