@@ -15,7 +15,7 @@ from typing import Any
 
 from radixserve.lora.config import LoRAError, lora_config_from_args
 from radixserve.lora.registry import LoRARef, LoRARegistry
-from radixserve.managers.grammar_manager import make_grammar_backend
+from radixserve.managers.grammar_backend import make_grammar_backend
 from radixserve.managers.inprocess_runtime import InProcessRuntime
 from radixserve.managers.lora_scheduling import LoRAInUse
 from radixserve.managers.multiprocess_runtime import MultiProcessRuntime

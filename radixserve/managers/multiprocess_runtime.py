@@ -43,7 +43,6 @@ from radixserve.managers.dp_info import merge_replica_infos
 from radixserve.managers.process_utils import ipc_address
 from radixserve.managers.request_router import RequestRouter, RuntimeDeadError, Sink
 from radixserve.managers.scheduler_process import run_scheduler_process
-from radixserve.managers.tp_worker_process import run_tp_worker_process
 from radixserve.messages import (
     AbortReq,
     FlushCacheReq,
@@ -178,6 +177,10 @@ class MultiProcessRuntime:
             )
         ]
         if dist is not None:
+            # Imported only here: it imports torch, which an API process without TP ranks
+            # never needs (spawn pickles the target by name, so naming it imports it).
+            from radixserve.managers.tp_worker_process import run_tp_worker_process
+
             procs += [
                 self._rank_process(
                     spawn,

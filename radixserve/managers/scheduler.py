@@ -16,7 +16,8 @@ from radixserve.errors import InvalidRequestError
 from radixserve.managers.crash_dump import CrashDumper
 from radixserve.managers.decode_logger import DecodeLogger
 from radixserve.managers.finish_checker import FinishChecker
-from radixserve.managers.grammar_manager import GrammarManager, make_grammar_backend
+from radixserve.managers.grammar_backend import make_grammar_backend
+from radixserve.managers.grammar_manager import GrammarManager
 from radixserve.managers.kv_manager import KVManager
 from radixserve.managers.load_report import load_fields
 from radixserve.managers.lora_scheduling import LoRAScheduling
