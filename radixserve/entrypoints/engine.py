@@ -81,7 +81,8 @@ class Engine:
         elif runtime == "process":
             early = EarlyTokenizer(args)  # loads while the scheduler process loads the model
             self.runtime = MultiProcessRuntime(args)
-            self.tokenizer = early.get(self.runtime.ready.model_dir)
+            ready = self.runtime.ready
+            self.tokenizer = early.get(ready.model_dir, ready.tokenizer_class)
         else:
             raise ValueError(f"runtime must be 'process' or 'thread', not {runtime!r}")
         self.model_info = self.runtime.ready

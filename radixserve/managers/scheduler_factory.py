@@ -22,14 +22,36 @@ def tokenizer_path_for(server_args: ServerArgs, model_dir: str) -> str:
     return model_dir
 
 
-def load_tokenizer(server_args: ServerArgs, model_dir: str) -> Any | None:
-    """The tokenizer, or None with --skip-tokenizer-init."""
+def load_tokenizer(
+    server_args: ServerArgs, model_dir: str, *, light: bool = False, class_name: str | None = None
+) -> Any | None:
+    """The tokenizer, or None with --skip-tokenizer-init. `light` (the API and detokenizer
+    processes): loaded without AutoTokenizer, so without torch, with the class `class_name`
+    (the scheduler's AutoTokenizer's choice) or else the folder's declared one, where
+    utils/light_tokenizer.py can; AutoTokenizer otherwise."""
     if server_args.skip_tokenizer_init:
         return None
+    path = tokenizer_path_for(server_args, model_dir)
+    if light and server_args.tokenizer_mode == "auto":
+        from radixserve.utils.light_tokenizer import load_named_class, load_predicted
+        from radixserve.utils.tokenizer import tokenizer_source
+
+        try:
+            source = tokenizer_source(path)
+            tokenizer = (
+                load_predicted(source)
+                if class_name is None
+                else load_named_class(class_name, source)
+            )
+        except Exception as e:  # AutoTokenizer below says what is wrong, in its words
+            logger.debug("light tokenizer load of %s failed (%s); using AutoTokenizer", path, e)
+            tokenizer = None
+        if tokenizer is not None:
+            return tokenizer
     from radixserve.utils.tokenizer import get_tokenizer
 
     return get_tokenizer(
-        tokenizer_path_for(server_args, model_dir),
+        path,
         tokenizer_mode=server_args.tokenizer_mode,
         trust_remote_code=server_args.trust_remote_code,
         revision=server_args.revision,
@@ -39,8 +61,9 @@ def load_tokenizer(server_args: ServerArgs, model_dir: str) -> Any | None:
 class EarlyTokenizer:
     """The API process's tokenizer, loaded on a thread while the scheduler process loads the
     model (loading it after, the first import of transformers' tokenizer code made ~2.4 s of a
-    1B GGUF's ~7 s start-up). It is used only if it comes from the folder the scheduler
-    reports; otherwise (or if it failed) `get` loads it as before."""
+    1B GGUF's ~7 s start-up), without AutoTokenizer where it can (`load_tokenizer`'s light
+    path). It is used only if it comes from the folder the scheduler reports and is of the
+    class the scheduler's AutoTokenizer loaded; otherwise (or if it failed) `get` loads that."""
 
     def __init__(self, server_args: ServerArgs) -> None:
         import threading
@@ -58,20 +81,29 @@ class EarlyTokenizer:
         try:
             path = tokenizer_path_for(self._args, self._args.model_path)
             source = str(tokenizer_source(path))
-            self._result = (source, load_tokenizer(self._args, path))
+            self._result = (source, load_tokenizer(self._args, path, light=True))
         except Exception as e:  # any failure: the regular load after the scheduler is ready
             logger.debug("early tokenizer load failed (%s); loading it after the model", e)
 
-    def get(self, model_dir: str) -> Any | None:
-        """The tokenizer for the scheduler's `model_dir` (as load_tokenizer)."""
+    def get(self, model_dir: str, class_name: str | None = None) -> Any | None:
+        """The tokenizer for the scheduler's `model_dir`, of the class `class_name` that the
+        scheduler's AutoTokenizer chose (None: not known)."""
+        from radixserve.utils.light_tokenizer import tokenizer_class_name
         from radixserve.utils.tokenizer import tokenizer_source
 
         if self._thread is not None:
             self._thread.join()
         expected = tokenizer_path_for(self._args, model_dir)
         if self._result is not None and self._result[0] == str(tokenizer_source(expected)):
-            return self._result[1]
-        return load_tokenizer(self._args, model_dir)
+            tokenizer = self._result[1]
+            if class_name is None or tokenizer_class_name(tokenizer) == class_name:
+                return tokenizer
+            logger.info(
+                "The tokenizer class %s was predicted, AutoTokenizer chose %s: loading that",
+                tokenizer_class_name(tokenizer),
+                class_name,
+            )
+        return load_tokenizer(self._args, model_dir, light=True, class_name=class_name)
 
 
 def build_scheduler(server_args: ServerArgs) -> tuple[Scheduler, Any | None, SchedulerReady]:
@@ -79,6 +111,7 @@ def build_scheduler(server_args: ServerArgs) -> tuple[Scheduler, Any | None, Sch
     from radixserve.managers.light_detokenizer import light_decoder_source
     from radixserve.managers.scheduler import Scheduler
     from radixserve.model_executor.model_runner import ModelRunner
+    from radixserve.utils.light_tokenizer import tokenizer_class_name
 
     runner = ModelRunner(server_args)
     tokenizer = load_tokenizer(server_args, str(runner.model_dir))
@@ -92,5 +125,6 @@ def build_scheduler(server_args: ServerArgs) -> tuple[Scheduler, Any | None, Sch
         max_running_requests=runner.plan.max_running_requests,
         architectures=tuple(cfg.architectures),
         light_decoder=light_decoder_source(tokenizer) if tokenizer is not None else None,
+        tokenizer_class=tokenizer_class_name(tokenizer) if tokenizer is not None else None,
     )
     return scheduler, tokenizer, ready

@@ -21,7 +21,7 @@ def _args(model: Path, **kwargs: Any) -> ServerArgs:
 def loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
 
-    def fake_load(server_args: ServerArgs, model_dir: str) -> object:
+    def fake_load(server_args: ServerArgs, model_dir: str, **_: Any) -> object:
         seen.append(model_dir)
         return ("tokenizer of", model_dir)
 
@@ -48,7 +48,7 @@ def test_another_folder_is_loaded_after(tmp_path: Path, loads: list[str]) -> Non
 def test_a_failed_early_load_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
 
-    def flaky(server_args: ServerArgs, model_dir: str) -> object:
+    def flaky(server_args: ServerArgs, model_dir: str, **_: Any) -> object:
         calls.append(model_dir)
         if len(calls) == 1:
             raise OSError("not there yet")
