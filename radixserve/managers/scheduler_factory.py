@@ -25,37 +25,54 @@ def tokenizer_path_for(server_args: ServerArgs, model_dir: str) -> str:
 def load_tokenizer(
     server_args: ServerArgs, model_dir: str, *, light: bool = False, class_name: str | None = None
 ) -> Any | None:
-    """The tokenizer, or None with --skip-tokenizer-init. `light` (the API and detokenizer
-    processes): loaded without AutoTokenizer, so without torch, with the class `class_name`
-    (the scheduler's AutoTokenizer's choice) or else the folder's declared one, where
-    utils/light_tokenizer.py can; AutoTokenizer otherwise."""
+    """The tokenizer, or None with --skip-tokenizer-init.
+
+    AutoTokenizer's, or the class AutoTokenizer chose for this folder at an earlier start
+    (utils/light_tokenizer.py), loaded without AutoTokenizer: its auto modules import torch,
+    and ~1 s of transformers' configuration code. `light` (the API and detokenizer processes,
+    which must not import torch): the class `class_name` (the scheduler's AutoTokenizer's
+    choice), else the remembered one, else the one the folder declares, where it can be told;
+    AutoTokenizer only where none of these loads."""
     if server_args.skip_tokenizer_init:
         return None
     path = tokenizer_path_for(server_args, model_dir)
-    if light and server_args.tokenizer_mode == "auto":
-        from radixserve.utils.light_tokenizer import load_named_class, load_predicted
-        from radixserve.utils.tokenizer import tokenizer_source
-
-        try:
-            source = tokenizer_source(path)
-            tokenizer = (
-                load_predicted(source)
-                if class_name is None
-                else load_named_class(class_name, source)
-            )
-        except Exception as e:  # AutoTokenizer below says what is wrong, in its words
-            logger.debug("light tokenizer load of %s failed (%s); using AutoTokenizer", path, e)
-            tokenizer = None
+    plain = server_args.tokenizer_mode == "auto" and server_args.revision is None
+    if plain:
+        tokenizer = _load_without_auto_tokenizer(path, light, class_name)
         if tokenizer is not None:
             return tokenizer
-    from radixserve.utils.tokenizer import get_tokenizer
+    from radixserve.utils.tokenizer import get_tokenizer, tokenizer_source
 
-    return get_tokenizer(
+    tokenizer = get_tokenizer(
         path,
         tokenizer_mode=server_args.tokenizer_mode,
         trust_remote_code=server_args.trust_remote_code,
         revision=server_args.revision,
     )
+    if plain and class_name is None:
+        from radixserve.utils.light_tokenizer import remember_class
+
+        remember_class(tokenizer_source(path), tokenizer)
+    return tokenizer
+
+
+def _load_without_auto_tokenizer(path: str, light: bool, class_name: str | None) -> Any | None:
+    from radixserve.utils.light_tokenizer import (
+        load_named_class,
+        load_predicted,
+        remembered_class,
+    )
+    from radixserve.utils.tokenizer import tokenizer_source
+
+    try:
+        source = tokenizer_source(path)
+        chosen = class_name or remembered_class(source)
+        if chosen is not None:
+            return load_named_class(chosen, source)
+        return load_predicted(source) if light else None
+    except Exception as e:  # AutoTokenizer, next, says what is wrong in its own words
+        logger.debug("loading the tokenizer of %s by class failed (%s)", path, e)
+        return None
 
 
 class EarlyTokenizer:

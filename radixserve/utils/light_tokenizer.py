@@ -12,6 +12,11 @@ is checked: the scheduler process loads the tokenizer with AutoTokenizer and rep
 (`tokenizer_class_name`); when that differs, the API process loads that class instead
 (`load_named_class`), still without AutoTokenizer, as long as it is one of transformers' own.
 Either way the class is then called as AutoTokenizer calls it: `cls.from_pretrained(folder)`.
+
+AutoTokenizer's choice is also remembered per folder (`remember_class`, a start-up record
+named by a hash of what the choice depends on: the folder's tokenizer_config.json and
+config.json bytes, its file names, tokenizer.json's size and time, and the transformers and
+tokenizers versions), so later starts of the scheduler load that class directly too.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 _TRANSFORMERS = "transformers."
+KIND = "tokenizer-class"
+FORMAT = "1"
 
 
 def tokenizer_class_name(tokenizer: Any) -> str:
@@ -97,3 +104,46 @@ def load_predicted(folder: str | os.PathLike[str]) -> Any | None:
     if cls is None:
         return None
     return cls.from_pretrained(os.fspath(folder))
+
+
+def _choice_key(folder: Path) -> str | None:
+    from radixserve.utils.startup_cache import key_of, package_version
+
+    try:
+        names = sorted(p.name for p in folder.iterdir())
+        parts: list[str | bytes] = [FORMAT, str(folder.resolve()), "\0".join(names)]
+        for name in ("tokenizer_config.json", "config.json"):
+            path = folder / name
+            parts.append(path.read_bytes() if path.is_file() else b"")
+        # Only its ByteLevel-ness matters (see _byte_level): size and time stand for it.
+        tokenizer_json = folder / "tokenizer.json"
+        if tokenizer_json.is_file():
+            stat = tokenizer_json.stat()
+            parts.append(f"{stat.st_size}:{stat.st_mtime_ns}")
+    except OSError:
+        return None
+    parts += [package_version("transformers"), package_version("tokenizers")]
+    return key_of(parts)
+
+
+def remembered_class(folder: str | os.PathLike[str]) -> str | None:
+    """The class AutoTokenizer chose for the local `folder` at an earlier start, if any."""
+    from radixserve.utils.startup_cache import read_record
+
+    path = Path(folder)
+    key = _choice_key(path) if path.is_dir() else None
+    record = read_record(KIND, key) if key is not None else None
+    name = record.get("class") if record is not None else None
+    return name if isinstance(name, str) and name.startswith(_TRANSFORMERS) else None
+
+
+def remember_class(folder: str | os.PathLike[str], tokenizer: Any) -> None:
+    """Remember the class of `tokenizer`, which AutoTokenizer loaded from the local `folder`
+    (one of transformers' own classes only: remote code is never loaded by name)."""
+    from radixserve.utils.startup_cache import write_record
+
+    path = Path(folder)
+    name = tokenizer_class_name(tokenizer)
+    key = _choice_key(path) if path.is_dir() and name.startswith(_TRANSFORMERS) else None
+    if key is not None:
+        write_record(KIND, key, {"class": name})

@@ -15,6 +15,7 @@ from radixserve.server_args import ServerArgs
 from radixserve.utils.light_tokenizer import (
     load_named_class,
     predicted_class,
+    remembered_class,
     tokenizer_class_name,
 )
 from radixserve.utils.tokenizer import tokenizer_source
@@ -147,3 +148,33 @@ def test_folders_outside_the_plain_case_get_no_prediction(
 def test_only_transformers_classes_are_loaded_by_name(default_folder: Path) -> None:
     assert load_named_class("transformers_modules.custom:CustomTokenizer", default_folder) is None
     assert load_named_class("os:path", default_folder) is None
+
+
+def test_autotokenizers_choice_is_remembered(
+    default_folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler's first start asks AutoTokenizer; later starts load the class it chose
+    directly, until the folder's tokenizer files change."""
+    from radixserve.utils import tokenizer as tokenizer_module
+    from radixserve.utils.cache_dir import CACHE_DIR_ENV
+
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
+    folder = _declaring(tmp_path, default_folder, "GPT2Tokenizer")
+    calls: list[str] = []
+    auto_load = tokenizer_module.get_tokenizer
+
+    def counting(path: Any, **kwargs: Any) -> Any:
+        calls.append(str(path))
+        return auto_load(path, **kwargs)
+
+    monkeypatch.setattr(tokenizer_module, "get_tokenizer", counting)
+    args = ServerArgs.from_kwargs(model_path=str(folder))
+    first = load_tokenizer(args, str(folder))
+    assert len(calls) == 1 and remembered_class(folder) == tokenizer_class_name(first)
+    _assert_same(load_tokenizer(args, str(folder)), first)
+    assert len(calls) == 1
+    config_file = folder / "tokenizer_config.json"
+    config_file.write_text(config_file.read_text().replace("GPT2Tokenizer", "TokenizersBackend"))
+    assert remembered_class(folder) is None
+    assert type(load_tokenizer(args, str(folder))).__name__ == "TokenizersBackend"
+    assert len(calls) == 2
