@@ -24,6 +24,7 @@ from torch import nn
 from radixserve.kernels import ops
 from radixserve.kernels.build import load_extension
 from radixserve.kernels.gguf_types import row_weights
+from radixserve.layers.remembered_timing import remembered_figures
 from radixserve.layers.timing import interleaved_medians
 
 logger = logging.getLogger(__name__)
@@ -66,11 +67,12 @@ def choose_kquant_paths(model: nn.Module, linears: tuple[type, ...], enabled: bo
         small, min_rows, reason = True, PANEL_MIN_ROWS, f"{KQUANT_INT8_ENV}=1"
     else:
         largest = max(parts, key=lambda p: p.blocks.numel())
-        gain = _small_batch_int8_gain(ext, largest)
+        figures, note = remembered_figures(
+            "kquant-paths", ext, _timing_inputs(largest), lambda: _measure(ext, largest)
+        )
+        gain, min_rows = figures["int8_gain"], int(figures["panel_min_rows"])
         small = gain >= KQUANT_INT8_MIN_GAIN
-        ext.set_kquant_int8(small)
-        min_rows = _panel_min_rows(ext, largest)
-        reason = f"int8 measured {gain:.2f}x the int16 kernels' speed at 1-3 rows"
+        reason = f"int8 measured {gain:.2f}x the int16 kernels' speed at 1-3 rows; {note}"
     ext.set_kquant_int8(small)
     ext.set_q8k_panel_min_rows(min_rows)
     few = "int8 activations per 256 (Q8_K, as llama.cpp)" if small else "int16 activations"
@@ -81,6 +83,21 @@ def choose_kquant_paths(model: nn.Module, linears: tuple[type, ...], enabled: bo
     )
     logger.info("GGUF K-quants: %s for a few rows (%s), %s", few, reason, many)
     return small
+
+
+def _timing_inputs(weight: object) -> list[str]:
+    """What the figures of _measure depend on besides the kernel build and thread count."""
+    shape = "x".join(str(d) for d in weight.blocks.shape)
+    constants = f"{KQUANT_INT8_MIN_GAIN}|{PANEL_MIN_ROWS}|{PANEL_AFTER_SMALL_BATCHES}"
+    return [str(weight.qtype), shape, str(PANEL_PROBE_COLUMNS), constants]
+
+
+def _measure(ext: object, weight: object) -> dict[str, float]:
+    """The int8 per-row kernels' gain, then (with them chosen or not, as they will run) from
+    how many rows the panel GEMM wins."""
+    gain = _small_batch_int8_gain(ext, weight)
+    ext.set_kquant_int8(gain >= KQUANT_INT8_MIN_GAIN)
+    return {"int8_gain": gain, "panel_min_rows": _panel_min_rows(ext, weight)}
 
 
 def _small_batch_int8_gain(ext: object, weight: object, rounds: int = 5) -> float:
