@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from radixserve.utils.background import wait_for_start_up_work
 from radixserve.utils.cpu_pressure import StallMeter
 from radixserve.utils.startup_cache import key_of, read_record, write_record
 
@@ -43,7 +42,6 @@ def remembered_figures(
     figures = record.get("figures") if record is not None else None
     if isinstance(figures, dict) and all(isinstance(v, int | float) for v in figures.values()):
         return dict(figures), "remembered from an earlier start"
-    wait_for_start_up_work()  # a tokenizer loading beside the model would skew the timing
     meter = StallMeter().start()
     figures = measure()
     stalled = meter.share()

@@ -76,25 +76,21 @@ def _load_without_auto_tokenizer(path: str, light: bool, class_name: str | None)
 
 
 class EarlyTokenizer:
-    """A tokenizer loaded on a thread while the model loads, used only if it comes from the
-    folder the model load resolves to (`get`; otherwise, or if it failed, `get` loads that).
+    """The API process's tokenizer, loaded on a thread while the scheduler process loads the
+    model (loading it after, the first import of transformers' tokenizer code made ~2.4 s of a
+    1B GGUF's ~7 s start-up), without AutoTokenizer where it can (`load_tokenizer`'s light
+    path). It is used only if it comes from the folder the scheduler reports and is of the
+    class the scheduler's AutoTokenizer loaded; otherwise (or if it failed) `get` loads that."""
 
-    The API process's (`light`, the default) loads while the scheduler process loads the model
-    (loading it after, the first import of transformers' tokenizer code made ~2.4 s of a 1B
-    GGUF's ~7 s start-up) and is kept only if of the class the scheduler's AutoTokenizer
-    loaded. The scheduler's own (not light: AutoTokenizer's choice) loads while its model does:
-    importing transformers' tokenizer code is ~0.7-1 s of a warm start. Kernel timings wait for
-    it (utils/background.py)."""
-
-    def __init__(self, server_args: ServerArgs, light: bool = True) -> None:
-        from radixserve.utils.background import start_thread
+    def __init__(self, server_args: ServerArgs) -> None:
+        import threading
 
         self._args = server_args
-        self._light = light
         self._result: tuple[str, Any] | None = None
-        self._thread = None
+        self._thread: threading.Thread | None = None
         if not server_args.skip_tokenizer_init:
-            self._thread = start_thread(self._load, "early-tokenizer")
+            self._thread = threading.Thread(target=self._load, name="early-tokenizer", daemon=True)
+            self._thread.start()
 
     def _load(self) -> None:
         from radixserve.utils.tokenizer import tokenizer_source
@@ -102,7 +98,7 @@ class EarlyTokenizer:
         try:
             path = tokenizer_path_for(self._args, self._args.model_path)
             source = str(tokenizer_source(path))
-            self._result = (source, load_tokenizer(self._args, path, light=self._light))
+            self._result = (source, load_tokenizer(self._args, path, light=True))
         except Exception as e:  # any failure: the regular load after the scheduler is ready
             logger.debug("early tokenizer load failed (%s); loading it after the model", e)
 
@@ -124,7 +120,7 @@ class EarlyTokenizer:
                 tokenizer_class_name(tokenizer),
                 class_name,
             )
-        return load_tokenizer(self._args, model_dir, light=self._light, class_name=class_name)
+        return load_tokenizer(self._args, model_dir, light=True, class_name=class_name)
 
 
 def build_scheduler(server_args: ServerArgs) -> tuple[Scheduler, Any | None, SchedulerReady]:
@@ -134,9 +130,8 @@ def build_scheduler(server_args: ServerArgs) -> tuple[Scheduler, Any | None, Sch
     from radixserve.model_executor.model_runner import ModelRunner
     from radixserve.utils.light_tokenizer import tokenizer_class_name
 
-    early = EarlyTokenizer(server_args, light=False)
     runner = ModelRunner(server_args)
-    tokenizer = early.get(str(runner.model_dir))
+    tokenizer = load_tokenizer(server_args, str(runner.model_dir))
     scheduler = Scheduler(server_args, runner, tokenizer)
     cfg = runner.model_config
     ready = SchedulerReady(

@@ -86,23 +86,3 @@ def test_another_class_than_autotokenizers_is_reloaded(
     assert isinstance(early.get(str(tmp_path), predicted), Predicted)  # the same class: kept
     assert early.get(str(tmp_path), "transformers.x:Other") == "the scheduler's class"
     assert calls == [{"light": True}, {"light": True, "class_name": "transformers.x:Other"}]
-
-
-def test_the_schedulers_early_load_is_autotokenizers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The scheduler's tokenizer loads beside its model, not light (AutoTokenizer or the class it
-    chose before), and the fallback load is not light either."""
-    calls: list[dict[str, Any]] = []
-
-    def fake_load(server_args: ServerArgs, model_dir: str, **kwargs: Any) -> object:
-        calls.append(kwargs)
-        return model_dir
-
-    monkeypatch.setattr(scheduler_factory, "load_tokenizer", fake_load)
-    early = scheduler_factory.EarlyTokenizer(_args(tmp_path), light=False)
-    assert early.get(str(tmp_path)) == str(tmp_path)
-    other = tmp_path / "other"
-    other.mkdir()
-    assert early.get(str(other)) == str(other)
-    assert calls == [{"light": False}, {"light": False, "class_name": None}]

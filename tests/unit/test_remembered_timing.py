@@ -84,28 +84,3 @@ def test_the_stall_meter_reads_the_pressure_file(tmp_path: Path) -> None:
     share = meter.share()
     assert share is not None and share > 1.0  # a second of stall within microseconds
     assert StallMeter(tmp_path / "absent").start().share() is None
-
-
-def test_timing_waits_for_start_up_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A tokenizer loading on a thread beside the model finishes before a kernel is timed."""
-    import threading
-
-    from radixserve.utils.background import start_thread
-
-    _quiet(monkeypatch, 0.0)
-    release = threading.Event()
-    done: list[str] = []
-
-    def work() -> None:
-        release.wait(5)
-        done.append("work")
-
-    start_thread(work, "test-work")
-
-    def measure() -> dict[str, float]:
-        done.append("timing")
-        return {"gain": 1.0}
-
-    threading.Timer(0.05, release.set).start()
-    remembered_timing.remembered_figures("k", _Ext(), ["wait"], measure)
-    assert done == ["work", "timing"]
