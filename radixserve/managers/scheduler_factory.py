@@ -36,7 +36,7 @@ def load_tokenizer(
     if server_args.skip_tokenizer_init:
         return None
     path = tokenizer_path_for(server_args, model_dir)
-    plain = server_args.tokenizer_mode == "auto" and server_args.revision is None
+    plain = _plain(server_args)
     if plain:
         tokenizer = _load_without_auto_tokenizer(path, light, class_name)
         if tokenizer is not None:
@@ -123,15 +123,19 @@ class EarlyTokenizer:
         return load_tokenizer(self._args, model_dir, light=True, class_name=class_name)
 
 
-def build_scheduler(server_args: ServerArgs) -> tuple[Scheduler, Any | None, SchedulerReady]:
-    """Load the model and make a scheduler; also what the API side needs to know about it."""
-    from radixserve.managers.light_detokenizer import light_decoder_source
+def build_scheduler(
+    server_args: ServerArgs, decode_only_tokenizer: bool = False
+) -> tuple[Scheduler, Any | None, SchedulerReady]:
+    """Load the model and make a scheduler; also what the API side needs to know about it.
+    `decode_only_tokenizer` (the scheduler process): the tokenizer may be the decode-only one
+    remembered from an earlier start (managers/scheduler_tokenizer.py)."""
     from radixserve.managers.scheduler import Scheduler
     from radixserve.model_executor.model_runner import ModelRunner
-    from radixserve.utils.light_tokenizer import tokenizer_class_name
 
     runner = ModelRunner(server_args)
-    tokenizer = load_tokenizer(server_args, str(runner.model_dir))
+    tokenizer, light_decoder, class_name = _scheduler_tokenizer(
+        server_args, str(runner.model_dir), decode_only_tokenizer
+    )
     scheduler = Scheduler(server_args, runner, tokenizer)
     cfg = runner.model_config
     ready = SchedulerReady(
@@ -141,7 +145,38 @@ def build_scheduler(server_args: ServerArgs) -> tuple[Scheduler, Any | None, Sch
         max_total_tokens=runner.plan.max_total_tokens,
         max_running_requests=runner.plan.max_running_requests,
         architectures=tuple(cfg.architectures),
-        light_decoder=light_decoder_source(tokenizer) if tokenizer is not None else None,
-        tokenizer_class=tokenizer_class_name(tokenizer) if tokenizer is not None else None,
+        light_decoder=light_decoder,
+        tokenizer_class=class_name,
     )
     return scheduler, tokenizer, ready
+
+
+def _scheduler_tokenizer(
+    server_args: ServerArgs, model_dir: str, decode_only: bool
+) -> tuple[Any | None, str | None, str | None]:
+    """(the scheduler's tokenizer, its checked decode-only decoder, AutoTokenizer's class)."""
+    from radixserve.managers import scheduler_tokenizer
+    from radixserve.managers.light_detokenizer import light_decoder_source
+    from radixserve.utils.light_tokenizer import tokenizer_class_name
+    from radixserve.utils.tokenizer import tokenizer_source
+
+    if server_args.skip_tokenizer_init:
+        return None, None, None
+    plain = decode_only and _plain(server_args)
+    source = tokenizer_source(tokenizer_path_for(server_args, model_dir)) if plain else None
+    if source is not None:
+        remembered = scheduler_tokenizer.remembered(
+            source, lambda: load_tokenizer(server_args, model_dir)
+        )
+        if remembered is not None:
+            return remembered, remembered.light_decoder_source, remembered.class_name
+    tokenizer = load_tokenizer(server_args, model_dir)
+    light_decoder = light_decoder_source(tokenizer)
+    if source is not None and light_decoder is not None:
+        scheduler_tokenizer.remember(source, tokenizer, light_decoder)
+    return tokenizer, light_decoder, tokenizer_class_name(tokenizer)
+
+
+def _plain(server_args: ServerArgs) -> bool:
+    """A tokenizer AutoTokenizer loads by its defaults (what remembered choices apply to)."""
+    return server_args.tokenizer_mode == "auto" and server_args.revision is None

@@ -106,7 +106,7 @@ def load_predicted(folder: str | os.PathLike[str]) -> Any | None:
     return cls.from_pretrained(os.fspath(folder))
 
 
-def _choice_key(folder: Path) -> str | None:
+def choice_key(folder: Path) -> str | None:
     from radixserve.utils.startup_cache import key_of, package_version
 
     try:
@@ -131,7 +131,7 @@ def remembered_class(folder: str | os.PathLike[str]) -> str | None:
     from radixserve.utils.startup_cache import read_record
 
     path = Path(folder)
-    key = _choice_key(path) if path.is_dir() else None
+    key = choice_key(path) if path.is_dir() else None
     record = read_record(KIND, key) if key is not None else None
     name = record.get("class") if record is not None else None
     return name if isinstance(name, str) and name.startswith(_TRANSFORMERS) else None
@@ -144,6 +144,6 @@ def remember_class(folder: str | os.PathLike[str], tokenizer: Any) -> None:
 
     path = Path(folder)
     name = tokenizer_class_name(tokenizer)
-    key = _choice_key(path) if path.is_dir() and name.startswith(_TRANSFORMERS) else None
+    key = choice_key(path) if path.is_dir() and name.startswith(_TRANSFORMERS) else None
     if key is not None:
         write_record(KIND, key, {"class": name})
