@@ -5,6 +5,7 @@ logged. Apart from the HTTP modules, so the engine can start before they are imp
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from radixserve.entrypoints.http_config import HttpConfig
@@ -12,8 +13,9 @@ from radixserve.entrypoints.http_config import HttpConfig
 logger = logging.getLogger(__name__)
 
 
-def start_engine(server_args: Any) -> Any:
-    """The Engine for `server_args`; SystemExit(1), its reason logged, when it fails."""
+def start_engine(server_args: Any, on_spawned: Callable[[], None] | None = None) -> Any:
+    """The Engine for `server_args`; SystemExit(1), its reason logged, when it fails.
+    `on_spawned` runs once its processes are started (Engine's argument)."""
     config = HttpConfig.from_server_args(server_args)  # bad HTTP options fail before any spawn
     if not logging.getLogger().handlers:
         logging.basicConfig(
@@ -25,7 +27,7 @@ def start_engine(server_args: Any) -> Any:
     try:
         from radixserve.entrypoints.engine import Engine
 
-        return Engine(server_args)
+        return Engine(server_args, on_spawned=on_spawned)
     except EngineStartupError as exc:  # the scheduler already logged why: no traceback here
         logger.error("%s", exc)
         raise SystemExit(1) from None

@@ -3,8 +3,9 @@
 The scheduler process's start (torch, the model) is the longest path to a ready server, and it
 cannot begin before this process spawns it. Importing the HTTP stack first (FastAPI, uvicorn,
 pydantic, the routes: ~0.35 s on a quiet 2-core machine) delayed the spawn by that much, so it
-is imported on a thread while the Engine spawns its processes and waits for the model;
-imports hold the GIL, but the waiting main thread does not need it.
+is imported on a thread, started once the Engine has spawned its processes (before, it
+delayed the spawn: it shares this process's GIL), at a lower CPU priority (the scheduler's
+start comes first on the cores), while the main thread waits for the model.
 """
 
 from __future__ import annotations
@@ -35,24 +36,35 @@ def missing_http_stack() -> str | None:
 
 
 class _BackgroundImport:
-    """A module imported on a daemon thread; `module()` waits for it (and re-raises what the
-    import raised)."""
+    """A module imported on a daemon thread from `start()`; `module()` waits for it (and
+    re-raises what the import raised), importing it there if it was never started."""
 
     def __init__(self, name: str) -> None:
         self._name = name
         self._module: ModuleType | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="import-http", daemon=True)
+
+    def start(self) -> None:
         self._thread.start()
 
     def _run(self) -> None:
+        from radixserve.utils.cpu_threads import yield_cpu_to_the_model
+
+        yield_cpu_to_the_model()  # this thread's priority only
+        self._import()
+
+    def _import(self) -> None:
         try:
             self._module = importlib.import_module(self._name)
         except BaseException as exc:  # handed to the thread that waits
             self._error = exc
 
     def module(self) -> ModuleType:
-        self._thread.join()
+        if self._thread.ident is None:  # never started: import here
+            self._import()
+        else:
+            self._thread.join()
         if self._error is not None:
             raise self._error
         assert self._module is not None
@@ -65,7 +77,7 @@ def launch_server(server_args: Any) -> None:
     from radixserve.entrypoints.engine_start import start_engine
 
     http = _BackgroundImport(HTTP_SERVER)
-    engine = start_engine(server_args)
+    engine = start_engine(server_args, on_spawned=http.start)
     try:
         http_server = http.module()
     except Exception as exc:

@@ -82,8 +82,14 @@ def rank_label(server_args: ServerArgs, rank: int) -> str:
 
 class MultiProcessRuntime:
     def __init__(
-        self, server_args: ServerArgs, on_death: Callable[[str], None] | None = None
+        self,
+        server_args: ServerArgs,
+        on_death: Callable[[str], None] | None = None,
+        on_spawned: Callable[[], None] | None = None,
     ) -> None:
+        """`on_spawned` runs once the processes are started, before waiting for the model: the
+        caller's own start-up work (a tokenizer, the HTTP stack) begins then, not before the
+        spawn it would otherwise delay (it competes for this process's GIL)."""
         if server_args.node_rank > 0:
             # Such a node has no scheduler to talk to: `radixserve serve` runs its ranks.
             raise EngineStartupError(
@@ -148,6 +154,8 @@ class MultiProcessRuntime:
             )
         for proc in self.processes:
             proc.start()
+        if on_spawned is not None:
+            on_spawned()
         try:
             self.readies = self._wait_ready()
         except BaseException:

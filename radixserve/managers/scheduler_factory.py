@@ -82,19 +82,28 @@ class EarlyTokenizer:
     path). It is used only if it comes from the folder the scheduler reports and is of the
     class the scheduler's AutoTokenizer loaded; otherwise (or if it failed) `get` loads that."""
 
-    def __init__(self, server_args: ServerArgs) -> None:
+    def __init__(self, server_args: ServerArgs, start: bool = True) -> None:
         import threading
 
         self._args = server_args
         self._result: tuple[str, Any] | None = None
         self._thread: threading.Thread | None = None
-        if not server_args.skip_tokenizer_init:
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Begin loading on a thread (once; nothing with --skip-tokenizer-init)."""
+        import threading
+
+        if self._thread is None and not self._args.skip_tokenizer_init:
             self._thread = threading.Thread(target=self._load, name="early-tokenizer", daemon=True)
             self._thread.start()
 
     def _load(self) -> None:
+        from radixserve.utils.cpu_threads import yield_cpu_to_the_model
         from radixserve.utils.tokenizer import tokenizer_source
 
+        yield_cpu_to_the_model()
         try:
             path = tokenizer_path_for(self._args, self._args.model_path)
             source = str(tokenizer_source(path))

@@ -26,16 +26,23 @@ def test_the_engine_starts_then_is_served(monkeypatch: pytest.MonkeyPatch) -> No
     fake_http = types.ModuleType(launch.HTTP_SERVER)
     fake_http.serve = lambda e, args: served.append((e, args))  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, launch.HTTP_SERVER, fake_http)
-    monkeypatch.setattr(engine_start, "start_engine", lambda args: engine)
+    order: list[str] = []
+
+    def start_engine(args: Any, on_spawned: Any) -> _Engine:
+        order.append("spawned")
+        on_spawned()  # the HTTP stack's import begins once the processes are started
+        return engine
+
+    monkeypatch.setattr(engine_start, "start_engine", start_engine)
     launch.launch_server("the args")
-    assert served == [(engine, "the args")]
+    assert served == [(engine, "the args")] and order == ["spawned"]
     assert not engine.shut
 
 
 def test_a_broken_http_stack_stops_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     engine = _Engine()
     monkeypatch.setitem(sys.modules, launch.HTTP_SERVER, None)  # its import raises
-    monkeypatch.setattr(engine_start, "start_engine", lambda args: engine)
+    monkeypatch.setattr(engine_start, "start_engine", lambda args, on_spawned: engine)
     with pytest.raises(SystemExit) as info:
         launch.launch_server("the args")
     assert info.value.code == 1 and engine.shut
