@@ -124,6 +124,16 @@ def _lifespan(ctx: ServingContext) -> Any:
     return lifespan
 
 
+def prepare() -> None:
+    """Build the routers once (and throw them away): their OpenAPI body schemas are cached, so
+    `create_app`, which waits on the model, no longer computes them (entrypoints/launch.py calls
+    this while the model loads)."""
+    native_api.build_router()
+    control_api.build_router()
+    openai_routes.build_router()
+    lora_api.build_router()
+
+
 def create_app(engine: Any, server_args: Any) -> FastAPI:
     """The app for `engine`; raises ValueError naming the option when the settings are bad."""
     config = HttpConfig.from_server_args(server_args)

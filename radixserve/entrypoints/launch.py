@@ -56,7 +56,11 @@ class _BackgroundImport:
 
     def _import(self) -> None:
         try:
-            self._module = importlib.import_module(self._name)
+            module = importlib.import_module(self._name)
+            prepare = getattr(module, "prepare", None)
+            if callable(prepare):  # work the module can do before the engine is up
+                prepare()
+            self._module = module
         except BaseException as exc:  # handed to the thread that waits
             self._error = exc
 

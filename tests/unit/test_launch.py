@@ -27,6 +27,7 @@ def test_the_engine_starts_then_is_served(monkeypatch: pytest.MonkeyPatch) -> No
     fake_http.serve = lambda e, args: served.append((e, args))  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, launch.HTTP_SERVER, fake_http)
     order: list[str] = []
+    fake_http.prepare = lambda: order.append("prepared")  # type: ignore[attr-defined]
 
     def start_engine(args: Any, on_spawned: Any) -> _Engine:
         order.append("spawned")
@@ -35,7 +36,7 @@ def test_the_engine_starts_then_is_served(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(engine_start, "start_engine", start_engine)
     launch.launch_server("the args")
-    assert served == [(engine, "the args")] and order == ["spawned"]
+    assert served == [(engine, "the args")] and order == ["spawned", "prepared"]
     assert not engine.shut
 
 
