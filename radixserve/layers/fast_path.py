@@ -10,11 +10,13 @@ import torch
 from torch import nn
 
 from radixserve.kernels import ops
+from radixserve.kernels.build import load_extension
 from radixserve.kernels.cpu_features import cpu_features
 from radixserve.kernels.onednn_linear import pack_weight, packing_support
 from radixserve.layers.activation import SiluAndMul
 from radixserve.layers.kquant_paths import choose_kquant_paths
 from radixserve.layers.layernorm import RMSNorm
+from radixserve.layers.remembered_timing import remembered_figures
 from radixserve.layers.timing import interleaved_medians
 
 logger = logging.getLogger(__name__)
@@ -155,16 +157,27 @@ def pack_q4_1_for_int4(model: nn.Module, linears: tuple[type, ...], enabled: boo
                 "PyTorch's bfloat16 int4 matmul)"
             )
             return 0
-        gain = _int4_gain(max(layers, key=lambda m: m.gguf.blocks.numel()))
+        largest = max(layers, key=lambda m: m.gguf.blocks.numel())
+        shape = "x".join(str(d) for d in largest.gguf.blocks.shape)
+        figures, note = remembered_figures(
+            "int4-gain",
+            load_extension(),
+            [shape, str(INT4_MIN_GAIN)],
+            lambda: {"gain": _int4_gain(largest)},
+        )
+        gain = figures["gain"]
         if gain < INT4_MIN_GAIN:
             logger.info(
                 "GGUF Q4_1 on radixserve's integer kernels: PyTorch's int4 matmul measured "
-                "%.2fx of their speed on this model's largest layer (%s)",
+                "%.2fx of their speed on this model's largest layer (%s; %s)",
                 gain,
                 ", ".join(bf16),
+                note,
             )
             return 0
-        reason = f"{gain:.2f}x faster than radixserve's integer kernels here ({', '.join(bf16)})"
+        reason = (
+            f"{gain:.2f}x faster than radixserve's integer kernels here ({', '.join(bf16)}; {note})"
+        )
     else:
         reason = f"{INT4_ENV}=1"
     for module in layers:

@@ -28,6 +28,7 @@ from torch import nn
 from radixserve.kernels import ops
 from radixserve.kernels.build import load_extension
 from radixserve.kernels.gguf_types import row_weights
+from radixserve.layers.remembered_timing import remembered_figures
 from radixserve.layers.timing import interleaved_medians
 
 logger = logging.getLogger(__name__)
@@ -76,13 +77,13 @@ def choose_kquant_paths(model: nn.Module, linears: tuple[type, ...], enabled: bo
         amx_rows = AMX_MIN_ROWS if AMX_ISA in ext.q8k_isas() else PANEL_NEVER
     else:
         largest = max(parts, key=lambda p: p.blocks.numel())
-        gain = _small_batch_int8_gain(ext, largest)
+        figures, note = remembered_figures(
+            "kquant-paths", ext, _timing_inputs(largest), lambda: _measure(ext, largest)
+        )
+        gain, min_rows = figures["int8_gain"], int(figures["panel_min_rows"])
         small = gain >= KQUANT_INT8_MIN_GAIN
-        ext.set_kquant_int8(small)
-        min_rows = _panel_min_rows(ext, largest)
-        if min_rows != PANEL_NEVER and AMX_ISA in ext.q8k_isas():
-            amx_rows = _amx_min_rows(ext, largest)
-        reason = f"int8 measured {gain:.2f}x the int16 kernels' speed at 1-3 rows"
+        amx_rows = int(figures.get("amx_min_rows", PANEL_NEVER))
+        reason = f"int8 measured {gain:.2f}x the int16 kernels' speed at 1-3 rows; {note}"
     ext.set_kquant_int8(small)
     ext.set_q8k_panel_min_rows(min_rows)
     if amx_rows != PANEL_NEVER:
@@ -105,6 +106,29 @@ def choose_kquant_paths(model: nn.Module, linears: tuple[type, ...], enabled: bo
 def _vector_isa(ext: object) -> str:
     """The widest Q8_K variant without tiles: the default, and amx_int8's kernels for few rows."""
     return [isa for isa in ext.q8k_isas() if isa != AMX_ISA][-1]
+
+
+def _timing_inputs(weight: object) -> list[str]:
+    """What the figures of _measure depend on besides the kernel build and thread count."""
+    shape = "x".join(str(d) for d in weight.blocks.shape)
+    constants = (
+        f"{KQUANT_INT8_MIN_GAIN}|{PANEL_MIN_ROWS}|{PANEL_AFTER_SMALL_BATCHES}"
+        f"|{AMX_MIN_ROWS}|{AMX_AFTER_MID_BATCHES}"
+    )
+    return [str(weight.qtype), shape, str(PANEL_PROBE_COLUMNS), constants]
+
+
+def _measure(ext: object, weight: object) -> dict[str, float]:
+    """The int8 per-row kernels' gain, then (with them chosen or not, as they will run) from
+    how many rows the panel GEMM wins, and from how many it wins on AMX tiles (where this
+    machine has them and the panel runs at all)."""
+    gain = _small_batch_int8_gain(ext, weight)
+    ext.set_kquant_int8(gain >= KQUANT_INT8_MIN_GAIN)
+    min_rows = _panel_min_rows(ext, weight)
+    figures = {"int8_gain": gain, "panel_min_rows": min_rows}
+    if min_rows != PANEL_NEVER and AMX_ISA in ext.q8k_isas():
+        figures["amx_min_rows"] = _amx_min_rows(ext, weight)
+    return figures
 
 
 def _small_batch_int8_gain(ext: object, weight: object, rounds: int = 5) -> float:
