@@ -17,7 +17,7 @@ from radixserve.layers.activation import SiluAndMul
 from radixserve.layers.kquant_paths import choose_kquant_paths
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.remembered_timing import remembered_figures
-from radixserve.layers.timing import interleaved_medians
+from radixserve.layers.timing import interleaved_fastest
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ def pack_q4_1_for_int4(model: nn.Module, linears: tuple[type, ...], enabled: boo
 
 def _int4_gain(layer: nn.Module, rounds: int = 5) -> float:
     """Our integer kernel's time over the int4 matmul's on `layer`'s weight, at 1 and 8 rows
-    (decode), median of `rounds` interleaved rounds."""
+    (decode), fastest of `rounds` interleaved rounds."""
     from radixserve.kernels.int4pack import int4pack_linear, pack_q4_1
 
     gguf = layer.gguf
@@ -201,13 +201,13 @@ def _int4_gain(layer: nn.Module, rounds: int = 5) -> float:
     total = {"ours": 0.0, "int4": 0.0}
     for rows in (1, 8):
         x = torch.randn(rows, weight.in_features)
-        medians = interleaved_medians(
+        fastest = interleaved_fastest(
             {
                 "ours": lambda x=x: ops.gguf_linear(x, gguf.blocks, gguf.qtype, gguf.out_features),
                 "int4": lambda x=x: int4pack_linear(x, weight),
             },
             rounds,
         )
-        for name, seconds in medians.items():
+        for name, seconds in fastest.items():
             total[name] += seconds
     return total["ours"] / max(total["int4"], 1e-9)

@@ -29,7 +29,7 @@ from radixserve.kernels import ops
 from radixserve.kernels.build import load_extension
 from radixserve.kernels.gguf_types import row_weights
 from radixserve.layers.remembered_timing import remembered_figures
-from radixserve.layers.timing import interleaved_medians
+from radixserve.layers.timing import interleaved_fastest
 
 logger = logging.getLogger(__name__)
 
@@ -142,10 +142,10 @@ def _small_batch_int8_gain(ext: object, weight: object, rounds: int = 5) -> floa
 
     total = {"int16": 0.0, "int8": 0.0}
     for x in x_rows:
-        medians = interleaved_medians(
+        fastest = interleaved_fastest(
             {"int16": lambda x=x: call(x, False), "int8": lambda x=x: call(x, True)}, rounds
         )
-        for name, seconds in medians.items():
+        for name, seconds in fastest.items():
             total[name] += seconds
     ext.set_kquant_int8(False)
     return total["int16"] / max(total["int8"], 1e-9)
@@ -166,10 +166,10 @@ def _panel_min_rows(ext: object, weight: object, rounds: int = 5) -> int:
     chosen = PANEL_NEVER
     for rows, min_rows in ((64, PANEL_AFTER_SMALL_BATCHES), (8, PANEL_MIN_ROWS)):
         x = torch.randn(rows, k)
-        medians = interleaved_medians(
+        fastest = interleaved_fastest(
             {"other": lambda x=x: call(x, PANEL_NEVER), "panel": lambda x=x: call(x, 1)}, rounds
         )
-        if medians["other"] < KQUANT_INT8_MIN_GAIN * medians["panel"]:
+        if fastest["other"] < KQUANT_INT8_MIN_GAIN * fastest["panel"]:
             break
         chosen = min_rows
     ext.set_q8k_panel_min_rows(PANEL_NEVER)
@@ -195,11 +195,11 @@ def _amx_min_rows(ext: object, weight: object, rounds: int = 5) -> int:
     try:
         for rows, min_rows in ((AMX_AFTER_MID_BATCHES, AMX_AFTER_MID_BATCHES), (64, AMX_MIN_ROWS)):
             x = torch.randn(rows, k)
-            medians = interleaved_medians(
+            fastest = interleaved_fastest(
                 {"vector": lambda x=x: call(x, vector), "amx": lambda x=x: call(x, AMX_ISA)},
                 rounds,
             )
-            if medians["vector"] < KQUANT_INT8_MIN_GAIN * medians["amx"]:
+            if fastest["vector"] < KQUANT_INT8_MIN_GAIN * fastest["amx"]:
                 break
             chosen = min_rows
     finally:
