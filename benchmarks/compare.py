@@ -44,6 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare_report as report
+from serve_command import radixserve_command
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO / "benchmarks" / "build_llama_cpp.sh"
@@ -496,20 +497,7 @@ class ServerPool:
         if engine not in self.radixserve:
             extra = ["--disable-radix-cache"] if engine == report.RADIXSERVE_NO_RADIX else []
             port = free_port()
-            command = [
-                sys.executable,
-                "-m",
-                "radixserve",
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--model-path",
-                str(self.model),
-                *self.settings.radixserve_args,
-                *extra,
-            ]
+            command = radixserve_command(self.model, port, [*self.settings.radixserve_args, *extra])
             slug = "radixserve-no-radix" if extra else "radixserve"
             server = Server(engine, command, port, self.run_dir / f"{slug}.log")
             try:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import free_port, process_tree_memory
+from serve_command import radixserve_command
 
 REPO = Path(__file__).resolve().parent.parent
 POLL_S = 0.05
@@ -109,22 +110,6 @@ def each_process_rss(pid: int) -> list[tuple[str, float]]:
                 label = "child"
             found.append((label, round(proc.memory_info().rss / 2**20, 1)))
     return sorted(found, key=lambda item: -item[1])
-
-
-def radixserve_command(model: Path, port: int, extra: list[str]) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "radixserve",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--model-path",
-        str(model),
-        *extra,
-    ]
 
 
 def llama_command(binary: Path, model: Path, port: int, threads: int) -> list[str]:
