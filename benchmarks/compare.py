@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/compare.py --quick    # small; proves the pipeline (~25 min on 2 busy cores)
     .venv/bin/python benchmarks/compare.py --concurrencies 1 8 --workloads random \\
         --radixserve-args '--dtype bfloat16'
+    .venv/bin/python benchmarks/compare.py --workloads random --shapes 128:64 512:128 2048:32
     .venv/bin/python benchmarks/compare.py --render-only ~/.cache/radixserve-bench/runs/<time>/record.json
 
 One command from a fresh clone: builds llama-server/llama-bench if missing
@@ -11,8 +12,11 @@ One command from a fresh clone: builds llama-server/llama-bench if missing
 free localhost ports, drives them with radixserve's SGLang-compatible load generator
 (`python -m radixserve.bench_serving`), runs HF transformers with static batches
 (benchmarks/hf_static.py), and writes docs/performance.md (tables, machine, versions, ratios)
-and docs/performance.png. For each workload and concurrency the engines run back to back, so
-machine noise hits them alike. Text after '## Notes' in an existing performance.md is kept.
+and docs/performance.png. For each workload, random shape (--shapes) and concurrency the engines
+run back to back, so machine noise hits them alike; each shape is a section of its own. Text
+after '## Notes' in an existing performance.md is kept. --model-path takes a .gguf or a Hugging
+Face (safetensors) folder; llama.cpp reads GGUF files only, so on a folder it is skipped with a
+note in the report.
 
 The anchors (llama.cpp, transformers, matplotlib) are benchmark-only: see
 benchmarks/requirements-compare.txt; radixserve itself depends on none of them.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -39,6 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare_report as report
+from serve_command import radixserve_command
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO / "benchmarks" / "build_llama_cpp.sh"
@@ -72,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="tiny run: concurrency 1 and 8, 16 prompts, 64 in / 64 out, small shared prefix",
+        help="tiny run: concurrency 1 and 8, 16 prompts, shape 64:64, small shared prefix",
     )
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
@@ -89,8 +95,28 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="per run; default max(2 x concurrency, 8) (--quick: 16)",
     )
-    parser.add_argument("--input-len", type=int, default=None, help="default 128 (--quick: 64)")
-    parser.add_argument("--output-len", type=int, default=None, help="default 128 (--quick: 64)")
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        type=parse_shape,
+        default=None,
+        metavar="IN:OUT",
+        help="random workload shapes, prompt tokens:output tokens (e.g. 128:64 512:128 2048:32), "
+        "each a report section of its own; default: one shape, from --input-len and "
+        "--output-len, which are refused together with --shapes",
+    )
+    parser.add_argument(
+        "--input-len",
+        type=int,
+        default=None,
+        help="one random shape's prompt tokens; default 128 (--quick: 64)",
+    )
+    parser.add_argument(
+        "--output-len",
+        type=int,
+        default=None,
+        help="one random shape's output tokens; default 128 (--quick: 64)",
+    )
     parser.add_argument(
         "--hf-batches",
         type=int,
@@ -121,7 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-path",
         type=Path,
         default=None,
-        help="the .gguf file (default: radixserve's default model)",
+        help="the model: a .gguf file, or a Hugging Face folder (safetensors), which llama.cpp "
+        "cannot read: then llama.cpp and llama-bench are skipped, with a note in the report "
+        "(default: radixserve's default model)",
     )
     parser.add_argument(
         "--threads",
@@ -157,14 +185,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_shape(text: str) -> report.Shape:
+    """IN:OUT, two positive token counts."""
+    input_text, sep, output_text = text.partition(":")
+    try:
+        shape = report.Shape(int(input_text), int(output_text))
+    except ValueError:
+        shape = None
+    if not sep or shape is None or min(shape) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not IN:OUT (prompt tokens:output tokens, e.g. 512:128)"
+        )
+    return shape
+
+
+def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The parsed command line, after the checks that span several options."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.shapes is not None:
+        if args.input_len is not None or args.output_len is not None:
+            parser.error(
+                "--shapes names every random shape; drop --input-len/--output-len "
+                "(or pass them alone for one shape)"
+            )
+        repeated = sorted({str(s) for s in args.shapes if args.shapes.count(s) > 1})
+        if repeated:
+            parser.error(f"--shapes lists {', '.join(repeated)} more than once")
+    return args
+
+
 @dataclass
 class Settings:
     workloads: list[str]
     engines: list[str]
     concurrencies: list[int]
     num_prompts: int | None
-    input_len: int
-    output_len: int
+    shapes: list[report.Shape]
     seed: int
     gsp: dict[str, int]
     radixserve_args: list[str]
@@ -177,6 +234,14 @@ def _pick(value: Any, quick: bool, full: Any, small: Any) -> Any:
     if value is not None:
         return value
     return small if quick else full
+
+
+def random_shapes(args: argparse.Namespace, quick: bool) -> list[report.Shape]:
+    """--shapes, or the one shape that --input-len and --output-len (or their defaults) name."""
+    if args.shapes:
+        return list(args.shapes)
+    input_len = _pick(args.input_len, quick, 128, 64)
+    return [report.Shape(input_len, _pick(args.output_len, quick, 128, 64))]
 
 
 def resolve_settings(args: argparse.Namespace) -> Settings:
@@ -194,8 +259,7 @@ def resolve_settings(args: argparse.Namespace) -> Settings:
         engines=list(args.engines),
         concurrencies=list(_pick(args.concurrencies, quick, [1, 8, 32, 64], [1, 8])),
         num_prompts=_pick(args.num_prompts, quick, None, 16),
-        input_len=_pick(args.input_len, quick, 128, 64),
-        output_len=_pick(args.output_len, quick, 128, 64),
+        shapes=random_shapes(args, quick),
         seed=args.seed,
         gsp=gsp,
         radixserve_args=shlex.split(args.radixserve_args),
@@ -221,24 +285,34 @@ class Job:
     concurrency: int
     num_prompts: int
     expected_output_len: int
+    shape: report.Shape | None = None  # a random job's; None for shared-prefix
 
     @property
     def label(self) -> str:
-        return f"{self.workload} c={self.concurrency} {self.engine}"
+        workload = self.workload if self.shape is None else f"{self.workload} {self.shape}"
+        return f"{workload} c={self.concurrency} {self.engine}"
+
+    def random_shape(self) -> report.Shape:
+        if self.shape is None:
+            raise ValueError(f"{self.label} has no random shape")
+        return self.shape
 
 
 def plan_jobs(settings: Settings) -> list[Job]:
-    """Interleaved: for each workload and concurrency, every engine back to back."""
+    """Interleaved: for each workload, shape and concurrency, every engine back to back."""
     jobs: list[Job] = []
     if report.RANDOM in settings.workloads:
-        for concurrency in settings.concurrencies:
-            for engine in settings.engines:
-                prompts = (
-                    settings.hf_batches * concurrency
-                    if engine in (report.HF_BF16, report.HF_FP32)
-                    else num_prompts_for(settings, concurrency)
-                )
-                jobs.append(Job(report.RANDOM, engine, concurrency, prompts, settings.output_len))
+        for shape in settings.shapes:
+            for concurrency in settings.concurrencies:
+                for engine in settings.engines:
+                    prompts = (
+                        settings.hf_batches * concurrency
+                        if engine in (report.HF_BF16, report.HF_FP32)
+                        else num_prompts_for(settings, concurrency)
+                    )
+                    jobs.append(
+                        Job(report.RANDOM, engine, concurrency, prompts, shape.output_len, shape)
+                    )
     if report.SHARED_PREFIX in settings.workloads:
         gsp = settings.gsp
         prompts = gsp["num_groups"] * gsp["prompts_per_group"]
@@ -253,20 +327,29 @@ def plan_jobs(settings: Settings) -> list[Job]:
 
 
 def llama_ctx_per_slot(settings: Settings, workload: str) -> int:
-    """Context per llama-server slot: the longest prompt + output, with room for BOS/rounding."""
+    """Context per llama-server slot: the longest prompt + output, with room for BOS/rounding.
+    For the random workload that is the largest shape's, so llama-server runs with the same
+    context (and KV memory) in every shape."""
     if workload == report.SHARED_PREFIX:
         gsp = settings.gsp
         tokens = gsp["system_prompt_len"] + gsp["question_len"] + gsp["output_len"]
     else:
-        tokens = settings.input_len + settings.output_len
+        tokens = max(shape.input_len + shape.output_len for shape in settings.shapes)
     # Room for BOS and for llama.cpp tokenizing the random text a little longer.
     return tokens + 128
 
 
+# Seeds of the n-th random shape are n strides apart: distinct while concurrencies stay below
+# 1000, and the first shape keeps the seeds of runs made before --shapes.
+SHAPE_SEED_STRIDE = 1_000_000
+
+
 def seed_for(settings: Settings, job: Job) -> int:
-    """One seed per workload and concurrency: the same prompts for every engine, new ones for each
-    concurrency (a prefix cache must not profit from an earlier run's prompts)."""
-    return settings.seed * 1000 + job.concurrency
+    """One seed per workload, shape and concurrency: the same prompts for every engine, new ones
+    for each concurrency and shape (a prefix cache must not profit from an earlier run's prompts,
+    and one seed would make a shorter shape's prompts the prefixes of a longer one's)."""
+    shape_index = settings.shapes.index(job.shape) if job.shape is not None else 0
+    return settings.seed * 1000 + job.concurrency + SHAPE_SEED_STRIDE * shape_index
 
 
 # ----------------------------------------------------------------------------- processes
@@ -389,8 +472,16 @@ class ServerPool:
     """Starts servers when a job needs them; one llama-server at a time (its --parallel is the
     concurrency), the radixserve servers kept until the end."""
 
-    def __init__(self, gguf: Path, llama_server: Path | None, settings: Settings, run_dir: Path):
-        self.gguf = gguf
+    def __init__(
+        self,
+        model: Path,
+        gguf: Path | None,
+        llama_server: Path | None,
+        settings: Settings,
+        run_dir: Path,
+    ):
+        self.model = model  # what radixserve serves and the load generator tokenizes with
+        self.gguf = gguf  # the model's GGUF file, for llama-server; None when it has none
         self.llama_server = llama_server
         self.settings = settings
         self.run_dir = run_dir
@@ -406,20 +497,7 @@ class ServerPool:
         if engine not in self.radixserve:
             extra = ["--disable-radix-cache"] if engine == report.RADIXSERVE_NO_RADIX else []
             port = free_port()
-            command = [
-                sys.executable,
-                "-m",
-                "radixserve",
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--model-path",
-                str(self.gguf),
-                *self.settings.radixserve_args,
-                *extra,
-            ]
+            command = radixserve_command(self.model, port, [*self.settings.radixserve_args, *extra])
             slug = "radixserve-no-radix" if extra else "radixserve"
             server = Server(engine, command, port, self.run_dir / f"{slug}.log")
             try:
@@ -451,8 +529,8 @@ class ServerPool:
         if self.llama is not None and self.llama_key == key:
             return self.llama
         self.stop_llama()
-        if self.llama_server is None:
-            raise RuntimeError("no llama-server binary")
+        if self.llama_server is None or self.gguf is None:
+            raise RuntimeError("no llama-server binary, or no GGUF file for it")
         port = free_port()
         threads = str(self.settings.threads)
         command = [
@@ -502,7 +580,7 @@ class ServerPool:
 
 
 def bench_serving_command(
-    job: Job, server: Server, settings: Settings, gguf: Path, out: Path
+    job: Job, server: Server, settings: Settings, model: Path, out: Path
 ) -> list[str]:
     backend = "sglang" if job.engine.startswith(report.RADIXSERVE) else "openai"
     command = [
@@ -514,7 +592,7 @@ def bench_serving_command(
         "--base-url",
         server.base_url,
         "--tokenizer",
-        str(gguf),
+        str(model),
         "--num-prompts",
         str(job.num_prompts),
         "--max-concurrency",
@@ -533,13 +611,14 @@ def bench_serving_command(
     else:
         command += ["--extra-request-body", json.dumps({"ignore_eos": True})]
     if job.workload == report.RANDOM:
+        shape = job.random_shape()
         command += [
             "--dataset-name",
             "random",
             "--random-input-len",
-            str(settings.input_len),
+            str(shape.input_len),
             "--random-output-len",
-            str(settings.output_len),
+            str(shape.output_len),
             "--random-range-ratio",
             "1.0",
         ]
@@ -562,13 +641,14 @@ def bench_serving_command(
     return command
 
 
-def hf_command(job: Job, settings: Settings, gguf: Path, out: Path) -> list[str]:
+def hf_command(job: Job, settings: Settings, model: Path, out: Path) -> list[str]:
     dtype = "bfloat16" if job.engine == report.HF_BF16 else "float32"
+    shape = job.random_shape()
     return [
         sys.executable,
         str(HF_RUNNER),
-        "--gguf",
-        str(gguf),
+        "--model",
+        str(model),
         "--dtype",
         dtype,
         "--concurrency",
@@ -576,9 +656,9 @@ def hf_command(job: Job, settings: Settings, gguf: Path, out: Path) -> list[str]
         "--num-prompts",
         str(job.num_prompts),
         "--input-len",
-        str(settings.input_len),
+        str(shape.input_len),
         "--output-len",
-        str(settings.output_len),
+        str(shape.output_len),
         "--seed",
         str(seed_for(settings, job)),
         "--output-file",
@@ -608,7 +688,8 @@ def last_json_line(path: Path) -> dict[str, Any]:
 
 def job_slug(job: Job) -> str:
     engine = job.engine.replace(" --", "-").replace(".", "").replace(" ", "-")
-    return f"{job.workload}-c{job.concurrency}-{engine}"
+    shape = "" if job.shape is None else f"-{job.shape.input_len}x{job.shape.output_len}"
+    return f"{job.workload}{shape}-c{job.concurrency}-{engine}"
 
 
 def run_job(job: Job, pool: ServerPool, settings: Settings, timeout: float) -> report.Result:
@@ -619,15 +700,20 @@ def run_job(job: Job, pool: ServerPool, settings: Settings, timeout: float) -> r
         "num_prompts": job.num_prompts,
         "expected_output_len": job.expected_output_len,
     }
+    if job.shape is not None:
+        result["input_len"] = job.shape.input_len  # with expected_output_len: the shape
     out = pool.run_dir / f"{job_slug(job)}.jsonl"
     log = pool.run_dir / f"{job_slug(job)}.log"
     out.unlink(missing_ok=True)
     try:
         if job.engine in (report.HF_BF16, report.HF_FP32):
-            run_logged(hf_command(job, settings, pool.gguf, out), log, timeout)
+            # A GGUF through transformers' GGUF loader (a folder holding one has no config).
+            hf_model = pool.gguf or pool.model
+            run_logged(hf_command(job, settings, hf_model, out), log, timeout)
         else:
             server = _server_for(job, pool, settings)
-            run_logged(bench_serving_command(job, server, settings, pool.gguf, out), log, timeout)
+            command = bench_serving_command(job, server, settings, pool.model, out)
+            run_logged(command, log, timeout)
         result["metrics"] = summary_metrics(last_json_line(out), result)
     except (RuntimeError, OSError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
         result["error"] = str(exc).splitlines()[0]
@@ -754,7 +840,7 @@ OFFLINE_SHAPES = (("pp512", 512, 1), ("tg128", 1, 129))
 
 
 def run_radixserve_offline(
-    gguf: Path, settings: Settings, run_dir: Path
+    model: Path, settings: Settings, run_dir: Path
 ) -> tuple[dict[str, float], str | None]:
     """radixserve's bench_one_batch at batch 1 in llama-bench's shapes, right after llama-bench:
     {"pp512": prefill tok/s, "tg128": decode tok/s (every step, as llama-bench counts)}."""
@@ -763,7 +849,7 @@ def run_radixserve_offline(
         out = run_dir / f"radixserve-offline-{test}.jsonl"
         out.unlink(missing_ok=True)
         command = [
-            sys.executable, "-m", "radixserve.bench_one_batch", "--model-path", str(gguf),
+            sys.executable, "-m", "radixserve.bench_one_batch", "--model-path", str(model),
             *settings.radixserve_args, "--batch-size", "1", "--input-len", str(input_len),
             "--output-len", str(output_len), "--result-filename", str(out),
         ]  # fmt: skip
@@ -850,9 +936,9 @@ def git_revision() -> str:
 
 
 def machine_meta(
-    args: argparse.Namespace, settings: Settings, llama: LlamaCpp, gguf: Path
+    args: argparse.Namespace, settings: Settings, llama: LlamaCpp, model: Path
 ) -> list[tuple[str, str]]:
-    model, flags = cpu_info()
+    cpu_model, flags = cpu_info()
     present = [f for f in CPU_FLAGS_OF_INTEREST if f in flags]
     absent = [f for f in CPU_FLAGS_OF_INTEREST if f not in flags]
     memory = memory_total_gib()
@@ -866,7 +952,7 @@ def machine_meta(
     return [
         ("Date", dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")),
         ("Command", "`" + shlex.join(["benchmarks/compare.py", *sys.argv[1:]]) + "`"),
-        ("CPU", f"{model}, {os.cpu_count()} logical CPUs"),
+        ("CPU", f"{cpu_model}, {os.cpu_count()} logical CPUs"),
         ("CPU flags", f"has: {', '.join(present) or 'none'}; lacks: {', '.join(absent) or 'none'}"),
         ("Memory", "n/a" if memory is None else f"{memory:.0f} GiB"),
         ("Load average at start (1/5/15 min)", load_text(args.load_at_start)),
@@ -877,19 +963,31 @@ def machine_meta(
         ("llama.cpp", llama_text),
         ("llama.cpp build flags", info.get("cmake_flags", "n/a") if info else "n/a"),
         ("llama-server threads", str(settings.threads)),
-        ("Model", f"{gguf.name} ({gguf.stat().st_size / 2**20:.0f} MiB)"),
+        ("Model", model_text(model)),
     ]
+
+
+def model_text(model: Path) -> str:
+    """The model's name and size on disk (a folder's: all its files)."""
+    if not model.exists():  # not a local path (a hub id): the report must still be written
+        return str(model)
+    if model.is_dir():
+        size = sum(f.stat().st_size for f in model.rglob("*") if f.is_file())
+        return f"{model.name}/ (folder, {size / 2**20:.0f} MiB)"
+    return f"{model.name} ({model.stat().st_size / 2**20:.0f} MiB)"
 
 
 # ----------------------------------------------------------------------------- document
 
 
-def describe_settings(settings: Settings, llama_bench_cmd: Sequence[str] | None) -> dict[str, Any]:
+def describe_settings(
+    settings: Settings, llama_bench_cmd: Sequence[str] | None, notes: Sequence[str] = ()
+) -> dict[str, Any]:
     prompts = sorted({num_prompts_for(settings, c) for c in settings.concurrencies})
     gsp = settings.gsp
     return {
-        "input_len": settings.input_len,
-        "output_len": settings.output_len,
+        "shapes": [list(shape) for shape in settings.shapes],
+        "notes": list(notes),
         "hf_batches": settings.hf_batches,
         "num_prompts_text": (
             f"{settings.num_prompts} prompts per run"
@@ -939,11 +1037,38 @@ def default_gguf() -> Path:
     return Path(ensure_default_model())
 
 
+def gguf_file_of(model: Path) -> Path | None:
+    """The GGUF file llama.cpp would read for `model` (the file, or a folder's only .gguf), or
+    None: llama.cpp reads GGUF files only, radixserve and transformers read folders too."""
+    from radixserve.models.gguf import find_gguf_file
+
+    try:
+        return find_gguf_file(model)
+    except ValueError as exc:  # a folder of several GGUFs: radixserve refuses it as well
+        raise SystemExit(str(exc)) from None
+
+
+def skip_llama_cpp(model: Path, settings: Settings) -> tuple[Settings, str]:
+    """Settings without the llama.cpp engine, for a model llama.cpp cannot read, and the report's
+    note saying so; refuses when no engine is left."""
+    engines = [e for e in settings.engines if e != report.LLAMA_CPP]
+    if not engines:
+        raise SystemExit(
+            f"{model} is not a GGUF model, and llama.cpp (the only engine asked for) reads "
+            "GGUF files only"
+        )
+    note = (
+        f"llama.cpp skipped: {model.name} is not a GGUF model and llama.cpp reads GGUF files "
+        "only, so neither llama-server nor llama-bench ran; the other engines ran on it."
+    )
+    return dataclasses.replace(settings, engines=engines), note
+
+
 @contextlib.contextmanager
 def server_pool(
-    gguf: Path, llama: LlamaCpp, settings: Settings, run_dir: Path
+    model: Path, gguf: Path | None, llama: LlamaCpp, settings: Settings, run_dir: Path
 ) -> Iterator[ServerPool]:
-    pool = ServerPool(gguf, llama.server, settings, run_dir)
+    pool = ServerPool(model, gguf, llama.server, settings, run_dir)
     try:
         yield pool
     finally:
@@ -974,30 +1099,37 @@ def run_all(
 def measure(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     """Build if needed, run llama-bench and every job; the record the document is made from."""
     load_at_start = load_average()  # before anything of ours loads the CPUs
-    gguf = Path(args.model_path) if args.model_path else default_gguf()
+    model = Path(args.model_path) if args.model_path else default_gguf()
+    gguf = gguf_file_of(model)
+    notes: list[str] = []
+    if gguf is None:
+        settings, note = skip_llama_cpp(model, settings)
+        notes.append(note)
+        print(note, flush=True)
     run_dir = args.run_dir or DEFAULT_CACHE / "runs" / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
-    print(f"model {gguf}\nraw results and logs: {run_dir}", flush=True)
+    print(f"model {model}\nraw results and logs: {run_dir}", flush=True)
 
     needs_llama = report.LLAMA_CPP in settings.engines or not args.skip_llama_bench
-    llama = ensure_llama_cpp(args, gguf) if needs_llama else LlamaCpp()
+    llama = ensure_llama_cpp(args, gguf) if needs_llama and gguf is not None else LlamaCpp()
     warnings: list[str] = []
     busy = busy_machine_warning(load_at_start, os.cpu_count() or 1)
     warnings += [busy] if busy else []
     bench_entries: list[dict[str, Any]] = []
     bench_cmd: list[str] | None = None
-    if llama.bench is not None and not args.skip_llama_bench:
+    if llama.bench is not None and gguf is not None and not args.skip_llama_bench:
         bench_cmd = llama_bench_command(llama.bench, gguf, settings.threads, settings.quick)
         print("llama-bench pp512 / tg128 ...", flush=True)
         bench_entries, problem = run_llama_bench(bench_cmd, run_dir)
         warnings += [problem] if problem else []
     offline: dict[str, float] = {}
-    if report.RADIXSERVE in settings.engines and not args.skip_llama_bench:
+    # The offline figures only mean something next to llama-bench's, so they go where it goes.
+    if report.RADIXSERVE in settings.engines and bench_cmd is not None:
         print("radixserve offline batch 1 in llama-bench's shapes ...", flush=True)
-        offline, problem = run_radixserve_offline(gguf, settings, run_dir)
+        offline, problem = run_radixserve_offline(model, settings, run_dir)
         warnings += [problem] if problem else []
 
-    with server_pool(gguf, llama, settings, run_dir) as pool:
+    with server_pool(model, gguf, llama, settings, run_dir) as pool:
         results = run_all(plan_jobs(settings), pool, settings, args.timeout)
         memory = list(pool.memory)
     if llama.info.get("notes"):
@@ -1006,8 +1138,8 @@ def measure(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         warnings += report.check_result(result)
     args.load_at_start = load_at_start
     record = {
-        "meta": machine_meta(args, settings, llama, gguf),
-        "settings": describe_settings(settings, bench_cmd),
+        "meta": machine_meta(args, settings, llama, model),
+        "settings": describe_settings(settings, bench_cmd, notes),
         "results": results,
         "llama_bench": bench_entries,
         "radixserve_offline": offline,
@@ -1021,7 +1153,7 @@ def measure(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
 def write_report(record: dict[str, Any], output: Path, plot_path: Path) -> None:
     """docs/performance.md and its plot from a record (keeps the old file's Notes section)."""
     results = record["results"]
-    plot = report.plot_throughput(results, plot_path)
+    plot = report.plot_throughput(results, plot_path, record["settings"].get("input_len"))
     plot_name = os.path.relpath(plot, output.parent) if plot else None
     existing = output.read_text() if output.exists() else None
     text = report.render_document(
@@ -1046,7 +1178,7 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_arguments(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     ensure_requirements()
     if args.render_only is not None:

@@ -2,7 +2,9 @@
 
 No servers, no subprocesses: everything here takes plain dicts, so tests can feed it fakes.
 A result is a dict with "workload", "engine", "concurrency", "expected_output_len" and either
-"metrics" (SGLang bench_serving's field names) or "error" (a string).
+"metrics" (SGLang bench_serving's field names) or "error" (a string). A random result also has
+"input_len": with "expected_output_len" its shape. Records written before compare.py took several
+shapes lack it; their one input length is in the settings ("input_len").
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 RANDOM = "random"
 SHARED_PREFIX = "shared-prefix"
@@ -28,6 +30,44 @@ DEFAULT_NOTES = (
 )
 
 Result = dict[str, Any]
+
+
+class Shape(NamedTuple):
+    """A random workload's prompt and output lengths, in tokens."""
+
+    input_len: int
+    output_len: int
+
+    def __str__(self) -> str:
+        return f"{self.input_len}:{self.output_len}"
+
+
+def result_shape(result: Result, settings_input_len: int | None = None) -> Shape | None:
+    """A random result's shape; an old record's results take the input length from its settings
+    (`settings_input_len`). None when neither says (not a random result, or a bare fake)."""
+    input_len = result.get("input_len", settings_input_len)
+    output_len = result.get("expected_output_len")
+    if input_len is None or output_len is None:
+        return None
+    return Shape(int(input_len), int(output_len))
+
+
+def random_groups(
+    results: Sequence[Result], settings_input_len: int | None = None
+) -> list[tuple[Shape | None, list[Result]]]:
+    """The random results split by shape, in the order the shapes first ran (the plan's order)."""
+    groups: dict[Shape | None, list[Result]] = {}
+    for result in results:
+        if result["workload"] == RANDOM:
+            shape = result_shape(result, settings_input_len)
+            groups.setdefault(shape, []).append(result)
+    return list(groups.items())
+
+
+def shape_title(shape: Shape | None) -> str:
+    if shape is None:
+        return "Random prompts"
+    return f"Random {shape.input_len} in / {shape.output_len} out"
 
 
 def metric(result: Result | None, name: str) -> float | None:
@@ -84,7 +124,10 @@ def mean_output_len(result: Result | None) -> float | None:
 
 def check_result(result: Result, num_prompts: int | None = None) -> list[str]:
     """Warnings about a result that does not measure what it should (failures, short outputs)."""
-    name = f"{result['engine']} ({result['workload']}, concurrency {result['concurrency']})"
+    workload = result["workload"]
+    if workload == RANDOM and "input_len" in result:
+        workload += f" {result_shape(result)}"  # which of several shapes
+    name = f"{result['engine']} ({workload}, concurrency {result['concurrency']})"
     if "error" in result:
         return [f"{name} failed: {result['error']}"]
     warnings = []
@@ -300,36 +343,18 @@ def render_document(
         "# Performance: radixserve vs llama.cpp vs HF transformers",
         "",
         "Written by `benchmarks/compare.py`; rerun it to refresh everything above "
-        f"`{NOTES_HEADER}`. Same model file (GGUF) for all engines, same prompts for the two "
+        f"`{NOTES_HEADER}`. Same model file for all engines, same prompts for the two "
         "servers (SGLang's `bench_serving` generator: `radixserve.bench_serving`), engines run "
-        "back to back for each workload and concurrency so machine noise hits them alike.",
+        "back to back for each workload, shape and concurrency so machine noise hits them alike.",
         "",
+        # Why an engine is missing (e.g. llama.cpp on a safetensors folder); old records have none.
+        *[f"**Note:** {note}\n" for note in settings.get("notes") or []],
         "## Machine and versions",
         "",
         key_value_table(meta),
         "",
     ]
-    if any(r["workload"] == RANDOM for r in results):
-        parts += [
-            f"## Random {settings.get('input_len')} in / {settings.get('output_len')} out",
-            "",
-            "Servers: continuous batching, `--max-concurrency` = concurrency, "
-            f"{settings.get('num_prompts_text', '')}. HF transformers: "
-            f"{settings.get('hf_batches', 1)} static batch(es) of `concurrency` prompts through "
-            "`model.generate` (greedy, min = max new tokens, weights dequantized from the GGUF); "
-            "its TTFT is the batch's prefill and its latency the batch's. torch's bfloat16 "
-            "matmuls are slow fallbacks on CPUs without avx512_bf16/AMX, hence the float32 row.",
-            "",
-            random_table(results),
-            "",
-            "Ratios (radixserve / other; > 1 means radixserve is faster for tok/s, slower for "
-            "TTFT/TPOT):",
-            "",
-            random_ratio_table(results),
-            "",
-        ]
-        if plot_name:
-            parts += [f"![output tok/s vs concurrency]({plot_name})", ""]
+    parts += random_sections(results, settings, plot_name)
     if any(r["workload"] == SHARED_PREFIX for r in results):
         parts += [
             "## Shared prefix",
@@ -365,23 +390,68 @@ def render_document(
     return "\n".join(parts)
 
 
-def plot_throughput(results: Sequence[Result], path: Path) -> Path | None:
-    """Output tok/s vs concurrency per engine (random workload), plus shared-prefix TTFT bars."""
+def random_sections(
+    results: Sequence[Result], settings: dict[str, Any], plot_name: str | None
+) -> list[str]:
+    """One section per random shape: its engines x concurrencies table and its ratio table. The
+    method is described once, in the first; the plot (a panel per shape) follows the last."""
+    groups = random_groups(results, settings.get("input_len"))
+    parts: list[str] = []
+    for index, (shape, group) in enumerate(groups):
+        parts += [f"## {shape_title(shape)}", ""]
+        parts += [random_method_text(settings) if index == 0 else "Same method as above.", ""]
+        parts += [
+            random_table(group),
+            "",
+            "Ratios (radixserve / other; > 1 means radixserve is faster for tok/s, slower for "
+            "TTFT/TPOT):",
+            "",
+            random_ratio_table(group),
+            "",
+        ]
+    if groups and plot_name:
+        parts += [f"![output tok/s vs concurrency]({plot_name})", ""]
+    return parts
+
+
+def random_method_text(settings: dict[str, Any]) -> str:
+    return (
+        "Servers: continuous batching, `--max-concurrency` = concurrency, "
+        f"{settings.get('num_prompts_text', '')}. HF transformers: "
+        f"{settings.get('hf_batches', 1)} static batch(es) of `concurrency` prompts through "
+        "`model.generate` (greedy, min = max new tokens, a GGUF's weights dequantized); "
+        "its TTFT is the batch's prefill and its latency the batch's. torch's bfloat16 "
+        "matmuls are slow fallbacks on CPUs without avx512_bf16/AMX, hence the float32 row."
+    )
+
+
+def plot_throughput(
+    results: Sequence[Result], path: Path, settings_input_len: int | None = None
+) -> Path | None:
+    """Output tok/s vs concurrency per engine, a panel per random shape (their throughputs differ
+    by too much to share an axis), plus shared-prefix TTFT bars."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    engines = engines_in(results, RANDOM)
+    groups = random_groups(results, settings_input_len)
     shared = [r for r in results if r["workload"] == SHARED_PREFIX and "metrics" in r]
-    if not engines and not shared:
+    panels = len(groups) + (1 if shared else 0)
+    if not panels:
         return None
-    columns = 2 if engines and shared else 1
-    fig, axes = plt.subplots(1, columns, figsize=(6 * columns + 1, 4.5), squeeze=False)
-    if engines:
-        _throughput_axis(axes[0][0], results, engines)
+    columns = min(panels, 2)
+    rows = math.ceil(panels / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(6 * columns + 1, 4.5 * rows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    # One colour per engine in every panel, so a line reads the same across shapes.
+    colours = {engine: f"C{i}" for i, engine in enumerate(engines_in(results, RANDOM))}
+    for ax, (shape, group) in zip(flat, groups, strict=False):
+        _throughput_axis(ax, group, shape, colours)
     if shared:
-        _shared_prefix_axis(axes[0][columns - 1], shared)
+        _shared_prefix_axis(flat[len(groups)], shared)
+    for ax in flat[panels:]:
+        ax.set_visible(False)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -389,25 +459,25 @@ def plot_throughput(results: Sequence[Result], path: Path) -> Path | None:
     return path
 
 
-def _throughput_axis(ax: Any, results: Sequence[Result], engines: Sequence[str]) -> None:
-    for engine in engines:
-        points = [
-            (c, metric(find(results, RANDOM, engine, c), "output_throughput"))
-            for c in concurrencies_in(results, RANDOM)
-        ]
+def _throughput_axis(
+    ax: Any, results: Sequence[Result], shape: Shape | None, colours: dict[str, str]
+) -> None:
+    ticks = concurrencies_in(results, RANDOM)
+    for engine in engines_in(results, RANDOM):
+        points = [(c, metric(find(results, RANDOM, engine, c), "output_throughput")) for c in ticks]
         xs = [c for c, v in points if v is not None]
         ys = [v for _, v in points if v is not None]
         if xs:
-            ax.plot(xs, ys, marker="o", label=engine)
+            ax.plot(xs, ys, marker="o", label=engine, color=colours.get(engine))
     ax.set_xscale("log", base=2)
-    ticks = concurrencies_in(results, RANDOM)
     ax.set_xticks(ticks, [str(c) for c in ticks])
     ax.minorticks_off()
     ax.set_xlabel("concurrency (requests in flight)")
     ax.set_ylabel("output tokens/s")
-    ax.set_title("Random prompts: output throughput")
+    ax.set_title(f"{shape_title(shape)}: output throughput")
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    if ax.lines:  # every run of this shape failed: no legend to draw
+        ax.legend()
 
 
 def _shared_prefix_axis(ax: Any, shared: Sequence[Result]) -> None:

@@ -1,9 +1,10 @@
 """HF transformers anchor for benchmarks/compare.py: static batching with model.generate.
 
-    .venv/bin/python benchmarks/hf_static.py --gguf path/to/model.gguf --dtype bfloat16 \
+    .venv/bin/python benchmarks/hf_static.py --model path/to/model.gguf --dtype bfloat16 \
         --concurrency 8 --num-prompts 16 --input-len 128 --output-len 128 --output-file out.jsonl
 
-Loads the GGUF through transformers (dequantized into --dtype), builds random prompts of exactly
+Loads the model through transformers in --dtype (a GGUF dequantized, a Hugging Face folder as
+is), builds random prompts of exactly
 --input-len token ids, and runs them in static batches of --concurrency with greedy decoding and
 min_new_tokens = max_new_tokens = --output-len, so every request yields --output-len tokens. A
 batch starts when the previous one ends (no continuous batching): each request's latency is its
@@ -55,7 +56,10 @@ class FirstTokenClock:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gguf", required=True, help="path of the .gguf file")
+    # --gguf: the name from when only GGUF files were taken, kept for old command lines.
+    parser.add_argument(
+        "--model", "--gguf", required=True, help="a .gguf file or a Hugging Face model folder"
+    )
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--concurrency", type=int, default=1, help="static batch size")
     parser.add_argument("--num-prompts", type=int, default=8)
@@ -68,10 +72,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def load_model(gguf: Path, dtype: torch.dtype) -> Any:
+def pretrained_source(model: Path) -> tuple[str, dict[str, str]]:
+    """from_pretrained's folder and keyword arguments for `model`: a GGUF file is named inside
+    its folder (transformers' GGUF loader), a folder is loaded as it is."""
+    if model.is_dir():
+        return str(model), {}
+    return str(model.parent), {"gguf_file": model.name}
+
+
+def load_model(path: Path, dtype: torch.dtype) -> Any:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=dtype)
+    folder, kwargs = pretrained_source(path)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
     return model.eval()
 
 
@@ -130,7 +143,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     load_start = time.perf_counter()
-    model = load_model(Path(args.gguf), dtype)
+    model = load_model(Path(args.model), dtype)
     load_s = time.perf_counter() - load_start
     prompts = random_prompts(args.num_prompts, args.input_len, model.config.vocab_size, args.seed)
     clock = FirstTokenClock()

@@ -16,8 +16,9 @@ _USAGE = """usage: radixserve cache <list|clear> [name ...]
   clear [name]  remove everything, or only the entries named (as `list` prints them)
 
 Entries: converted GGUF folders (a GGUF is converted again on its next start), torch_compile
-(the --enable-torch-compile graphs; compiled again on next use) and auto-dtype-*.json (the
---dtype auto verdict per CPU; probed again on next start). The cache lives under the user cache
+(the --enable-torch-compile graphs; compiled again on next use), auto-dtype-*.json (the
+--dtype auto verdict per CPU; probed again on next start) and startup (model configs,
+tokenizer classes and kernel timings remembered from earlier starts; found again next start). The cache lives under the user cache
 folder (RADIXSERVE_CACHE_DIR overrides it).
 """
 
@@ -61,6 +62,9 @@ def entries() -> list[Entry]:
     found += [
         Entry(p.name, p, "--dtype auto verdict") for p in sorted(root.glob("auto-dtype-*.json"))
     ]
+    startup = root / "startup"  # utils/startup_cache.py
+    if startup.is_dir():
+        found.append(Entry(startup.name, startup, "start-up records"))
     return found
 
 

@@ -83,10 +83,11 @@ def _serve(argv: Sequence[str]) -> int:
         server_args.check_port_available()
     except ServerArgsError as exc:
         return _error("radixserve serve", str(exc), 2)
-    try:
-        from radixserve.entrypoints.http_server import launch_server
-    except ImportError as exc:
-        return _error("radixserve serve", f"the HTTP server is not available ({exc})", 1)
+    from radixserve.entrypoints.launch import launch_server, missing_http_stack
+
+    missing = missing_http_stack()
+    if missing is not None:
+        return _error("radixserve serve", f"the HTTP server is not available (no {missing})", 1)
     launch_server(server_args)
     return 0
 

@@ -154,6 +154,9 @@ class SchedulerReady:
     # The Rust tokenizer serialized, when decoding with it alone equals the full tokenizer's
     # decode (managers/light_detokenizer.py): the detokenizer then runs without transformers.
     light_decoder: str | None = None
+    # The class AutoTokenizer loaded ("module:qualname", utils/light_tokenizer.py): the API
+    # and detokenizer processes load their tokenizer with it, without AutoTokenizer (and torch).
+    tokenizer_class: str | None = None
 
 
 @dataclass

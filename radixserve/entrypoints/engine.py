@@ -10,12 +10,12 @@ import asyncio
 import logging
 import queue
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from radixserve.lora.config import LoRAError, lora_config_from_args
 from radixserve.lora.registry import LoRARef, LoRARegistry
-from radixserve.managers.grammar_manager import make_grammar_backend
+from radixserve.managers.grammar_backend import make_grammar_backend
 from radixserve.managers.inprocess_runtime import InProcessRuntime
 from radixserve.managers.lora_scheduling import LoRAInUse
 from radixserve.managers.multiprocess_runtime import MultiProcessRuntime
@@ -65,7 +65,11 @@ class Engine:
     """
 
     def __init__(
-        self, server_args: ServerArgs | None = None, runtime: str = "process", **kwargs: Any
+        self,
+        server_args: ServerArgs | None = None,
+        runtime: str = "process",
+        on_spawned: Callable[[], None] | None = None,
+        **kwargs: Any,
     ) -> None:
         # Offline use logs errors only unless asked (SGLang's Engine does the same): INFO lines
         # from the child processes would interleave with what the program prints.
@@ -79,9 +83,16 @@ class Engine:
             self.runtime = InProcessRuntime(args)
             self.tokenizer = self.runtime.tokenizer
         elif runtime == "process":
-            early = EarlyTokenizer(args)  # loads while the scheduler process loads the model
-            self.runtime = MultiProcessRuntime(args)
-            self.tokenizer = early.get(self.runtime.ready.model_dir)
+            early = EarlyTokenizer(args, start=False)  # loads while the model loads
+
+            def spawned() -> None:
+                early.start()
+                if on_spawned is not None:
+                    on_spawned()
+
+            self.runtime = MultiProcessRuntime(args, on_spawned=spawned)
+            ready = self.runtime.ready
+            self.tokenizer = early.get(ready.model_dir, ready.tokenizer_class)
         else:
             raise ValueError(f"runtime must be 'process' or 'thread', not {runtime!r}")
         self.model_info = self.runtime.ready

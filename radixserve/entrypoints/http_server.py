@@ -27,6 +27,7 @@ from starlette.requests import Request
 from radixserve import __version__
 from radixserve.entrypoints import control_api, lora_api, native_api
 from radixserve.entrypoints.auth import ApiKeyMiddleware
+from radixserve.entrypoints.engine_start import start_engine
 from radixserve.entrypoints.generation import GenerationRunner, call_engine
 from radixserve.entrypoints.http_config import HttpConfig
 from radixserve.entrypoints.http_state import ServerState
@@ -121,6 +122,16 @@ def _lifespan(ctx: ServingContext) -> Any:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     return lifespan
+
+
+def prepare() -> None:
+    """Build the routers once (and throw them away): their OpenAPI body schemas are cached, so
+    `create_app`, which waits on the model, no longer computes them (entrypoints/launch.py calls
+    this while the model loads)."""
+    native_api.build_router()
+    control_api.build_router()
+    openai_routes.build_router()
+    lora_api.build_router()
 
 
 def create_app(engine: Any, server_args: Any) -> FastAPI:
@@ -243,25 +254,15 @@ def _uvicorn_config(app: FastAPI, config: HttpConfig) -> uvicorn.Config:
 
 
 def launch_server(server_args: Any) -> None:
-    """Build the engine and serve until SIGTERM; SystemExit(1) when the engine fails."""
+    """Build the engine and serve until SIGTERM; SystemExit(1) when the engine fails.
+    (`radixserve serve` goes through entrypoints/launch.py, which starts the engine while this
+    module is still being imported.)"""
+    serve(start_engine(server_args), server_args)
+
+
+def serve(engine: Any, server_args: Any) -> None:
+    """Serve the app over the started `engine` until SIGTERM, then shut the engine down."""
     config = HttpConfig.from_server_args(server_args)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=config.log_level.upper(),
-            format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
-        )
-    from radixserve.managers.multiprocess_runtime import EngineStartupError
-
-    try:
-        from radixserve.entrypoints.engine import Engine
-
-        engine = Engine(server_args)
-    except EngineStartupError as exc:  # the scheduler already logged why: no traceback here
-        logger.error("%s", exc)
-        raise SystemExit(1) from None
-    except Exception:
-        logger.exception("The engine failed to start")
-        raise SystemExit(1) from None
     cpu_plan = getattr(engine.runtime, "cpu_plan", None)
     if cpu_plan is not None:  # the model runs in child processes: keep off their cores
         from radixserve.utils.cpu_threads import run_light

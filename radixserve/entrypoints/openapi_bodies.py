@@ -8,6 +8,8 @@ then pydantic), so FastAPI cannot see the body models. `body_doc(Model)` gives t
 
 from __future__ import annotations
 
+import copy
+import functools
 from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
@@ -32,7 +34,14 @@ def _inline(node: Any, defs: dict[str, Any]) -> Any:
 
 
 def body_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The JSON schema of `model` (validation mode) with no `$ref` left in it."""
+    """The JSON schema of `model` (validation mode) with no `$ref` left in it (a copy: callers
+    edit it). Computed once per model: pydantic's schemas are ~65 ms of building the app, which
+    the server does once the model is loaded; the HTTP stack's import warms them before."""
+    return copy.deepcopy(_body_schema(model))
+
+
+@functools.cache
+def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
     schema = model.model_json_schema(mode="validation")
     return _inline(schema, schema.get("$defs", {}))
 
@@ -40,6 +49,11 @@ def body_schema(model: type[BaseModel]) -> dict[str, Any]:
 def sampling_params_schema() -> dict[str, Any]:
     """/generate's `sampling_params` object: SamplingParams' fields (plus the `seed` alias),
     nothing else, since from_dict refuses unknown keys."""
+    return copy.deepcopy(_sampling_params_schema())
+
+
+@functools.cache
+def _sampling_params_schema() -> dict[str, Any]:
     schema = _inline(TypeAdapter(SamplingParams).json_schema(), {})
     schema["properties"]["seed"] = {"anyOf": [{"type": "integer"}, {"type": "null"}]}
     schema["additionalProperties"] = False

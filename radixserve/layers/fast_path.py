@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from radixserve.kernels import ops
+from radixserve.kernels.build import load_extension
 from radixserve.kernels.cpu_features import cpu_features
 from radixserve.kernels.onednn_linear import pack_weight, packing_support
 from radixserve.layers.activation import SiluAndMul
@@ -24,7 +25,8 @@ from radixserve.layers.quantization import (
     UnquantizedLinearMethod,
 )
 from radixserve.layers.quantization.packed import Int4PackLinearMethod, OneDNNLinearMethod
-from radixserve.layers.timing import interleaved_medians
+from radixserve.layers.remembered_timing import remembered_figures
+from radixserve.layers.timing import interleaved_fastest
 
 logger = logging.getLogger(__name__)
 
@@ -174,16 +176,27 @@ def pack_q4_1_for_int4(model: nn.Module, linears: tuple[type, ...], enabled: boo
                 "PyTorch's bfloat16 int4 matmul)"
             )
             return 0
-        gain = _int4_gain(max((g.weight for _, g in layers), key=lambda w: w.blocks.numel()))
+        largest = max((g.weight for _, g in layers), key=lambda w: w.blocks.numel())
+        shape = "x".join(str(d) for d in largest.blocks.shape)
+        figures, note = remembered_figures(
+            "int4-gain",
+            load_extension(),
+            [shape, str(INT4_MIN_GAIN)],
+            lambda: {"gain": _int4_gain(largest)},
+        )
+        gain = figures["gain"]
         if gain < INT4_MIN_GAIN:
             logger.info(
                 "GGUF Q4_1 on radixserve's integer kernels: PyTorch's int4 matmul measured "
-                "%.2fx of their speed on this model's largest layer (%s)",
+                "%.2fx of their speed on this model's largest layer (%s; %s)",
                 gain,
                 ", ".join(bf16),
+                note,
             )
             return 0
-        reason = f"{gain:.2f}x faster than radixserve's integer kernels here ({', '.join(bf16)})"
+        reason = (
+            f"{gain:.2f}x faster than radixserve's integer kernels here ({', '.join(bf16)}; {note})"
+        )
     else:
         reason = f"{INT4_ENV}=1"
     for module, method in layers:
@@ -199,20 +212,20 @@ def pack_q4_1_for_int4(model: nn.Module, linears: tuple[type, ...], enabled: boo
 
 def _int4_gain(gguf: GGUFWeight, rounds: int = 5) -> float:
     """Our integer kernel's time over the int4 matmul's on a layer's Q4_1 weight, at 1 and 8
-    rows (decode), median of `rounds` interleaved rounds."""
+    rows (decode), fastest of `rounds` interleaved rounds."""
     from radixserve.kernels.int4pack import int4pack_linear, pack_q4_1
 
     weight = pack_q4_1(gguf.blocks)
     total = {"ours": 0.0, "int4": 0.0}
     for rows in (1, 8):
         x = torch.randn(rows, weight.in_features)
-        medians = interleaved_medians(
+        fastest = interleaved_fastest(
             {
                 "ours": lambda x=x: ops.gguf_linear(x, gguf.blocks, gguf.qtype, gguf.out_features),
                 "int4": lambda x=x: int4pack_linear(x, weight),
             },
             rounds,
         )
-        for name, seconds in medians.items():
+        for name, seconds in fastest.items():
             total[name] += seconds
     return total["ours"] / max(total["int4"], 1e-9)

@@ -29,7 +29,8 @@ from radixserve.kernels import ops
 from radixserve.kernels.build import load_extension
 from radixserve.kernels.gguf_types import row_weights
 from radixserve.layers.quantization import GGUFWeight, MethodLayer
-from radixserve.layers.timing import interleaved_medians
+from radixserve.layers.remembered_timing import remembered_figures
+from radixserve.layers.timing import interleaved_fastest
 
 logger = logging.getLogger(__name__)
 
@@ -82,13 +83,13 @@ def choose_kquant_paths(model: nn.Module, linears: tuple[type, ...], enabled: bo
         amx_rows = AMX_MIN_ROWS if AMX_ISA in ext.q8k_isas() else PANEL_NEVER
     else:
         largest = max(parts, key=lambda p: p.blocks.numel())
-        gain = _small_batch_int8_gain(ext, largest)
+        figures, note = remembered_figures(
+            "kquant-paths", ext, _timing_inputs(largest), lambda: _measure(ext, largest)
+        )
+        gain, min_rows = figures["int8_gain"], int(figures["panel_min_rows"])
         small = gain >= KQUANT_INT8_MIN_GAIN
-        ext.set_kquant_int8(small)
-        min_rows = _panel_min_rows(ext, largest)
-        if min_rows != PANEL_NEVER and AMX_ISA in ext.q8k_isas():
-            amx_rows = _amx_min_rows(ext, largest)
-        reason = f"int8 measured {gain:.2f}x the int16 kernels' speed at 1-3 rows"
+        amx_rows = int(figures.get("amx_min_rows", PANEL_NEVER))
+        reason = f"int8 measured {gain:.2f}x the int16 kernels' speed at 1-3 rows; {note}"
     ext.set_kquant_int8(small)
     ext.set_q8k_panel_min_rows(min_rows)
     if amx_rows != PANEL_NEVER:
@@ -113,6 +114,29 @@ def _vector_isa(ext: object) -> str:
     return [isa for isa in ext.q8k_isas() if isa != AMX_ISA][-1]
 
 
+def _timing_inputs(weight: GGUFWeight) -> list[str]:
+    """What the figures of _measure depend on besides the kernel build and thread count."""
+    shape = "x".join(str(d) for d in weight.blocks.shape)
+    constants = (
+        f"{KQUANT_INT8_MIN_GAIN}|{PANEL_MIN_ROWS}|{PANEL_AFTER_SMALL_BATCHES}"
+        f"|{AMX_MIN_ROWS}|{AMX_AFTER_MID_BATCHES}"
+    )
+    return [str(weight.qtype), shape, str(PANEL_PROBE_COLUMNS), constants]
+
+
+def _measure(ext: object, weight: GGUFWeight) -> dict[str, float]:
+    """The int8 per-row kernels' gain, then (with them chosen or not, as they will run) from
+    how many rows the panel GEMM wins, and from how many it wins on AMX tiles (where this
+    machine has them and the panel runs at all)."""
+    gain = _small_batch_int8_gain(ext, weight)
+    ext.set_kquant_int8(gain >= KQUANT_INT8_MIN_GAIN)
+    min_rows = _panel_min_rows(ext, weight)
+    figures = {"int8_gain": gain, "panel_min_rows": min_rows}
+    if min_rows != PANEL_NEVER and AMX_ISA in ext.q8k_isas():
+        figures["amx_min_rows"] = _amx_min_rows(ext, weight)
+    return figures
+
+
 def _small_batch_int8_gain(ext: object, weight: GGUFWeight, rounds: int = 5) -> float:
     """The int16 kernels' time over the int8 per-row kernels' on `weight`, at 1
     and 3 rows (whole layer: batch 1 reads it from memory)."""
@@ -124,10 +148,10 @@ def _small_batch_int8_gain(ext: object, weight: GGUFWeight, rounds: int = 5) -> 
 
     total = {"int16": 0.0, "int8": 0.0}
     for x in x_rows:
-        medians = interleaved_medians(
+        fastest = interleaved_fastest(
             {"int16": lambda x=x: call(x, False), "int8": lambda x=x: call(x, True)}, rounds
         )
-        for name, seconds in medians.items():
+        for name, seconds in fastest.items():
             total[name] += seconds
     ext.set_kquant_int8(False)
     return total["int16"] / max(total["int8"], 1e-9)
@@ -148,10 +172,10 @@ def _panel_min_rows(ext: object, weight: GGUFWeight, rounds: int = 5) -> int:
     chosen = PANEL_NEVER
     for rows, min_rows in ((64, PANEL_AFTER_SMALL_BATCHES), (8, PANEL_MIN_ROWS)):
         x = torch.randn(rows, k)
-        medians = interleaved_medians(
+        fastest = interleaved_fastest(
             {"other": lambda x=x: call(x, PANEL_NEVER), "panel": lambda x=x: call(x, 1)}, rounds
         )
-        if medians["other"] < KQUANT_INT8_MIN_GAIN * medians["panel"]:
+        if fastest["other"] < KQUANT_INT8_MIN_GAIN * fastest["panel"]:
             break
         chosen = min_rows
     ext.set_q8k_panel_min_rows(PANEL_NEVER)
@@ -177,11 +201,11 @@ def _amx_min_rows(ext: object, weight: GGUFWeight, rounds: int = 5) -> int:
     try:
         for rows, min_rows in ((AMX_AFTER_MID_BATCHES, AMX_AFTER_MID_BATCHES), (64, AMX_MIN_ROWS)):
             x = torch.randn(rows, k)
-            medians = interleaved_medians(
+            fastest = interleaved_fastest(
                 {"vector": lambda x=x: call(x, vector), "amx": lambda x=x: call(x, AMX_ISA)},
                 rounds,
             )
-            if medians["vector"] < KQUANT_INT8_MIN_GAIN * medians["amx"]:
+            if fastest["vector"] < KQUANT_INT8_MIN_GAIN * fastest["amx"]:
                 break
             chosen = min_rows
     finally:

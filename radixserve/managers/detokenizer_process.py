@@ -40,7 +40,9 @@ def _decoder_for(server_args: ServerArgs, ready: SchedulerReady) -> Any:
     if ready.light_decoder is not None:
         logger.debug("detokenizer decodes with the tokenizers library alone")
         return LightDecoder(ready.light_decoder)
-    return load_tokenizer(server_args, ready.model_dir)
+    return load_tokenizer(
+        server_args, ready.model_dir, light=True, class_name=ready.tokenizer_class
+    )
 
 
 def _exit_on_signal(*_: Any) -> None:

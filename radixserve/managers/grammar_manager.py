@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from radixserve.sampling.constrained import (
     GrammarBackend,
     GrammarError,
-    create_grammar_backend,
     spec_from_sampling_params,
 )
 from radixserve.sampling.constrained.bitmask import allocate_bitmask
@@ -20,27 +19,8 @@ from radixserve.sampling.constrained.mask_apply import PackedVocabMask
 
 if TYPE_CHECKING:
     from radixserve.managers.schedule_batch import Req
-    from radixserve.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
-
-
-def make_grammar_backend(
-    server_args: ServerArgs, tokenizer: Any, vocab_size: int, eos_token_ids: Sequence[int]
-) -> GrammarBackend | None:
-    """The configured backend (--grammar-backend), or None when disabled or without a
-    tokenizer (grammar requests are then refused)."""
-    name = server_args.grammar_backend or "xgrammar"
-    if name == "none" or tokenizer is None:
-        return None
-    return create_grammar_backend(
-        name,
-        tokenizer,
-        vocab_size,
-        any_whitespace=not server_args.constrained_json_disable_any_whitespace,
-        whitespace_pattern=server_args.constrained_json_whitespace_pattern,
-        eos_token_ids=list(eos_token_ids),
-    )
 
 
 class GrammarManager:

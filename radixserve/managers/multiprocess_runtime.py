@@ -43,7 +43,6 @@ from radixserve.managers.dp_info import merge_replica_infos
 from radixserve.managers.process_utils import ipc_address
 from radixserve.managers.request_router import RequestRouter, RuntimeDeadError, Sink
 from radixserve.managers.scheduler_process import run_scheduler_process
-from radixserve.managers.tp_worker_process import run_tp_worker_process
 from radixserve.messages import (
     AbortReq,
     FlushCacheReq,
@@ -83,8 +82,14 @@ def rank_label(server_args: ServerArgs, rank: int) -> str:
 
 class MultiProcessRuntime:
     def __init__(
-        self, server_args: ServerArgs, on_death: Callable[[str], None] | None = None
+        self,
+        server_args: ServerArgs,
+        on_death: Callable[[str], None] | None = None,
+        on_spawned: Callable[[], None] | None = None,
     ) -> None:
+        """`on_spawned` runs once the processes are started, before waiting for the model: the
+        caller's own start-up work (a tokenizer, the HTTP stack) begins then, not before the
+        spawn it would otherwise delay (it competes for this process's GIL)."""
         if server_args.node_rank > 0:
             # Such a node has no scheduler to talk to: `radixserve serve` runs its ranks.
             raise EngineStartupError(
@@ -149,6 +154,8 @@ class MultiProcessRuntime:
             )
         for proc in self.processes:
             proc.start()
+        if on_spawned is not None:
+            on_spawned()
         try:
             self.readies = self._wait_ready()
         except BaseException:
@@ -178,6 +185,10 @@ class MultiProcessRuntime:
             )
         ]
         if dist is not None:
+            # Imported only here: it imports torch, which an API process without TP ranks
+            # never needs (spawn pickles the target by name, so naming it imports it).
+            from radixserve.managers.tp_worker_process import run_tp_worker_process
+
             procs += [
                 self._rank_process(
                     spawn,

@@ -16,7 +16,8 @@ from radixserve.errors import InvalidRequestError
 from radixserve.managers.crash_dump import CrashDumper
 from radixserve.managers.decode_logger import DecodeLogger
 from radixserve.managers.finish_checker import FinishChecker
-from radixserve.managers.grammar_manager import GrammarManager, make_grammar_backend
+from radixserve.managers.grammar_backend import make_grammar_backend
+from radixserve.managers.grammar_manager import GrammarManager
 from radixserve.managers.kv_manager import KVManager
 from radixserve.managers.load_report import load_fields
 from radixserve.managers.lora_scheduling import LoRAScheduling
@@ -30,6 +31,7 @@ from radixserve.managers.runtime_control import (
 )
 from radixserve.managers.schedule_batch import Req, ScheduledBatch, SchedulerStats
 from radixserve.managers.schedule_policy import PolicyConfig, PrefillAdder, SchedulePolicy
+from radixserve.managers.scheduler_tokenizer import full_tokenizer
 from radixserve.managers.sessions import SessionController, SessionError
 from radixserve.managers.step_runner import StepRunner
 from radixserve.managers.weight_control import WeightControl
@@ -98,7 +100,9 @@ class Scheduler:
         if self.spec is not None and server_args.enable_mixed_chunk:
             logger.info("--enable-mixed-chunk is off with speculative decoding (as in SGLang)")
         self.grammars = GrammarManager(
-            lambda: make_grammar_backend(server_args, tokenizer, cfg.vocab_size, eos)
+            lambda: make_grammar_backend(
+                server_args, full_tokenizer(tokenizer), cfg.vocab_size, eos
+            )
         )
         self.ratio = NewTokenRatio(server_args.schedule_conservativeness)
         chunk = server_args.chunked_prefill_size

@@ -46,7 +46,7 @@ def run_scheduler_process(
             import torch
 
             torch.cuda.set_device(dp_rank % torch.cuda.device_count())  # a GPU per replica
-        scheduler, _, ready = build_scheduler(server_args)
+        scheduler, _, ready = build_scheduler(server_args, decode_only_tokenizer=True)
         if dist is not None:
             from radixserve.managers.tp_sync import TpLeader
 

@@ -349,10 +349,19 @@ def looks_like_hub_id(text: str) -> bool:
 
 
 def _load_hf_config(source: str, revision: str | None, trust_remote_code: bool) -> Any:
+    """AutoConfig's config of `source`; for a local folder read before, its remembered
+    attributes instead (models/config_snapshot.py: no transformers import)."""
+    from radixserve.models.config_snapshot import load_snapshot, save_snapshot
+
+    local = revision is None and Path(source).is_dir()
+    if local:
+        snapshot = load_snapshot(source)
+        if snapshot is not None:
+            return snapshot
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(
+        config = AutoConfig.from_pretrained(
             source, revision=revision, trust_remote_code=trust_remote_code
         )
     except ValueError as e:
@@ -363,6 +372,9 @@ def _load_hf_config(source: str, revision: str | None, trust_remote_code: bool) 
         raise ValueError(f"cannot read the model config of {source}: {e}") from e
     except OSError as e:
         raise FileNotFoundError(f"cannot read the model config of {source}: {e}") from e
+    if local:
+        save_snapshot(source, config)
+    return config
 
 
 def _generation_eos(source: str) -> tuple[int, ...]:

@@ -22,9 +22,9 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from tqdm.auto import tqdm
 
 from radixserve.utils.gguf_cache import (  # noqa: F401  (re-exported: cache CLI, tests)
@@ -33,6 +33,11 @@ from radixserve.utils.gguf_cache import (  # noqa: F401  (re-exported: cache CLI
     cached_folder,
     content_fingerprint,
 )
+
+if TYPE_CHECKING:
+    # Imported where tensors are made: the API process finds a GGUF's tokenizer folder through
+    # this module and must not import torch.
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -307,6 +312,7 @@ def unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 def _dequantize(tensor: object) -> torch.Tensor:
+    import torch
     from gguf import GGMLQuantizationType, dequantize
 
     qtype = tensor.tensor_type  # type: ignore[attr-defined]
@@ -324,6 +330,8 @@ def _write_tensors(
     qk_heads: tuple[int, int] | None,
 ) -> None:
     """Dequantise tensor by tensor into ~2 GiB safetensors shards, flushed as they fill."""
+    import torch
+
     writer = _ShardWriter(out_dir)
     tensors = reader.tensors  # type: ignore[attr-defined]
     for tensor in tqdm(tensors, desc=f"Converting {gguf_path.name}", unit="tensor"):

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import functools
+import importlib.util
 import logging
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,15 +22,54 @@ _NO_CGROUP_LIMIT = 1 << 60
 
 def detect_device() -> str:
     """'cuda' when a CUDA device is usable, else 'cpu'."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if cuda_available() else "cpu"
 
 
 def cuda_available() -> bool:
+    # Option parsing runs in the API process, which otherwise never imports torch (~270 MB,
+    # ~1 s): a CPU-only build is recognised from its version file alone.
+    if "torch" not in sys.modules and not torch_built_for_gpu():
+        return False
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+@functools.cache
+def torch_built_for_gpu() -> bool:
+    """Whether the installed torch was built with CUDA or ROCm, read from torch/version.py
+    without importing torch. True when that cannot be told (then torch itself is asked)."""
+    try:
+        spec = importlib.util.find_spec("torch")
+        folders = list(spec.submodule_search_locations or []) if spec is not None else []
+        return version_file_names_gpu(Path(folders[0], "version.py").read_text(encoding="utf-8"))
+    except (ImportError, OSError, IndexError, ValueError):
+        return True
+
+
+def version_file_names_gpu(text: str) -> bool:
+    """Whether a torch/version.py source sets `cuda` or `hip` to anything but None; True
+    when it does not set both to constants (a build this code does not know)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return True
+    values: dict[str, object] = {}
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        else:
+            continue
+        if isinstance(target, ast.Name):
+            try:
+                values[target.id] = ast.literal_eval(value)
+            except (ValueError, TypeError, SyntaxError):
+                values[target.id] = "?"  # computed: not a constant None
+    if "cuda" not in values or "hip" not in values:
+        return True
+    return values["cuda"] is not None or values["hip"] is not None
 
 
 @functools.cache

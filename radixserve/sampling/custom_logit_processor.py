@@ -18,11 +18,12 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from radixserve.errors import InvalidRequestError
+
+if TYPE_CHECKING:  # the API process checks requests here and must not import torch
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,8 @@ def apply_processors(logits: torch.Tensor, rows: Sequence[int], reqs: Sequence[A
     that raises or returns the wrong shape leaves its rows alone and marks its requests
     (`custom_logit_error`) so the scheduler ends only them. `reqs` are the scheduler's Req
     objects (typed loosely: sampling/ does not import managers/)."""
+    import torch
+
     groups: dict[str, list[int]] = {}
     for j, req in enumerate(reqs):
         if req.custom_logit_processor is not None:

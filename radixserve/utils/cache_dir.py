@@ -1,6 +1,6 @@
 """radixserve's own cache folder: converted GGUF models (gguf/), inductor's compiled graphs
-(torch_compile/) and the `--dtype auto` verdicts (auto-dtype-*.json). `radixserve cache` lists
-and clears it."""
+(torch_compile/), the `--dtype auto` verdicts (auto-dtype-*.json) and start-up records
+(startup/, utils/startup_cache.py). `radixserve cache` lists and clears it."""
 
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -213,6 +214,23 @@ def claim_compute_cores(plan: CpuPlan) -> None:
                 BIND_ENV,
             )
     logger.info("CPU threads: %s", plan.describe())
+
+
+# How much lower start-up threads beside the model load run (added to their nice value).
+START_UP_NICENESS = 10
+
+
+def yield_cpu_to_the_model() -> None:
+    """Lower the calling thread's CPU priority (Linux: a thread has a nice value of its own):
+    for start-up work in the API process (the tokenizer, the HTTP stack) that is needed only
+    once the model is loaded, so the scheduler process's start, the longest path to a ready
+    server, gets the cores first. The thread ends with its work; nothing else is affected."""
+    tid = threading.get_native_id()
+    try:
+        current = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, current + START_UP_NICENESS))
+    except (AttributeError, OSError):
+        pass  # not Linux, or not allowed: it runs at the usual priority
 
 
 def run_light(plan: CpuPlan) -> None:

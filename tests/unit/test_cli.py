@@ -6,7 +6,6 @@ import logging
 import socket
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -106,10 +105,10 @@ def test_help_with_legacy_option(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.fixture
 def fake_server(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    from radixserve.entrypoints import launch
+
     launched: list[object] = []
-    module = types.ModuleType("radixserve.entrypoints.http_server")
-    module.launch_server = launched.append  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "radixserve.entrypoints.http_server", module)
+    monkeypatch.setattr(launch, "launch_server", launched.append)
     return launched
 
 
@@ -175,12 +174,12 @@ def test_real_subprocess_bad_choice_and_legacy_help() -> None:
 def test_missing_local_model_path_is_one_line_before_anything_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from radixserve.entrypoints import http_server
+    from radixserve.entrypoints import launch
 
     def never(*_: object) -> None:
         raise AssertionError("the server must not start")
 
-    monkeypatch.setattr(http_server, "launch_server", never)
+    monkeypatch.setattr(launch, "launch_server", never)
     for missing in (tmp_path / "nope", tmp_path / "model.gguf"):
         message = _fail(["serve", "--model-path", str(missing)], capsys)
         assert message.startswith(f"--model-path: {missing} does not exist")

@@ -90,3 +90,25 @@ def test_bound_compute_threads_each_run_on_one_cpu() -> None:
     )
     singles, cpus = json.loads(out)
     assert singles == [[c] for c in cpus]
+
+
+def test_start_up_threads_yield_the_cpu_and_only_themselves() -> None:
+    import os
+    import threading
+
+    from radixserve.utils.cpu_threads import START_UP_NICENESS, yield_cpu_to_the_model
+
+    if not hasattr(os, "getpriority"):
+        pytest.skip("no per-thread priorities here")
+    seen: list[int] = []
+
+    def work() -> None:
+        yield_cpu_to_the_model()
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert seen == [min(19, before + START_UP_NICENESS)]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before

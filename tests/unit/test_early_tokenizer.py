@@ -21,7 +21,7 @@ def _args(model: Path, **kwargs: Any) -> ServerArgs:
 def loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
 
-    def fake_load(server_args: ServerArgs, model_dir: str) -> object:
+    def fake_load(server_args: ServerArgs, model_dir: str, **_: Any) -> object:
         seen.append(model_dir)
         return ("tokenizer of", model_dir)
 
@@ -48,7 +48,7 @@ def test_another_folder_is_loaded_after(tmp_path: Path, loads: list[str]) -> Non
 def test_a_failed_early_load_falls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
 
-    def flaky(server_args: ServerArgs, model_dir: str) -> object:
+    def flaky(server_args: ServerArgs, model_dir: str, **_: Any) -> object:
         calls.append(model_dir)
         if len(calls) == 1:
             raise OSError("not there yet")
@@ -64,3 +64,25 @@ def test_skip_tokenizer_init_loads_nothing_early(tmp_path: Path, loads: list[str
     early = scheduler_factory.EarlyTokenizer(_args(tmp_path, skip_tokenizer_init=True))
     assert early.get(str(tmp_path)) == ("tokenizer of", str(tmp_path))
     assert loads == [str(tmp_path)]  # only the regular load (which returns None for real)
+
+
+def test_another_class_than_autotokenizers_is_reloaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The early load predicted a class; the scheduler's AutoTokenizer chose another: the API
+    loads the scheduler's class (light, still without AutoTokenizer)."""
+    calls: list[dict[str, Any]] = []
+
+    class Predicted:
+        pass
+
+    def fake_load(server_args: ServerArgs, model_dir: str, **kwargs: Any) -> object:
+        calls.append(kwargs)
+        return Predicted() if len(calls) == 1 else "the scheduler's class"
+
+    monkeypatch.setattr(scheduler_factory, "load_tokenizer", fake_load)
+    early = scheduler_factory.EarlyTokenizer(_args(tmp_path))
+    predicted = f"{Predicted.__module__}:{Predicted.__qualname__}"
+    assert isinstance(early.get(str(tmp_path), predicted), Predicted)  # the same class: kept
+    assert early.get(str(tmp_path), "transformers.x:Other") == "the scheduler's class"
+    assert calls == [{"light": True}, {"light": True, "class_name": "transformers.x:Other"}]

@@ -16,7 +16,7 @@ class _Started(Exception):
 def _captured_log_level(monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> str:
     seen: list[str] = []
 
-    def fake_runtime(server_args: Any) -> None:
+    def fake_runtime(server_args: Any, **_: Any) -> None:
         seen.append(server_args.log_level)
         raise _Started
 

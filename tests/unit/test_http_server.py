@@ -332,3 +332,14 @@ def test_cors_preflight_passes_auth() -> None:
         )
     assert r.status_code == 200
     assert r.headers["access-control-allow-origin"] in ("*", "http://example.com")
+
+
+def test_body_schemas_are_computed_once_and_handed_out_as_copies() -> None:
+    from radixserve.entrypoints import openapi_bodies
+    from radixserve.entrypoints.openai.protocol import GenerateReqInput
+
+    first = openapi_bodies.body_schema(GenerateReqInput)
+    first["properties"].clear()
+    assert openapi_bodies.body_schema(GenerateReqInput)["properties"]
+    assert openapi_bodies._body_schema.cache_info().hits >= 1
+    http_server.prepare()  # builds every router without an engine

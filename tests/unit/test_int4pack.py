@@ -141,6 +141,10 @@ def test_auto_takes_int4_only_with_bf16_units_and_a_measured_gain(
         assert fast_path.pack_q4_1_for_int4(model, LINEARS, enabled=True) == 0
     assert "no AVX512-BF16/AMX-BF16" in caplog.text
     monkeypatch.setattr(fast_path, "cpu_features", lambda: amx)
+    # Timed every call here (no figures remembered across calls: test_remembered_timing.py).
+    monkeypatch.setattr(
+        fast_path, "remembered_figures", lambda kind, ext, inputs, measure: (measure(), "measured")
+    )
     monkeypatch.setattr(fast_path, "_int4_gain", lambda layer: 1.02)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger=fast_path.__name__):

@@ -218,11 +218,11 @@ def test_panel_rows_follow_the_timings(
     and 8 rows (timings replaced here: the rule, not this machine, is under test)."""
     shares = iter([panel_share_64, panel_share_8])
 
-    def fake_medians(calls: dict, rounds: int) -> dict[str, float]:
+    def fake_fastest(calls: dict, rounds: int) -> dict[str, float]:
         assert set(calls) == {"other", "panel"}
         return {"other": 1.0, "panel": next(shares)}
 
-    monkeypatch.setattr(kquant_paths, "interleaved_medians", fake_medians)
+    monkeypatch.setattr(kquant_paths, "interleaved_fastest", fake_fastest)
     weight = _model().get_submodule("0").quant_method.gguf_weight()
     assert kquant_paths._panel_min_rows(ext, weight) == expected
     assert ext.q8k_panel_min_rows() == NEVER  # measuring leaves the switch off
@@ -250,11 +250,11 @@ def test_amx_rows_follow_the_timings(
         pytest.skip("no AMX-INT8 here (CPU or OS)")
     shares = iter([amx_share_128, amx_share_64])
 
-    def fake_medians(calls: dict, rounds: int) -> dict[str, float]:
+    def fake_fastest(calls: dict, rounds: int) -> dict[str, float]:
         assert set(calls) == {"vector", "amx"}
         return {"vector": 1.0, "amx": next(shares)}
 
-    monkeypatch.setattr(kquant_paths, "interleaved_medians", fake_medians)
+    monkeypatch.setattr(kquant_paths, "interleaved_fastest", fake_fastest)
     weight = _model().get_submodule("0").quant_method.gguf_weight()
     assert kquant_paths._amx_min_rows(ext, weight) == expected
     assert ext.q8k_isa() != kquant_paths.AMX_ISA

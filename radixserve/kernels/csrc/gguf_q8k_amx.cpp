@@ -92,8 +92,6 @@ inline uint16_t bf16_bits(int v) {
 }
 
 
-constexpr int64_t kPrefetchBlocks = 4;
-
 template <class Dec>
 void decode_amx_panel(const uint8_t* blocks, int64_t row_bytes, int64_t k, int64_t n0,
                       int64_t rows, AmxPanel& p) {
@@ -111,8 +109,7 @@ void decode_amx_panel(const uint8_t* blocks, int64_t row_bytes, int64_t k, int64
   for (int64_t s = 0; s < nsb; ++s) {
     for (int64_t r = 0; r < rows; ++r) {
       const uint8_t* blk = blocks + (n0 + r) * row_bytes + s * Dec::kBytes;
-      const char* ahead = reinterpret_cast<const char*>(blk) + kPrefetchBlocks * Dec::kBytes;
-      for (int64_t i = 0; i < Dec::kBytes; i += 64) _mm_prefetch(ahead + i, _MM_HINT_T0);
+      prefetch_blocks_ahead<Dec>(blk);
       SuperBlock sb;
       Dec::prepare(blk, &sb);
       for (int g = 0; g < 8; ++g) {  // group g: weights 32g..32g+31, runs 2g and 2g + 1

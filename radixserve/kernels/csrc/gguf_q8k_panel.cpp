@@ -54,7 +54,6 @@ struct Panel {
 // Row by row: the codes and a record of the scales (vector stores of the SuperBlock's int16
 // arrays), then both transposed to the panel's layout. Writing each scale into its strided
 // place one at a time was ~2/3 of a panel's decoding (the panel's cost at decode batch sizes).
-constexpr int64_t kPrefetchBlocks = 4;
 
 // kRaw (Q4_K): the panel holds the 128 bytes of packed nibbles per super-block and row as they
 // are in the file (32 dwords: dword q' has the low-nibble codes 4q'..4q'+3 of group 2(q'/8) and
@@ -76,10 +75,7 @@ void decode_panel(const uint8_t* blocks, int64_t row_bytes, int64_t k, int64_t n
   for (int64_t s = 0; s < nsb; ++s) {
     for (int64_t r = 0; r < rows; ++r) {
       const uint8_t* blk = blocks + (n0 + r) * row_bytes + s * Dec::kBytes;
-      // L rows are L streams from memory, too many for the hardware prefetcher at small
-      // batches (where decoding is most of a panel's time): ask for each a few blocks ahead.
-      const char* ahead = reinterpret_cast<const char*>(blk) + kPrefetchBlocks * Dec::kBytes;
-      for (int64_t i = 0; i < Dec::kBytes; i += 64) _mm_prefetch(ahead + i, _MM_HINT_T0);
+      prefetch_blocks_ahead<Dec>(blk);
       SuperBlock sb;
       Dec::prepare(blk, &sb);
       if constexpr (kRaw) {

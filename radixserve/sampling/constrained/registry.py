@@ -6,9 +6,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from radixserve.sampling.constrained.base import GrammarBackend
+if TYPE_CHECKING:  # base imports torch; only a created backend needs it
+    from radixserve.sampling.constrained.base import GrammarBackend
 
 logger = logging.getLogger(__name__)
 
