@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -161,57 +162,82 @@ def _panel_min_rows(ext: object, weight: GGUFWeight, rounds: int = 5) -> int:
     """From how many rows the panel GEMM should run: PANEL_MIN_ROWS where it beats the path it
     replaces at 8 rows too, PANEL_AFTER_SMALL_BATCHES where it beats the float tiles only at 64
     rows, else PANEL_NEVER."""
-    n = min(weight.out_features, PANEL_PROBE_COLUMNS)
-    blocks = weight.blocks[:n].contiguous()
-    k = _in_features(weight)
+    probe = _Probe(weight)
 
     def call(x: torch.Tensor, min_rows: int) -> None:
         ext.set_q8k_panel_min_rows(min_rows)
-        ops.gguf_linear(x, blocks, weight.qtype, n)
+        probe.run(x)
 
-    chosen = PANEL_NEVER
-    for rows, min_rows in ((64, PANEL_AFTER_SMALL_BATCHES), (8, PANEL_MIN_ROWS)):
-        x = torch.randn(rows, k)
-        fastest = interleaved_fastest(
-            {"other": lambda x=x: call(x, PANEL_NEVER), "panel": lambda x=x: call(x, 1)}, rounds
+    try:
+        return probe.min_rows(
+            ((64, PANEL_AFTER_SMALL_BATCHES), (8, PANEL_MIN_ROWS)),
+            ("other", lambda x: call(x, PANEL_NEVER)),
+            ("panel", lambda x: call(x, 1)),
+            rounds,
         )
-        if fastest["other"] < KQUANT_INT8_MIN_GAIN * fastest["panel"]:
-            break
-        chosen = min_rows
-    ext.set_q8k_panel_min_rows(PANEL_NEVER)
-    return chosen
+    finally:
+        ext.set_q8k_panel_min_rows(PANEL_NEVER)
 
 
 def _amx_min_rows(ext: object, weight: GGUFWeight, rounds: int = 5) -> int:
     """From how many rows the panel GEMM should run on AMX tiles: AMX_MIN_ROWS where they beat
     the vpdpbusd panel at 64 rows, AMX_AFTER_MID_BATCHES where only at 128, else PANEL_NEVER.
     Leaves the vector variant selected."""
-    n = min(weight.out_features, PANEL_PROBE_COLUMNS)
-    blocks = weight.blocks[:n].contiguous()
-    k = _in_features(weight)
+    probe = _Probe(weight)
     vector = _vector_isa(ext)
 
     def call(x: torch.Tensor, isa: str) -> None:
         ext.set_q8k_isa(isa)
-        ops.gguf_linear(x, blocks, weight.qtype, n)
+        probe.run(x)
 
     ext.set_q8k_panel_min_rows(1)
     ext.set_q8k_amx_min_rows(1)
-    chosen = PANEL_NEVER
     try:
-        for rows, min_rows in ((AMX_AFTER_MID_BATCHES, AMX_AFTER_MID_BATCHES), (64, AMX_MIN_ROWS)):
-            x = torch.randn(rows, k)
-            fastest = interleaved_fastest(
-                {"vector": lambda x=x: call(x, vector), "amx": lambda x=x: call(x, AMX_ISA)},
-                rounds,
-            )
-            if fastest["vector"] < KQUANT_INT8_MIN_GAIN * fastest["amx"]:
-                break
-            chosen = min_rows
+        return probe.min_rows(
+            ((AMX_AFTER_MID_BATCHES, AMX_AFTER_MID_BATCHES), (64, AMX_MIN_ROWS)),
+            ("vector", lambda x: call(x, vector)),
+            ("amx", lambda x: call(x, AMX_ISA)),
+            rounds,
+        )
     finally:
         ext.set_q8k_isa(vector)
         ext.set_q8k_panel_min_rows(PANEL_NEVER)
-    return chosen
+
+
+class _Probe:
+    """The first PANEL_PROBE_COLUMNS output rows of `weight`, timed against two ways of running
+    them (the panel's row-count choices)."""
+
+    def __init__(self, weight: GGUFWeight) -> None:
+        self.n = min(weight.out_features, PANEL_PROBE_COLUMNS)
+        self.blocks = weight.blocks[: self.n].contiguous()
+        self.qtype = weight.qtype
+        self.k = _in_features(weight)
+
+    def run(self, x: torch.Tensor) -> None:
+        ops.gguf_linear(x, self.blocks, self.qtype, self.n)
+
+    def min_rows(
+        self,
+        probes: tuple[tuple[int, int], ...],
+        base: tuple[str, Callable[[torch.Tensor], None]],
+        candidate: tuple[str, Callable[[torch.Tensor], None]],
+        rounds: int,
+    ) -> int:
+        """Probes (rows, row count to choose) from most rows to fewest: each where `candidate`
+        is KQUANT_INT8_MIN_GAIN faster than `base` lowers the choice to its row count; the first
+        where it is not ends the walk. PANEL_NEVER where it wins at none."""
+        chosen = PANEL_NEVER
+        for rows, min_rows in probes:
+            x = torch.randn(rows, self.k)
+            fastest = interleaved_fastest(
+                {base[0]: lambda x=x: base[1](x), candidate[0]: lambda x=x: candidate[1](x)},
+                rounds,
+            )
+            if fastest[base[0]] < KQUANT_INT8_MIN_GAIN * fastest[candidate[0]]:
+                break
+            chosen = min_rows
+        return chosen
 
 
 def _in_features(weight: GGUFWeight) -> int:
