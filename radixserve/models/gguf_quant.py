@@ -11,7 +11,7 @@ attn_v and ffn_down as Q6_K in some layers): the layer then runs one matmul per 
 
 Tensors are read with plain file reads (the reader's memory map serves only the tensor table), so
 loading holds about one copy of the weights; in the scheduler process the quantized blocks were
-usually read already, on a thread while torch was imported (models/gguf_prefetch.py).
+usually read already, on a thread while torch was imported (utils/gguf_prefetch.py).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from tqdm.auto import tqdm
 from radixserve.layers import gguf_formats as gt
 from radixserve.layers.gguf_formats import dequantize
 from radixserve.layers.linear import attach_gguf_parts
-from radixserve.models import gguf_prefetch
 from radixserve.models.gguf import hf_float_value, hf_tensor_name, unpermute_qk
+from radixserve.utils import gguf_prefetch
 from radixserve.utils.gguf_cache import TensorEntry, tensor_table
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The GGUF blocks read on a thread while the scheduler imports torch (models/gguf_prefetch.py)
+"""The GGUF blocks read on a thread while the scheduler imports torch (utils/gguf_prefetch.py)
 give the loader exactly the blocks it reads itself, joined and unpermuted the same way; a
 prefetch that failed or was never started leaves the loader reading the file."""
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from radixserve.kernels import gguf_types as gt
-from radixserve.models import gguf_prefetch
 from radixserve.models.loader import load_model
 from radixserve.server_args import ServerArgs
+from radixserve.utils import gguf_prefetch
 from radixserve.utils.cache_dir import CACHE_DIR_ENV
 from tests.helpers.tiny_gguf import write_block_gguf
 from tests.helpers.tiny_models import tiny_hf_config, tiny_hf_model
