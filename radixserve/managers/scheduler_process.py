@@ -39,6 +39,9 @@ def run_scheduler_process(
     receiver, sender = start_child(name, server_args, in_addr, out_addr, parent_pid)
     leader = None
     try:
+        from radixserve.utils.gguf_prefetch import start_for
+
+        start_for(server_args)  # the GGUF's blocks read on a thread while torch is imported
         claim_compute_cores(cpu_plan)
         if dist is not None:
             init_tensor_parallel(dist, 0)

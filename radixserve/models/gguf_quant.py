@@ -10,7 +10,8 @@ model's usual loader. Parts of one fused layer may use different block types (Q4
 attn_v and ffn_down as Q6_K in some layers): the layer then runs one matmul per part.
 
 Tensors are read with plain file reads (the reader's memory map serves only the tensor table), so
-loading holds about one copy of the weights.
+loading holds about one copy of the weights; in the scheduler process the quantized blocks were
+usually read already, on a thread while torch was imported (utils/gguf_prefetch.py).
 """
 
 from __future__ import annotations
@@ -30,16 +31,12 @@ from radixserve.layers import gguf_formats as gt
 from radixserve.layers.gguf_formats import dequantize
 from radixserve.layers.quantization import use_gguf_blocks
 from radixserve.models.gguf import hf_float_value, hf_tensor_name, unpermute_qk
+from radixserve.utils import gguf_prefetch
 from radixserve.utils.gguf_cache import TensorEntry, tensor_table
 
 logger = logging.getLogger(__name__)
 
-_FUSED_PARTS = {
-    "self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"),
-    "self_attn.o_proj": ("attn_output",),
-    "mlp.gate_up_proj": ("ffn_gate", "ffn_up"),
-    "mlp.down_proj": ("ffn_down",),
-}
+_FUSED_PARTS = gguf_prefetch.FUSED_PARTS
 
 
 class QuantSummary(NamedTuple):
@@ -111,6 +108,7 @@ def _load(
     arch: str,
 ) -> QuantSummary:
     raw = file.tensors
+    prefetch = gguf_prefetch.take(file.path)  # blocks read while torch was imported, if any
     heads = {"attn_q": num_heads, "attn_k": num_kv_heads} if permuted_qk else {}
     on_blocks: set[str] = set()
     types: Counter[int] = Counter()  # GGML type -> tensors kept on blocks
@@ -125,7 +123,7 @@ def _load(
             if any(t is None or int(t.tensor_type) not in gt.QUANTIZED_TYPES for t in tensors):
                 kept += 1  # loaded as float below (or reported missing by the loader)
                 continue
-            blocks = _read_fused(file, tensors, [heads.get(p) for p in parts])
+            blocks = _read_fused(file, tensors, [heads.get(p) for p in parts], prefetch)
             for _, qtype in blocks:
                 types[qtype] += 1
             bar.update(len(tensors))
@@ -141,7 +139,9 @@ def _load(
         if tensor is None or int(tensor.tensor_type) not in gt.QUANTIZED_TYPES:
             continue
         qtype = int(tensor.tensor_type)
-        blocks = _copy_blocks(file, tensor, None)
+        blocks = _prefetched(prefetch, (name,), tensor.rows, tensor.n_bytes // tensor.rows)
+        if blocks is None:
+            blocks = _copy_blocks(file, tensor, None)
         use_gguf_blocks(module, [(blocks, qtype)])
         types[qtype] += 1
         on_blocks.add(name)
@@ -169,26 +169,59 @@ def _load(
 
 
 def _read_fused(
-    file: _GGUFFile, tensors: list[TensorEntry], permute_heads: list[int | None]
+    file: _GGUFFile,
+    tensors: list[TensorEntry],
+    permute_heads: list[int | None],
+    prefetch: gguf_prefetch.Prefetch | None = None,
 ) -> list[tuple[torch.Tensor, int]]:
     """The blocks of a fused layer's parts, each as [rows, row bytes] uint8: parts of one type
     read straight into one joined tensor (no per-part buffers to free: freed buffers under
     glibc's mmap threshold stayed in the heap, ~1.1 GB of an 8B model's load), llama.cpp's q/k
-    row order undone in place."""
+    row order undone in place. Parts `prefetch` already read are taken from it."""
     qtypes = [t.tensor_type for t in tensors]
     if len(set(qtypes)) == 1:
         rows = [t.rows for t in tensors]
-        joined = torch.empty(sum(rows), tensors[0].n_bytes // rows[0], dtype=torch.uint8)
+        row_bytes = tensors[0].n_bytes // rows[0]
+        group = tuple(t.name for t in tensors)
+        joined = _prefetched(prefetch, group, sum(rows), row_bytes)
+        read = joined is None
+        if joined is None:
+            joined = torch.empty(sum(rows), row_bytes, dtype=torch.uint8)
         pieces = list(joined.split(rows))
         result = [(joined, qtypes[0])]
+        to_read = [read] * len(tensors)
     else:
-        pieces = [torch.empty(t.rows, t.n_bytes // t.rows, dtype=torch.uint8) for t in tensors]
+        pieces, to_read = [], []
+        for t in tensors:
+            piece = _prefetched(prefetch, (t.name,), t.rows, t.n_bytes // t.rows)
+            to_read.append(piece is None)
+            pieces.append(
+                piece
+                if piece is not None
+                else torch.empty(t.rows, t.n_bytes // t.rows, dtype=torch.uint8)
+            )
         result = list(zip(pieces, qtypes, strict=True))
-    for tensor, piece, heads in zip(tensors, pieces, permute_heads, strict=True):
-        file.read_into(tensor, piece)
+    for tensor, piece, heads, read in zip(tensors, pieces, permute_heads, to_read, strict=True):
+        if read:
+            file.read_into(tensor, piece)
         if heads is not None:
             _unpermute_rows_in_place(piece, heads)
     return result
+
+
+def _prefetched(
+    prefetch: gguf_prefetch.Prefetch | None, group: tuple[str, ...], rows: int, row_bytes: int
+) -> torch.Tensor | None:
+    """The group's blocks as a [rows, row bytes] tensor over the prefetch's memory, or None
+    when the prefetch did not read them."""
+    region = prefetch.region(group) if prefetch is not None else None
+    if region is None or region.n_bytes != rows * row_bytes:
+        return None
+    assert prefetch is not None and prefetch.buffer is not None
+    flat = torch.frombuffer(
+        prefetch.buffer, dtype=torch.uint8, count=region.n_bytes, offset=region.offset
+    )
+    return flat.view(rows, row_bytes)
 
 
 def _copy_blocks(file: _GGUFFile, tensor: TensorEntry, permute_heads: int | None) -> torch.Tensor:

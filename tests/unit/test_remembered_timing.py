@@ -1,6 +1,6 @@
 """Kernel-path timings remembered across starts (layers/remembered_timing.py): reused for the
-same kernel build, threads and inputs, timed again otherwise, and never remembered when other
-work held the CPUs during the timing (utils/cpu_pressure.py)."""
+same kernel build, threads and inputs, timed again otherwise, and never remembered when the
+timing did not get its cores."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 
 from radixserve.layers import remembered_timing
 from radixserve.utils.cache_dir import CACHE_DIR_ENV
-from radixserve.utils.cpu_pressure import StallMeter
 
 
 class _Ext:
@@ -22,12 +21,13 @@ def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
 
 
-def _quiet(monkeypatch: pytest.MonkeyPatch, share: float | None) -> None:
-    monkeypatch.setattr(StallMeter, "share", lambda self: share)
+def _quiet(monkeypatch: pytest.MonkeyPatch, share: float) -> None:
+    """The timing gets `share` of its cores."""
+    monkeypatch.setattr(remembered_timing, "cpu_share", lambda cpu, wall, threads: share)
 
 
 def test_figures_are_remembered_for_the_same_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
-    _quiet(monkeypatch, 0.0)
+    _quiet(monkeypatch, 1.0)
     calls: list[int] = []
 
     def measure() -> dict[str, float]:
@@ -48,7 +48,7 @@ def test_another_kernel_build_or_thread_count_times_again(
 ) -> None:
     import torch
 
-    _quiet(monkeypatch, None)  # no pressure information: remembered, as --dtype auto's probe
+    _quiet(monkeypatch, 0.97)
     remembered_timing.remembered_figures("k", _Ext(), ["x"], lambda: {"gain": 1.0})
 
     class Rebuilt:
@@ -64,23 +64,17 @@ def test_another_kernel_build_or_thread_count_times_again(
 
 
 def test_a_busy_machines_figures_are_used_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    _quiet(monkeypatch, 0.4)
+    _quiet(monkeypatch, 0.6)
     figures, note = remembered_timing.remembered_figures("k", _Ext(), ["x"], lambda: {"gain": 0.8})
-    assert figures == {"gain": 0.8} and "busy 40%" in note and "not remembered" in note
-    _quiet(monkeypatch, 0.0)
+    assert figures == {"gain": 0.8} and "60% of its cores" in note and "not remembered" in note
+    _quiet(monkeypatch, 0.95)
     assert remembered_timing.remembered_figures("k", _Ext(), ["x"], lambda: {"gain": 1.9}) == (
         {"gain": 1.9},
         "measured",
     )
 
 
-def test_the_stall_meter_reads_the_pressure_file(tmp_path: Path) -> None:
-    pressure = tmp_path / "cpu"
-    pressure.write_text("some avg10=1.00 avg60=1.00 avg300=1.00 total=1000000\n")
-    meter = StallMeter(pressure).start()
-    pressure.write_text("some avg10=1.00 avg60=1.00 avg300=1.00 total=1000000\n")
-    assert meter.share() == 0.0
-    pressure.write_text("some avg10=1.00 avg60=1.00 avg300=1.00 total=999999999\n")
-    share = meter.share()
-    assert share is not None and share > 1.0  # a second of stall within microseconds
-    assert StallMeter(tmp_path / "absent").start().share() is None
+def test_the_cpu_share_of_a_timing() -> None:
+    assert remembered_timing.cpu_share(2.0, 1.0, 2) == 1.0
+    assert remembered_timing.cpu_share(1.2, 1.0, 2) == 0.6
+    assert remembered_timing.cpu_share(1.0, 0.0, 1) > 1  # no time passed: never "too busy"
