@@ -39,9 +39,11 @@ def _blocks(path: Path) -> list[tuple[str, torch.Tensor]]:
     model = load_model(str(path), dtype="float32", gguf_blocks=True).model
     found = []
     for name, module in model.named_modules():
-        gguf = getattr(module, "gguf", None)
+        method = getattr(module, "quant_method", None)
+        gguf = method.gguf_weight() if method is not None else None
         for i, part in enumerate((gguf.parts or (gguf,)) if gguf is not None else ()):
             found.append((f"{name}.{i}", part.blocks))
+    assert found, "the model kept no GGUF blocks"
     return found
 
 
