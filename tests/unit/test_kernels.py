@@ -429,3 +429,52 @@ def test_a_build_killed_midway_does_not_hang_the_next_load(ext: object) -> None:
     )
     assert proc.returncode == 0 and "loaded" in proc.stdout, proc.stderr[-2000:]
     assert not stale.exists()
+
+
+def test_a_later_load_imports_the_remembered_build_without_building(
+    ext: object, tmp_path: Path
+) -> None:
+    """After one load that built (or found) the extension and passed its self-test, a fresh
+    process imports the remembered library directly: no cpp_extension import, no build."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "RADIXSERVE_CACHE_DIR": str(tmp_path)}
+    code = (
+        "import sys\n"
+        "from radixserve.kernels import build\n"
+        "if sys.argv[1] == 'later':\n"
+        "    def refuse(*a, **k): raise AssertionError('built again')\n"
+        "    build._compile = refuse\n"
+        "ext = build.load_extension()\n"
+        "print(ext.__file__, 'torch.utils.cpp_extension' in sys.modules)\n"
+    )
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code, which],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+            env=env,
+        )
+        for which in ("first", "later")
+    ]
+    for proc in runs:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    first, later = (proc.stdout.split() for proc in runs)
+    assert first[0] == later[0] == ext.__file__
+    assert later[1] == "False"  # the remembered path skips torch's build machinery
+    assert list((tmp_path / "startup").glob(f"{build.RECORD_KIND}-*.json"))
+
+
+def test_a_remembered_build_whose_library_is_gone_is_built_again(
+    ext: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from radixserve.utils.startup_cache import key_of, write_record
+
+    monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(tmp_path))
+    write_record(
+        build.RECORD_KIND, key_of([build.extension_name()]), {"library": str(tmp_path / "x.so")}
+    )
+    assert build._remembered_build() is None
