@@ -157,6 +157,8 @@ class SchedulerReady:
     # The class AutoTokenizer loaded ("module:qualname", utils/light_tokenizer.py): the API
     # and detokenizer processes load their tokenizer with it, without AutoTokenizer (and torch).
     tokenizer_class: str | None = None
+    # What the attention/linear kernels run on (kernels/describe.py's kernel_summary).
+    kernels: str = ""
 
 
 @dataclass

@@ -15,7 +15,7 @@ def startup_banner(server_args: Any, ready: Any, cpu_plan: Any, url: str) -> str
     rows = [
         ("model", f"{server_args.served_model_name} ({', '.join(ready.architectures)})"),
         ("weights", f"{server_args.resolved_dtype} on {server_args.device}, quantization {quant}"),
-        ("attention", server_args.attention_backend),
+        ("attention", _attention(server_args.attention_backend, ready)),
         ("threads", cpu_plan.describe() if cpu_plan is not None else "in-process"),
         ("KV cache", f"{ready.max_total_tokens:,} tokens{per_replica} ({kv_dtype})"),
         ("context", f"{ready.context_len:,} tokens"),
@@ -30,3 +30,9 @@ def startup_banner(server_args: Any, ready: Any, cpu_plan: Any, url: str) -> str
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(["radixserve is ready"] + [f"  {n:<{width}}  {v}" for n, v in rows])
+
+
+def _attention(backend: str, ready: Any) -> str:
+    """The option's value (SGLang's name, intel_amx on any CPU) and what actually runs."""
+    kernels = getattr(ready, "kernels", "")
+    return f"{backend} ({kernels})" if kernels else backend

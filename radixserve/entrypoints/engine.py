@@ -295,7 +295,10 @@ class Engine:
         self.runtime.call(ResumeMemoryReq(tags), timeout=WEIGHT_UPDATE_TIMEOUT_S)
 
     def get_server_info(self) -> dict[str, Any]:
-        return dict(self.runtime.call(GetInfoReq()))
+        info = dict(self.runtime.call(GetInfoReq()))
+        # --attention-backend keeps SGLang's name (intel_amx) on every CPU; this says what runs.
+        info.setdefault("kernels", getattr(self.model_info, "kernels", ""))
+        return info
 
     def get_radix_tree(self, max_nodes: int = 120) -> dict[str, Any] | None:
         """A bounded picture of the scheduler's radix tree (mem_cache/tree_snapshot.py), or None

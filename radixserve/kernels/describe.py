@@ -6,6 +6,21 @@ from radixserve.kernels.build import DISABLE_ENV, load_extension
 from radixserve.kernels.cpu_features import cpu_features
 
 
+def kernel_summary(fast: bool) -> str:
+    """What runs, in a few words: the option's value is SGLang's name (intel_amx) on every CPU,
+    so the banner and /get_server_info say which instructions the kernels actually use."""
+    if not fast:
+        return "reference PyTorch ops"
+    ext = load_extension()
+    if ext is None:
+        return "PyTorch fallbacks of the C++ kernels"
+    isas = list(ext.q8k_isas())  # the int8 variants this build runs here, widest last
+    vectors = [isa for isa in isas if isa != "amx_int8"]
+    vector = vectors[-1] if vectors else "no AVX2"
+    tiles = "AMX tiles" if "amx_int8" in isas else "no AMX"
+    return f"radixserve C++ kernels: {vector}, {tiles}"
+
+
 def describe_kernels(fast: bool) -> str:
     cpu = cpu_features().summary
     if not fast:

@@ -156,6 +156,7 @@ def build_scheduler(
         architectures=tuple(cfg.architectures),
         light_decoder=light_decoder,
         tokenizer_class=class_name,
+        kernels=runner.kernel_summary,
     )
     return scheduler, tokenizer, ready
 

@@ -15,7 +15,7 @@ import torch
 
 from radixserve.distributed import parallel_state as ps
 from radixserve.distributed.launch import RankLostError
-from radixserve.kernels.describe import describe_kernels
+from radixserve.kernels.describe import describe_kernels, kernel_summary
 from radixserve.layers.attention.registry import FAST_KERNEL_BACKENDS, create_attention_backend
 from radixserve.layers.fast_path import use_fast_kernels
 from radixserve.mem_cache.kv_cache import KVCache
@@ -144,6 +144,7 @@ class ModelRunner:
                 "holds whole, unsharded projections)",
                 ps.get_tp_size(),
             )
+        self.kernel_summary = kernel_summary(fast)
         logger.info(
             "Kernels: %s (%s)",
             server_args.attention_backend,

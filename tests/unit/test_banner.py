@@ -25,3 +25,21 @@ def test_banner_shows_resolved_settings_and_url() -> None:
         "http://127.0.0.1:30000/v1",
     ):
         assert needle in text, needle
+
+
+def test_banner_names_what_the_attention_kernels_run_on() -> None:
+    """--attention-backend keeps SGLang's name (intel_amx) on an AMD CPU too; the banner adds
+    what actually runs there."""
+    args = ServerArgs(device="cpu", attention_backend="intel_amx")
+    ready = SchedulerReady(
+        "/m",
+        49152,
+        8192,
+        65536,
+        256,
+        ("LlamaForCausalLM",),
+        kernels="radixserve C++ kernels: avx2, no AMX",
+    )
+    text = startup_banner(args, ready, None, "http://127.0.0.1:30000")
+    line = next(row for row in text.splitlines() if row.strip().startswith("attention"))
+    assert line.split(None, 1)[1] == "intel_amx (radixserve C++ kernels: avx2, no AMX)"

@@ -54,6 +54,8 @@ def test_process_runtime_matches_thread_runtime(tiny_dir: Path) -> None:
         info = engine.get_server_info()
         assert info["num_running_reqs"] == 0
         assert info["available_kv_tokens"] + info["cached_tokens"] == info["max_total_num_tokens"]
+        # What the kernels run on, from the scheduler process (kernels/describe.py)
+        assert info["kernels"] and "intel_amx" not in info["kernels"]
         assert engine.flush_cache() is True
         assert engine.get_server_info()["cached_tokens"] == 0
 
