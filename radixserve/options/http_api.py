@@ -170,7 +170,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
         None,
         "Regex of whitespace allowed in JSON constrained output (outlines, llguidance). When "
         "unset, whitespace between JSON tokens is bounded: one space or tab, or a newline and up "
-        "to 20 spaces/tabs (xgrammar: at most 21 whitespace characters; outlines: one space).",
+        "to 20 spaces/tabs (outlines: one space).",
         support=IMPLEMENTED,
     ),
     flag(

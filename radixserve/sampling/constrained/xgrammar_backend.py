@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +31,16 @@ from radixserve.sampling.constrained.spec import (
 from radixserve.sampling.constrained.token_bytes import special_token_ids
 
 logger = logging.getLogger(__name__)
+
+# xgrammar bounds JSON whitespace only by a count of [ \n\r\t] per gap, which still lets a
+# model emit runs of blank lines ("key"\n  \n\n\n:). Its schema grammar is rewritten so that
+# every gap is the default pattern of base.py instead (one space or tab, or one newline and up
+# to 20 spaces/tabs), as llguidance applies it.
+_WHITESPACE_RUN = re.compile(rf"\bwhitespace(?:_\d+)?\{{0, {DEFAULT_JSON_MAX_WHITESPACE}\}}")
+_GAP_RULE = "json_gap"
+_GAP_EBNF = (
+    f'{_GAP_RULE} ::= ("" | [ \\t] | ("\\n" [ \\t]{{0, {DEFAULT_JSON_MAX_WHITESPACE - 1}}}))'
+)
 
 # Errors xgrammar raises for a bad grammar (RuntimeError from its C++ checks, pydantic's
 # ValidationError, a ValueError subclass, for structural tags).
@@ -113,12 +124,15 @@ class XGrammarBackend(GrammarBackend):
             raise invalid(spec, exc) from exc
 
     def _json_schema(self, schema: str) -> xgr.CompiledGrammar:
-        # With whitespace allowed, at most DEFAULT_JSON_MAX_WHITESPACE characters of it between
-        # two JSON tokens; otherwise compact JSON.
-        max_ws = DEFAULT_JSON_MAX_WHITESPACE if self.any_whitespace else None
-        return self._compiler.compile_json_schema(
-            schema, any_whitespace=self.any_whitespace, max_whitespace_cnt=max_ws
+        # With whitespace allowed, each gap between two JSON tokens is the default pattern
+        # (bounded_gaps); otherwise compact JSON.
+        if not self.any_whitespace:
+            return self._compiler.compile_json_schema(schema, any_whitespace=False)
+        grammar = xgr.Grammar.from_json_schema(
+            schema, any_whitespace=True, max_whitespace_cnt=DEFAULT_JSON_MAX_WHITESPACE
         )
+        bounded = bounded_gaps(grammar)
+        return self._compiler.compile_grammar(bounded if bounded is not None else grammar)
 
     def _structural_tag(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
         tag = parse_structural_tag(spec)
@@ -135,6 +149,21 @@ class XGrammarBackend(GrammarBackend):
         ]
         converted = xgr.StructuralTag.from_legacy_structural_tag(items, list(tag["triggers"]))
         return self._compiler.compile_structural_tag(converted)
+
+
+def bounded_gaps(grammar: xgr.Grammar) -> xgr.Grammar | None:
+    """`grammar` (a JSON schema's, with whitespace runs of at most DEFAULT_JSON_MAX_WHITESPACE)
+    with every run replaced by the default gap, or None where its EBNF does not have the
+    expected shape (another xgrammar version): then the count bound alone applies."""
+    text, runs = _WHITESPACE_RUN.subn(_GAP_RULE, str(grammar))
+    if runs == 0:
+        logger.debug("xgrammar's JSON grammar has no whitespace runs to bound; keeping it")
+        return None
+    try:
+        return xgr.Grammar.from_ebnf(f"{text}\n{_GAP_EBNF}\n")
+    except _GRAMMAR_ERRORS as exc:
+        logger.debug("bounding xgrammar's JSON whitespace failed (%s); keeping its count", exc)
+        return None
 
 
 def _tokenizer_info(tokenizer: Any, vocab_size: int, eos: Sequence[int]) -> xgr.TokenizerInfo:
