@@ -228,3 +228,33 @@ def test_speculative_decoding_over_the_tiers(engine_factory: Any, policy: str) -
     assert sum(r["meta_info"]["spec_accept_token_num"] for r in got) > 0
     assert all(r["meta_info"]["cached_tokens_details"]["host"] > 0 for r in got[3:])
     assert_no_leak(spec)
+
+
+@pytest.mark.parametrize(
+    "tiers", [{}, {"enable_hierarchical_cache": True}], ids=["device", "hicache"]
+)
+def test_one_rule_for_requests_larger_than_the_device_pool(
+    engine_factory: Any, tiers: dict
+) -> None:
+    """Issue 31: a request is refused (400) when its prompt plus max_new_tokens exceeds the
+    device KV pool, with the host tier or without it: the running sequence's KV lives on the
+    device whatever the tiers hold. One token under the pool is served."""
+    engine = engine_factory(**tiers)
+    pool = engine.get_server_info()["max_total_num_tokens"]
+    assert pool == DEVICE_TOKENS
+    rng = random.Random(1)
+    new = GREEDY["max_new_tokens"]
+    for prompt_len in (pool - new + 1, pool + 68, 2 * pool - 20):
+        ids = [rng.randrange(3, TINY_VOCAB) for _ in range(prompt_len)]
+        reason = engine.generate(input_ids=ids, sampling_params=GREEDY)["meta_info"][
+            "finish_reason"
+        ]
+        assert reason["type"] == "abort" and reason["status_code"] == 400, prompt_len
+        assert f"needs {prompt_len + new} KV tokens" in reason["message"]
+        assert f"holds {pool}" in reason["message"]
+    fits = [rng.randrange(3, TINY_VOCAB) for _ in range(pool - new)]
+    out = engine.generate(input_ids=fits, sampling_params=GREEDY)
+    assert out["meta_info"]["finish_reason"]["type"] == "length"
+    assert engine.flush_cache()  # the refused requests held nothing
+    info = engine.get_server_info()
+    assert info["available_kv_tokens"] == info["max_total_num_tokens"]
