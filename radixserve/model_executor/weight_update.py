@@ -28,16 +28,23 @@ logger = logging.getLogger(__name__)
 MEMORY_TAGS = ("kv_cache", "weights")
 
 
+def _replaceable_quantizations() -> frozenset[str | None]:
+    """Quantizations whose weights load the way the runner loaded them: float, GGUF blocks
+    (--quantization gguf) and the quantize-on-load schemes."""
+    from radixserve.models.quantize_on_load import SCHEMES
+
+    return frozenset({None, "unquant", "gguf", *SCHEMES})
+
+
 def _check_replaceable(runner: ModelRunner) -> None:
     args = runner.server_args
     if args.tp_size > 1 or args.pp_size > 1:
         raise InvalidRequestError(
             "Changing weights or memory at runtime needs --tp-size 1 and --pp-size 1."
         )
-    if args.quantization not in (None, "unquant"):
+    if args.quantization not in _replaceable_quantizations():
         raise InvalidRequestError(
             f"Changing weights at runtime is not supported with --quantization {args.quantization}"
-            " (a .gguf model runs quantized unless started with --quantization unquant)."
         )
 
 
@@ -45,6 +52,8 @@ def _load(runner: ModelRunner, model_path: str, load_format: str) -> LoadedModel
     from radixserve.models.loader import load_model
 
     args = runner.server_args
+    # The new weights take the form the served ones have: a GGUF's blocks under --quantization
+    # gguf, projections quantized as they load under w8a8_int8 / bitsandbytes.
     return load_model(
         model_path,
         load_format=load_format,
@@ -56,11 +65,22 @@ def _load(runner: ModelRunner, model_path: str, load_format: str) -> LoadedModel
         json_model_override_args=args.json_model_override_args,
         download_dir=args.download_dir,
         seed=args.random_seed,
+        gguf_blocks=runner._gguf_blocks(),
+        quantization=runner._on_load_quantization(),
     )
 
 
-def _signature(model: torch.nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    return {name: (tuple(p.shape), p.dtype) for name, p in model.named_parameters()}
+def _signature(model: torch.nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype] | str]:
+    """Each parameter's shape and dtype; "blocks" for a weight held as quantized blocks (its
+    block type may differ between two files of one architecture: a Q4_K_M and a Q8_0)."""
+    return {
+        name: "blocks" if getattr(p, "held_as_blocks", False) else (tuple(p.shape), p.dtype)
+        for name, p in model.named_parameters()
+    }
+
+
+def _is_gguf_file(path: str) -> bool:
+    return Path(path).suffix.lower() == ".gguf"
 
 
 def _install(runner: ModelRunner, loaded: LoadedModel, model_path: str, load_format: str) -> None:
@@ -121,9 +141,21 @@ def update_weights_from_disk(runner: ModelRunner, model_path: str, load_format: 
             f"listed in ${WEIGHT_DIRS_ENV} on the server.",
             "model_path",
         )
-    if not (Path(model_path) / "config.json").is_file():
+    served_gguf = _is_gguf_file(str(runner.server_args.model_path))
+    if served_gguf and runner._gguf_blocks():
+        # The model runs on a GGUF's blocks: the new weights are another .gguf file.
+        if not (_is_gguf_file(model_path) and Path(model_path).is_file()):
+            raise InvalidRequestError(
+                "This server runs a GGUF file's blocks (--quantization gguf): model_path must be "
+                "a .gguf file of the same architecture.",
+                "model_path",
+            )
+    elif not (Path(model_path) / "config.json").is_file() and not (
+        _is_gguf_file(model_path) and Path(model_path).is_file()
+    ):
         raise InvalidRequestError(
-            "model_path must be a local model folder with a config.json and weight files.",
+            "model_path must be a local model folder with a config.json and weight files, or a "
+            ".gguf file.",
             "model_path",
         )
     try:

@@ -166,3 +166,61 @@ def test_get_weights_of_a_quantized_layer_is_a_clear_400(dirs: dict[str, Path]) 
         assert "w8a8_int8" in r.json()["error"]["message"]
         rows = client.post("/get_weights_by_name", json={"name": EMBED, "truncate_size": 2})
         assert rows.status_code == 200 and len(rows.json()) == 2
+
+
+def _gguf_pair(root: Path) -> dict[str, Path]:
+    """Two Q8_0 GGUF files of one tiny llama shape with different weights, and one wider."""
+    from transformers import LlamaForCausalLM
+
+    from tests.helpers.tiny_gguf import write_tiny_gguf
+    from tests.helpers.tiny_models import tiny_hf_config
+
+    files = {}
+    for name, seed, hidden in (("a", 1, 64), ("b", 2, 64), ("wider", 3, 96)):
+        cfg = tiny_hf_config(
+            "llama", vocab_size=59, hidden_size=hidden, intermediate_size=2 * hidden
+        )
+        cfg.initializer_range = 0.5
+        torch.manual_seed(seed)
+        files[name] = write_tiny_gguf(root / f"{name}.gguf", LlamaForCausalLM(cfg).eval())
+    return files
+
+
+def test_update_weights_of_a_gguf_server_onto_blocks(tmp_path: Path) -> None:
+    """Issue 31: the default model is a GGUF run on its blocks (--quantization gguf), and
+    /update_weights_from_disk reloads another .gguf of the same architecture onto blocks."""
+    files = _gguf_pair(tmp_path)
+    params = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+    prompt = [5, 17, 42, 9, 7, 31, 6, 8]
+
+    def gen_ids(client: TestClient) -> list[int]:
+        r = client.post("/generate", json={"input_ids": prompt, "sampling_params": params})
+        assert r.status_code == 200, r.text
+        return list(r.json()["output_ids"])
+
+    with tiny_client(files["b"], quantization="gguf", dtype="float32", load_format="auto") as (
+        ref,
+        _,
+    ):
+        expected = gen_ids(ref)
+    with tiny_client(files["a"], quantization="gguf", dtype="float32", load_format="auto") as (
+        client,
+        engine,
+    ):
+        assert engine.server_args.quantization == "gguf"
+        before = gen_ids(client)
+        assert before != expected
+        r = client.post("/update_weights_from_disk", json={"model_path": str(files["b"])})
+        assert r.status_code == 200 and r.json()["success"] is True, r.text
+        assert gen_ids(client) == expected
+        # The new weights run on their blocks too: a projection has no float values.
+        name = "model.layers.0.mlp.down_proj.weight"
+        r = client.post("/get_weights_by_name", json={"name": name, "truncate_size": 2})
+        assert r.status_code == 400 and "gguf" in r.json()["error"]["message"], r.text
+        # Another shape is refused and the served weights stay; so is a folder.
+        r = client.post("/update_weights_from_disk", json={"model_path": str(files["wider"])})
+        assert r.status_code == 400 and "do not match" in r.json()["error"]["message"], r.text
+        r = client.post("/update_weights_from_disk", json={"model_path": str(tmp_path)})
+        assert r.status_code == 400 and ".gguf file" in r.json()["error"]["message"], r.text
+        assert gen_ids(client) == expected
+        assert_kv_idle(engine)
