@@ -224,3 +224,18 @@ def test_update_weights_of_a_gguf_server_onto_blocks(tmp_path: Path) -> None:
         assert r.status_code == 400 and ".gguf file" in r.json()["error"]["message"], r.text
         assert gen_ids(client) == expected
         assert_kv_idle(engine)
+
+
+def test_update_weights_of_a_w8a8_server_quantizes_the_new_weights(dirs: dict[str, Path]) -> None:
+    quant = {"dtype": "float32", "quantization": "w8a8_int8"}
+    with tiny_client(dirs["real"], load_format="auto", **quant) as (ref, _):
+        expected = gen(ref)["output_ids"]
+    with tiny_client(dirs["dummy"], **quant) as (client, engine):
+        assert gen(client)["output_ids"] != expected
+        r = client.post("/update_weights_from_disk", json={"model_path": str(dirs["real"])})
+        assert r.status_code == 200, r.text
+        assert gen(client)["output_ids"] == expected
+        name = "model.layers.0.mlp.down_proj.weight"  # int8 blocks again, not float
+        r = client.post("/get_weights_by_name", json={"name": name, "truncate_size": 2})
+        assert r.status_code == 400 and "w8a8_int8" in r.json()["error"]["message"]
+        assert_kv_idle(engine)
