@@ -142,7 +142,11 @@ class ModelConfig:
         # SGLang reads it, no factor stretches max_position_embeddings (Gemma 3's already
         # counts the linear scaling of its full-attention layers).
         derived_len = derive_context_length(hf, None if _per_layer_type_rope(hf) else rope_scaling)
-        if getattr(hf, "use_sliding_window", False) and not _always_sliding_window(hf, derived_len):
+        if (
+            getattr(hf, "use_sliding_window", False)
+            and not getattr(hf, "layer_types", None)  # per-layer windows: models/llama.py
+            and not _always_sliding_window(hf, derived_len)
+        ):
             logger.warning(
                 "The model config asks for sliding-window attention; radixserve attends over the "
                 "full context, so outputs past the window (%s tokens) can differ",

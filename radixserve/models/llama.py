@@ -361,7 +361,11 @@ class LlamaForCausalLM(nn.Module):
         cls, config: ModelConfig, layer_id: int, rotary_emb: RotaryEmbedding
     ) -> nn.Module:
         """Decoder layer `layer_id` (families whose layers differ override this)."""
-        return LlamaDecoderLayer(config, layer_id, rotary_emb, cls.attention_options(config))
+        options = cls.attention_options(config)
+        window = typed_layer_window(config, layer_id)
+        if window is not None:
+            options = options._replace(sliding_window=window)
+        return LlamaDecoderLayer(config, layer_id, rotary_emb, options)
 
     @classmethod
     def embedding_multiplier(cls, config: ModelConfig) -> float:
@@ -383,6 +387,21 @@ class LlamaForCausalLM(nn.Module):
         tied = self.config.tie_word_embeddings
         weights = stage_weights(weights, self.model.stage, tied, skip)
         load_weights_into(self, weights, self.stacked_params)
+
+
+def typed_layer_window(config: ModelConfig, layer_id: int) -> int | None:
+    """The sliding window transformers gives layer `layer_id` where the config switches windows
+    on (`use_sliding_window`, Qwen2/Qwen3: `layer_types` marks the layers from
+    `max_window_layers` on "sliding_attention"), or None (a full-attention layer, no window, or
+    a window at least as long as the context, which masks nothing)."""
+    hf = config.hf_config
+    if not getattr(hf, "use_sliding_window", False):
+        return None
+    types = getattr(hf, "layer_types", None)
+    window = getattr(hf, "sliding_window", None)
+    if not types or window is None or types[layer_id] != "sliding_attention":
+        return None
+    return int(window) if int(window) < config.context_len else None
 
 
 def reference_window_options(options: AttentionOptions, config: ModelConfig) -> AttentionOptions:

@@ -131,11 +131,39 @@ def test_window_as_long_as_the_context_masks_nothing(
     assert "sliding-window" not in caplog.text
 
 
-def test_qwen2_use_sliding_window_still_warns(caplog: pytest.LogCaptureFixture) -> None:
-    """Qwen2's use_sliding_window (per-layer, from max_window_layers) is not wired: said."""
-    require_hf_arch("qwen2")
+@pytest.fixture(scope="module", params=("qwen2", "qwen3"))
+def qwen_windowed(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple:
+    """use_sliding_window with max_window_layers 1: layer 0 attends fully, the others over the
+    last 8 tokens (transformers' layer_types)."""
+    arch = request.param
+    require_hf_arch(arch)
+    folder = tmp_path_factory.mktemp(f"{arch}-window")
+    hf = make_tiny_checkpoint(
+        folder,
+        arch,
+        use_sliding_window=True,
+        sliding_window=WINDOW,
+        max_window_layers=1,
+        max_position_embeddings=256,
+    )
+    return folder, hf
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_qwen_per_layer_windows_equal_transformers(
+    qwen_windowed: tuple, backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder, hf = qwen_windowed
+    types = list(hf.config.layer_types)
+    assert types[0] == "full_attention" and set(types[1:]) == {"sliding_attention"}
     with caplog.at_level(logging.WARNING):
-        ModelConfig.from_hf_config(
-            tiny_hf_config("qwen2", use_sliding_window=True, sliding_window=16)
-        )
-    assert "sliding-window" in caplog.text
+        model = load_model(str(folder), dtype="float32").model
+    assert "sliding-window" not in caplog.text  # honoured now, not warned about
+    windows = [layer.self_attn.attn.sliding_window for layer in model.model.layers]
+    assert windows == [None] + [WINDOW] * (len(types) - 1)
+    assert engine_greedy(folder, PROMPTS, backend) == transformers_greedy(hf, PROMPTS)
+    # The windows mask: the same weights attending fully give other tokens past the window.
+    unwindowed = engine_greedy_with_window(folder, PROMPTS, backend, NO_WINDOW)
+    assert unwindowed[1:] != engine_greedy(folder, PROMPTS, backend)[1:]
