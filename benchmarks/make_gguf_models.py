@@ -27,6 +27,11 @@ Two kinds of file, all written into one folder (default ~/.cache/radixserve-benc
   have no source order, so nothing is permuted: the file stands for an already converted model.
   Llama 3's rope-frequency scaling (the ``rope_freqs`` tensor) is left out and the context length
   is 8192; neither changes the per-token arithmetic measured here.
+* ``random-qwen3moe-<shape>-<type>.gguf``: the same for llama.cpp's qwen3moe architecture
+  (per-head q/k norms, a float32 router, experts stacked in ``ffn_{gate,up,down}_exps``):
+  ``moe-1b`` (hidden 1024, 24 layers, 16 heads of 64, 4 kv heads, 32 experts of width 512, 4
+  used: 1.32B parameters, 0.26B active, issue 28's benchmark shape) and ``moe-30b``
+  (Qwen3-30B-A3B's dimensions with the default model's vocabulary: 30.1B, 2.9B active).
 
 Files that exist are kept (delete them to remake). Every file is written under a temporary name
 and renamed when complete. For each file the script logs its tensor-type counts and prints one
@@ -88,7 +93,9 @@ PROGRESS_LINE = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]")
 
 @dataclass(frozen=True)
 class Shape:
-    """The dimensions of a Llama-architecture model."""
+    """The dimensions of a Llama-architecture model, or of a Qwen3-MoE one (`experts` > 0:
+    every layer's MLP is `experts` experts of width `intermediate`, `experts_used` per token,
+    with per-head q/k norms, as llama.cpp's qwen3moe)."""
 
     hidden: int
     intermediate: int
@@ -97,16 +104,44 @@ class Shape:
     kv_heads: int
     tied: bool
     rope_theta: float = 500000.0
+    experts: int = 0
+    experts_used: int = 0
+    head_size: int = 0  # 0: hidden // heads
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
+
+    @property
+    def arch(self) -> str:
+        return "qwen3moe" if self.experts else "llama"
+
+    def parameters(self, vocab: int = VOCAB) -> tuple[int, int]:
+        """(total, active per token) weight parameters: the active count reads
+        `experts_used` of the experts."""
+        attn = 2 * self.hidden * self.heads * self.head_dim
+        attn += 2 * self.hidden * self.kv_heads * self.head_dim
+        mlp = 3 * self.hidden * self.intermediate
+        embed = vocab * self.hidden * (1 if self.tied else 2)
+        experts, used = max(self.experts, 1), max(self.experts_used, 1)
+        router = self.hidden * self.experts
+        total = self.layers * (attn + experts * mlp + router) + embed
+        active = self.layers * (attn + used * mlp + router) + embed
+        return total, active
 
 
 SHAPES: dict[str, Shape] = {
     "1b": Shape(2048, 8192, 16, 32, 8, tied=True),  # Llama-3.2-1B
     "3b": Shape(3072, 8192, 28, 24, 8, tied=True),  # Llama-3.2-3B
     "8b": Shape(4096, 14336, 32, 32, 8, tied=False),  # Llama-3.1-8B
+    # Qwen3-MoE-shaped, small: 1.32B parameters, 0.26B active (issue 28's benchmark shape)
+    "moe-1b": Shape(
+        1024, 512, 24, 16, 4, tied=True, rope_theta=1e6, experts=32, experts_used=4, head_size=64
+    ),
+    # Qwen3-30B-A3B's shape (30.5B, 3.3B active): for paper figures and big machines
+    "moe-30b": Shape(
+        2048, 768, 48, 32, 4, tied=False, rope_theta=1e6, experts=128, experts_used=8, head_size=128
+    ),
 }
 
 
@@ -117,10 +152,11 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
     norm: bool = False
+    f32: bool = False  # a weight kept in float32 (the MoE router, as converters write it)
 
     @property
     def dtype(self) -> type[np.floating]:
-        return np.float32 if self.norm else np.float16
+        return np.float32 if self.norm or self.f32 else np.float16
 
     @property
     def nbytes(self) -> int:
@@ -148,14 +184,34 @@ def tensor_specs(shape: Shape, vocab: int = VOCAB) -> list[TensorSpec]:
                 f"{prefix}.attn_output.weight", (shape.hidden, shape.heads * shape.head_dim)
             ),
             TensorSpec(f"{prefix}.ffn_norm.weight", (shape.hidden,), norm=True),
-            TensorSpec(f"{prefix}.ffn_gate.weight", (shape.intermediate, shape.hidden)),
-            TensorSpec(f"{prefix}.ffn_up.weight", (shape.intermediate, shape.hidden)),
-            TensorSpec(f"{prefix}.ffn_down.weight", (shape.hidden, shape.intermediate)),
         ]
+        specs += _moe_specs(shape, prefix) if shape.experts else _mlp_specs(shape, prefix)
     specs.append(TensorSpec("output_norm.weight", (shape.hidden,), norm=True))
     if not shape.tied:
         specs.append(TensorSpec("output.weight", (vocab, shape.hidden)))
     return specs
+
+
+def _mlp_specs(shape: Shape, prefix: str) -> list[TensorSpec]:
+    return [
+        TensorSpec(f"{prefix}.ffn_gate.weight", (shape.intermediate, shape.hidden)),
+        TensorSpec(f"{prefix}.ffn_up.weight", (shape.intermediate, shape.hidden)),
+        TensorSpec(f"{prefix}.ffn_down.weight", (shape.hidden, shape.intermediate)),
+    ]
+
+
+def _moe_specs(shape: Shape, prefix: str) -> list[TensorSpec]:
+    """llama.cpp's qwen3moe layer: per-head q/k norms, the router (kept unquantized by
+    llama-quantize) and the experts stacked into 3-D tensors [experts, rows, columns]."""
+    e, ff, h = shape.experts, shape.intermediate, shape.hidden
+    return [
+        TensorSpec(f"{prefix}.attn_q_norm.weight", (shape.head_dim,), norm=True),
+        TensorSpec(f"{prefix}.attn_k_norm.weight", (shape.head_dim,), norm=True),
+        TensorSpec(f"{prefix}.ffn_gate_inp.weight", (e, h), f32=True),
+        TensorSpec(f"{prefix}.ffn_gate_exps.weight", (e, ff, h)),
+        TensorSpec(f"{prefix}.ffn_up_exps.weight", (e, ff, h)),
+        TensorSpec(f"{prefix}.ffn_down_exps.weight", (e, h, ff)),
+    ]
 
 
 def random_tensor(
@@ -200,7 +256,8 @@ def copy_tokenizer(writer: object, source: Path) -> int:
 
 
 def add_llama_metadata(writer: object, shape: Shape) -> None:
-    """The llama.* hyperparameters of `shape` (context 8192, RMS norm epsilon 1e-5)."""
+    """The <arch>.* hyperparameters of `shape` (context 8192, RMS norm epsilon 1e-5; the
+    writer's architecture is shape.arch, which prefixes the keys)."""
     writer.add_block_count(shape.layers)
     writer.add_context_length(8192)
     writer.add_embedding_length(shape.hidden)
@@ -212,6 +269,10 @@ def add_llama_metadata(writer: object, shape: Shape) -> None:
     writer.add_rope_freq_base(shape.rope_theta)
     writer.add_rope_dimension_count(shape.head_dim)
     writer.add_layer_norm_rms_eps(1e-5)
+    if shape.experts:
+        writer.add_expert_count(shape.experts)
+        writer.add_expert_used_count(shape.experts_used)
+        writer.add_expert_feed_forward_length(shape.intermediate)
 
 
 def write_random_f16(path: Path, shape: Shape, tokenizer_source: Path, seed: int) -> Path:
@@ -219,7 +280,7 @@ def write_random_f16(path: Path, shape: Shape, tokenizer_source: Path, seed: int
     import gguf
 
     tmp = path.with_name(path.name + ".tmp")
-    writer = gguf.GGUFWriter(str(tmp), "llama")
+    writer = gguf.GGUFWriter(str(tmp), shape.arch)
     writer.add_name(path.stem)
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
@@ -325,7 +386,7 @@ def jobs(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
 
 
 def output_path(out_dir: Path, model: str, qtype: str) -> Path:
-    stem = "smollm2" if model == "smollm2" else f"random-llama-{model}"
+    stem = "smollm2" if model == "smollm2" else f"random-{SHAPES[model].arch}-{model}"
     return out_dir / f"{stem}-{qtype.lower()}.gguf"
 
 
@@ -348,7 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--shape",
         action="append",
         choices=sorted(SHAPES),
-        help="random-weight Llama shape to make (repeatable): 1b, 3b or 8b",
+        help="random-weight shape to make (repeatable): 1b, 3b or 8b (Llama), moe-1b or "
+        "moe-30b (Qwen3-MoE)",
     )
     parser.add_argument(
         "--smollm2",
@@ -393,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         if model == "smollm2":
             quantize(binary, default_gguf, target, qtype, args.threads, requantize=True)
         else:
-            f16 = args.out_dir / f"random-llama-{model}-f16.gguf"
+            f16 = output_path(args.out_dir, model, "f16")
             if not f16.is_file():
                 write_random_f16(f16, SHAPES[model], default_gguf, args.seed)
                 f16_made.add(f16)
