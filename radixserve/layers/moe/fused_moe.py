@@ -1,0 +1,86 @@
+"""A mixture-of-experts MLP: router top-k, tokens grouped by expert, each expert's gate|up,
+activation and down run over its own rows only, results scattered back weighted.
+
+The experts' weights belong to the layer's `quant_method` (methods.py: float, or GGUF blocks);
+the routing (router.py) and the grouping here are the same for every form. Accumulation runs
+expert by expert in ascending id, as transformers' eager experts do, so float32 results
+match it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from radixserve.distributed import parallel_state as ps
+from radixserve.layers.activation import get_act_and_mul
+from radixserve.layers.linear import copy_checked
+from radixserve.layers.moe.methods import ExpertsMethod, UnquantizedExpertsMethod
+from radixserve.layers.moe.router import RouterSpec, route
+
+
+class FusedMoE(nn.Module):
+    """The routed experts of one layer. forward(hidden [tokens, hidden], router logits
+    [tokens, experts]) -> [tokens, hidden]."""
+
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        router: RouterSpec,
+        hidden_act: str = "silu",
+    ) -> None:
+        super().__init__()
+        if ps.get_tp_size() != 1:
+            # Experts are not split across ranks yet (no expert or tensor parallelism).
+            raise ValueError("mixture-of-experts models run on one rank (--tp-size 1) for now")
+        if not 0 < router.top_k <= num_experts:
+            raise ValueError(f"top_k {router.top_k} is not within 1..{num_experts} experts")
+        self.num_experts = num_experts
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.router = router
+        self.act = get_act_and_mul(hidden_act)
+        self.quant_method: ExpertsMethod = UnquantizedExpertsMethod()
+        self.quant_method.create_weights(self, num_experts, hidden_size, intermediate_size)
+        experts = range(num_experts)
+        self.w13_weight.shard_ids = tuple((e, p) for e in experts for p in ("gate", "up"))
+        self.w2_weight.shard_ids = tuple((e, "down") for e in experts)
+        self.w13_weight.weight_loader = self.weight_loader
+        self.w2_weight.weight_loader = self.weight_loader
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+    ) -> None:
+        """Copy one expert's gate, up or down matrix into its place in the stack."""
+        if not (isinstance(shard_id, tuple) and shard_id in param.shard_ids):
+            raise ValueError(f"not an expert shard of this layer: {shard_id!r}")
+        expert, part = shard_id
+        target = param.data[expert]
+        if part != "down":
+            inter = self.intermediate_size
+            target = target.narrow(0, 0 if part == "gate" else inter, inter)
+        copy_checked(target, loaded_weight)
+
+    def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        weights, experts = route(router_logits, self.router, hidden.dtype)
+        top_k = self.router.top_k
+        flat = experts.reshape(-1)
+        # Every (token, slot) assignment, ordered by expert: each expert's rows are one run.
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        flat_weights = weights.reshape(-1)
+        out = torch.zeros_like(hidden)
+        method = self.quant_method
+        start = 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue  # never touches that expert's weights
+            picks = order[start : start + count]
+            start += count
+            tokens = picks // top_k
+            x = hidden[tokens]
+            y = method.down(self, expert, self.act(method.gate_up(self, expert, x)))
+            out.index_add_(0, tokens, y * flat_weights[picks, None])
+        return out
