@@ -24,6 +24,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
     "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),
     "SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
 }
 

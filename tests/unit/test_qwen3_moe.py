@@ -1,0 +1,74 @@
+"""Qwen3-MoE (Qwen3MoeForCausalLM) on tiny random checkpoints, float32: greedy tokens equal
+transformers' on both attention backends, with the top-k renormalized or not, with dense layers
+(decoder_sparse_step, mlp_only_layers) among the sparse ones, and from a checkpoint whose experts
+are stacked 3-D tensors (transformers' in-memory layout) as well as per expert."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixserve.layers.moe import FusedMoE
+from radixserve.models.llama import LlamaMLP
+from radixserve.models.loader import load_model
+from tests.helpers.family_check import (
+    BACKENDS,
+    engine_greedy,
+    fused_layers,
+    require_hf_arch,
+    transformers_greedy,
+)
+from tests.helpers.tiny_models import make_tiny_checkpoint
+
+require_hf_arch("qwen3_moe")
+
+PROMPTS = [[3, 5, 9, 30, 12], [4, *range(40, 52)], [6, *range(60, 100)]]
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    folder = tmp_path_factory.mktemp("qwen3_moe")
+    return folder, make_tiny_checkpoint(folder, "qwen3_moe", norm_topk_prob=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_equals_transformers(qwen3_moe: tuple, backend: str) -> None:
+    folder, hf = qwen3_moe
+    assert engine_greedy(folder, PROMPTS, backend) == transformers_greedy(hf, PROMPTS)
+
+
+def test_dense_layers_among_sparse_ones(tmp_path: Path) -> None:
+    # Four layers: 0 dense by mlp_only_layers, 2 dense by the step of 2; 1 and 3 sparse.
+    hf = make_tiny_checkpoint(
+        tmp_path,
+        "qwen3_moe",
+        num_hidden_layers=4,
+        decoder_sparse_step=2,
+        mlp_only_layers=[0],
+        norm_topk_prob=False,
+    )
+    layers = load_model(str(tmp_path), dtype="float32").model.model.layers
+    kinds = [
+        type(layer.mlp.experts if hasattr(layer.mlp, "experts") else layer.mlp) for layer in layers
+    ]
+    assert kinds == [LlamaMLP, FusedMoE, LlamaMLP, FusedMoE]
+    assert engine_greedy(tmp_path, PROMPTS, "intel_amx") == transformers_greedy(hf, PROMPTS)
+
+
+def test_stacked_expert_checkpoint(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    hf = make_tiny_checkpoint(tmp_path, "qwen3_moe", seed=1)
+    # transformers' in-memory names: mlp.experts.gate_up_proj [E, 2I, H], down_proj [E, H, I].
+    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    (tmp_path / "model.safetensors").unlink()
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    assert engine_greedy(tmp_path, PROMPTS, "torch_native") == transformers_greedy(hf, PROMPTS)
+
+
+def test_layers_run_module_by_module(qwen3_moe: tuple) -> None:
+    folder, _ = qwen3_moe
+    assert fused_layers(folder) == [False, False]
