@@ -8,7 +8,7 @@ the one-call C++ layer (layers/fused_decoder.py runs dense MLPs only).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -71,10 +71,10 @@ def is_sparse_layer(hf_config: object, layer_id: int, num_experts: int) -> bool:
 
 class MoEWeights:
     """Mixed into a LlamaForCausalLM family: its checkpoint's expert tensors, per expert or
-    stacked, load into the FusedMoE stacks. `module_renames` maps a checkpoint's module names
-    onto ours (Mixtral's block_sparse_moe -> mlp)."""
+    stacked, load into the FusedMoE stacks. `module_renames` ((checkpoint's, ours) pairs) maps a
+    checkpoint's module names onto ours (Mixtral's block_sparse_moe -> mlp)."""
 
-    module_renames: Mapping[str, str] = {}
+    module_renames: tuple[tuple[str, str], ...] = ()
 
     def checkpoint_tensors(
         self, weights: Iterable[tuple[str, torch.Tensor]]
@@ -85,7 +85,7 @@ class MoEWeights:
         self, weights: Iterable[tuple[str, torch.Tensor]]
     ) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in weights:
-            for old, new in self.module_renames.items():
+            for old, new in self.module_renames:
                 name = name.replace(old, new)
             yield name, tensor
 
