@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 SHARD_BYTES = 2 * 2**30
 
 # general.architecture values we convert (llama.cpp stores Mistral as llama).
-_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
+_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "qwen2moe", "qwen3moe")
 # transformers' model_type for a GGUF -> the HF architecture written to config.json.
 _HF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -53,9 +53,17 @@ _HF_ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 # model_type -> general.architecture, where they differ.
-_GGUF_ARCHITECTURE_OF = {"mistral": "llama", "gemma3_text": "gemma3"}
+_GGUF_ARCHITECTURE_OF = {
+    "mistral": "llama",
+    "gemma3_text": "gemma3",
+    "qwen2_moe": "qwen2moe",
+    "qwen3_moe": "qwen3moe",
+}
+_MOE_ARCHITECTURES = ("qwen2moe", "qwen3moe")
 # Architectures whose q/k rows llama.cpp's converter permuted (for its rope kernel).
 _PERMUTED_QK = {"llama"}
 _GEMMA_ARCHITECTURES = ("gemma2", "gemma3")
@@ -80,6 +88,16 @@ _BLOCK_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # Mixture-of-experts layers: the router, the experts stacked [experts, rows, cols] (split
+    # per expert on load, layers/moe/checkpoint.py) and the shared expert with its gate.
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 # Gemma's four norms per layer: llama.cpp calls the pre-feedforward one ffn_norm, the name
 # Llama's post-attention (pre-MLP) norm has.
@@ -253,6 +271,10 @@ def _write_config(reader: object, arch: str, gguf_path: Path, out_dir: Path) -> 
         from radixserve.models.gguf_config import fill_gemma_config
 
         fill_gemma_config(reader, arch, config)
+    if arch in _MOE_ARCHITECTURES:
+        from radixserve.models.gguf_config import fill_moe_config
+
+        fill_moe_config(reader, arch, config)
     config.save_pretrained(out_dir)
     return config
 
@@ -291,9 +313,12 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
 
 def hf_float_value(arch: str, hf_name: str, value: torch.Tensor) -> torch.Tensor:
     """A float tensor as the HF checkpoint holds it: Gemma's norm weights lose the one that
-    llama.cpp's converter added (as transformers' GGUF loader takes it off)."""
+    llama.cpp's converter added (as transformers' GGUF loader takes it off); a shared-expert gate
+    stored as a vector gets its row back."""
     if arch in _NORMS_PLUS_ONE and hf_name.endswith("norm.weight"):
         return value - 1
+    if hf_name.endswith("shared_expert_gate.weight") and value.dim() == 1:
+        return value.reshape(1, -1)  # llama.cpp stores Qwen2-MoE's [1, hidden] gate as a vector
     return value
 
 

@@ -1,4 +1,5 @@
-"""The Gemma 2/3 config fields transformers' GGUF reader leaves out, filled from the file's
+"""The config fields transformers' GGUF reader leaves out (Qwen2/3-MoE's expert sizes:
+fill_moe_config; and the Gemma 2/3 ones below), filled from the file's
 metadata as llama.cpp reads it (llama-model.cpp), so the converted config.json describes the
 model llama.cpp runs from the same file:
 
@@ -82,6 +83,30 @@ def _fill_rope(reader: object, arch: str, config: Any) -> None:
     if per_type:
         local = _value(reader, f"{arch}.rope.freq_base_swa")
         params[SLIDING]["rope_theta"] = LOCAL_ROPE_THETA if local is None else float(local)
+
+
+def fill_moe_config(reader: object, arch: str, config: Any) -> None:
+    """The expert sizes transformers' GGUF reader leaves out of a Qwen2/3-MoE config
+    (`<arch>.expert_feed_forward_length`, `<arch>.expert_shared_feed_forward_length`); every
+    layer of such a file is sparse, as llama.cpp builds it."""
+    size = _value(reader, f"{arch}.expert_feed_forward_length")
+    if size is None:
+        raise ValueError(f"a {arch} GGUF needs {arch}.expert_feed_forward_length")
+    config.moe_intermediate_size = int(size)
+    shared = _value(reader, f"{arch}.expert_shared_feed_forward_length")
+    if shared is None:  # older files: the shared expert's own rows say it
+        shared = _shared_expert_rows(reader)
+    if shared is not None:
+        config.shared_expert_intermediate_size = int(shared)
+    config.decoder_sparse_step = 1
+    config.mlp_only_layers = []
+
+
+def _shared_expert_rows(reader: object) -> int | None:
+    for tensor in reader.tensors:  # type: ignore[attr-defined]
+        if tensor.name == "blk.0.ffn_gate_shexp.weight":
+            return int(tensor.shape[1])  # GGUF lists dims fastest first: [hidden, rows]
+    return None
 
 
 END_OF_TURN = b"<end_of_turn>"

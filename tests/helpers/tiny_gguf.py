@@ -24,6 +24,11 @@ _BLOCK = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
 # A small byte-less BPE vocabulary: special tokens, letters and a few merges.
 _TOKENS = ["<unk>", "<s>", "</s>"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
@@ -52,8 +57,9 @@ def write_tiny_gguf(
 ) -> Path:
     """Write `hf_model` (vocab_size must be len(_TOKENS) = 59 or less) as a GGUF of `arch`.
 
-    2-D weights other than the embedding are stored Q8_0 when `quantize`, else F32. q/k rows are
-    permuted for llama, as llama.cpp does.
+    2-D weights other than the embedding (and a MoE model's 3-D stacked experts, not its router)
+    are stored Q8_0 when `quantize`, else F32. q/k rows are permuted for llama, as llama.cpp
+    does.
     """
     import gguf
 
@@ -63,16 +69,19 @@ def write_tiny_gguf(
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{arch}")
     _add_model_metadata(writer, cfg, heads, kv_heads, head_dim)
-    for name, tensor in hf_model.state_dict().items():
-        if name == "lm_head.weight" and cfg.tie_word_embeddings:
-            continue
-        value = tensor.float().numpy()
-        target = gguf_name(name)
+    _add_moe_metadata(writer, cfg)
+    for target, value in _gguf_tensors(hf_model):
         if arch == "llama" and ".attn_q." in target:
             value = llama_cpp_permute(value, heads)
         elif arch == "llama" and ".attn_k." in target:
             value = llama_cpp_permute(value, kv_heads)
-        if quantize and value.ndim == 2 and not target.startswith("token_embd"):
+        # The MoE router stays F32, as llama.cpp's converter keeps it.
+        if (
+            quantize
+            and value.ndim >= 2
+            and not target.startswith("token_embd")
+            and ".ffn_gate_inp" not in target
+        ):
             q8 = gguf.GGMLQuantizationType.Q8_0
             writer.add_tensor(target, gguf.quants.quantize(value, q8), raw_dtype=q8)
         else:
@@ -82,6 +91,43 @@ def write_tiny_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _gguf_tensors(hf_model: torch.nn.Module) -> list[tuple[str, np.ndarray]]:
+    """(GGUF name, float32 array) of every tensor llama.cpp's converter writes: MoE experts
+    stacked as ffn_{gate,up,down}_exps [experts, rows, cols] (transformers keeps gate|up as one
+    gate_up_proj), a shared-expert gate as a vector."""
+    cfg = hf_model.config
+    out = []
+    for name, tensor in hf_model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        value = tensor.float().numpy()
+        if name.endswith(".mlp.experts.gate_up_proj"):
+            block = name.split(".")[2]
+            gate, up = np.split(value, 2, axis=1)
+            out += [(f"blk.{block}.ffn_gate_exps.weight", gate)]
+            out += [(f"blk.{block}.ffn_up_exps.weight", up)]
+        elif name.endswith(".mlp.experts.down_proj"):
+            out.append((f"blk.{name.split('.')[2]}.ffn_down_exps.weight", value))
+        elif name.endswith("shared_expert_gate.weight"):
+            out.append((gguf_name(name), value.reshape(-1)))
+        else:
+            out.append((gguf_name(name), value))
+    return [(n, np.ascontiguousarray(v)) for n, v in out]
+
+
+def _add_moe_metadata(writer: object, cfg: object) -> None:
+    """Expert counts and sizes, as llama.cpp's converter writes them for Qwen2/3-MoE."""
+    experts = getattr(cfg, "num_experts", None)
+    if not experts:
+        return
+    writer.add_expert_count(experts)
+    writer.add_expert_used_count(cfg.num_experts_per_tok)
+    writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    shared = getattr(cfg, "shared_expert_intermediate_size", None)
+    if shared:
+        writer.add_expert_shared_feed_forward_length(shared)
 
 
 def _add_model_metadata(

@@ -48,7 +48,7 @@ _MOE: dict[str, dict[str, Any]] = {
         "num_experts": 8,
         "num_experts_per_tok": 2,
         "moe_intermediate_size": 32,
-        "shared_expert_intermediate_size": 48,
+        "shared_expert_intermediate_size": 64,
     },
     "olmoe": {"num_experts": 8, "num_experts_per_tok": 2, "pad_token_id": 0},
 }

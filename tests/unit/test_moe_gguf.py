@@ -1,0 +1,84 @@
+"""Qwen2/3-MoE GGUF files written as llama.cpp writes them (experts stacked as
+ffn_{gate,up,down}_exps, router ffn_gate_inp, Qwen2-MoE's ffn_*_shexp and ffn_gate_inp_shexp):
+the float conversion reproduces the original model; with --quantization gguf the experts stay
+on the file's blocks, per expert, and the logits stay those of the dequantized weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixserve.layers.moe import GGUFExpertsMethod
+from radixserve.models import gguf
+from radixserve.models.loader import load_model
+from radixserve.utils.cache_dir import CACHE_DIR_ENV
+from tests.helpers.family_check import require_hf_arch
+from tests.helpers.hf_reference import hf_logits
+from tests.helpers.model_driver import ManualDriver
+from tests.helpers.tiny_gguf import write_tiny_gguf
+from tests.helpers.tiny_models import tiny_hf_config, tiny_hf_model
+
+PROMPT = [5, 17, 42, 3, 58, 7, 30, 11, 50, 31]
+VOCAB = 59
+ARCHS = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
+
+
+def _logits(path: Path, **load_args: object) -> torch.Tensor:
+    loaded = load_model(str(path), dtype="float32", **load_args)
+    return ManualDriver(loaded.model, loaded.config).forward([(0, PROMPT)], all_logits=True)
+
+
+def _model(arch: str) -> torch.nn.Module:
+    require_hf_arch(arch)
+    # Renormalized top-k, as llama.cpp runs every qwen3moe file (Qwen2-MoE: not renormalized).
+    return tiny_hf_model(tiny_hf_config(arch, vocab_size=VOCAB, norm_topk_prob=arch == "qwen3_moe"))
+
+
+def test_expert_tensor_names_map_to_hf() -> None:
+    assert gguf.hf_tensor_name("blk.2.ffn_gate_exps.weight", "qwen3moe") == (
+        "model.layers.2.mlp.experts.gate_proj.weight"
+    )
+    assert gguf.hf_tensor_name("blk.0.ffn_gate_inp.weight", "qwen3moe") == (
+        "model.layers.0.mlp.gate.weight"
+    )
+    assert gguf.hf_tensor_name("blk.1.ffn_gate_inp_shexp.weight", "qwen2moe") == (
+        "model.layers.1.mlp.shared_expert_gate.weight"
+    )
+    assert gguf.gguf_architecture("qwen3_moe") == "qwen3moe"
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_float_gguf_reproduces_the_original_model(tmp_path: Path, arch: str) -> None:
+    hf = _model(arch)
+    path = write_tiny_gguf(tmp_path / f"{arch}.gguf", hf, ARCHS[arch], quantize=False)
+    assert float((_logits(path) - hf_logits(hf, PROMPT)).abs().max()) < 1e-4
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_experts_run_on_the_files_blocks(tmp_path: Path, arch: str) -> None:
+    hf = _model(arch)
+    path = write_tiny_gguf(tmp_path / f"{arch}.gguf", hf, ARCHS[arch], quantize=True)
+    loaded = load_model(str(path), dtype="float32", gguf_blocks=True)
+    for layer in loaded.model.model.layers:
+        experts = layer.mlp.experts
+        assert isinstance(experts.quant_method, GGUFExpertsMethod)
+        assert experts.w13_weight.numel() == 0  # no float copy of the experts
+        assert experts.quant_method.block_bytes() > 0
+        if arch == "qwen2_moe":  # the shared expert's projections are on blocks as well
+            shared = layer.mlp.shared_expert
+            assert shared.gate_up_proj.quant_method.gguf_weight() is not None
+            assert shared.down_proj.quant_method.gguf_weight() is not None
+    on_blocks = _logits(path, gguf_blocks=True)
+    # The converted (dequantized) weights are the reference; the integer kernels quantize
+    # activations too, so close rather than equal. Q8_0 keeps the original model's near too.
+    converted = _logits(path)
+    assert float((on_blocks - converted).abs().max()) < 0.05
+    assert float((converted - hf_logits(hf, PROMPT)).abs().max()) < 0.1
+    assert torch.equal(on_blocks.argmax(-1), converted.argmax(-1))
