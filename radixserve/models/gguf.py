@@ -55,10 +55,12 @@ _HF_ARCHITECTURES = {
     "gemma3_text": "Gemma3ForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
 # model_type -> general.architecture, where they differ.
 _GGUF_ARCHITECTURE_OF = {
     "mistral": "llama",
+    "mixtral": "llama",
     "gemma3_text": "gemma3",
     "qwen2_moe": "qwen2moe",
     "qwen3_moe": "qwen3moe",
@@ -259,6 +261,10 @@ def _write_config(reader: object, arch: str, gguf_path: Path, out_dir: Path) -> 
         config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     except Exception as e:
         raise ValueError(f"cannot read the model config from GGUF file {gguf_path}: {e}") from e
+    if arch == "llama":
+        from radixserve.models.gguf_config import mixtral_config
+
+        config = mixtral_config(reader, config) or config
     hf_arch = _HF_ARCHITECTURES.get(config.model_type)
     if hf_arch is None:
         raise ValueError(f"GGUF file {gguf_path}: unsupported model type {config.model_type!r}")

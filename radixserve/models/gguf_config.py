@@ -102,6 +102,43 @@ def fill_moe_config(reader: object, arch: str, config: Any) -> None:
     config.mlp_only_layers = []
 
 
+# The LlamaConfig fields transformers' GGUF reader fills that a Mixtral config keeps.
+_MIXTRAL_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "tie_word_embeddings",
+    "rope_parameters",
+)
+
+
+def mixtral_config(reader: object, config: Any) -> Any | None:
+    """A Mixtral config for a llama GGUF with experts (llama.cpp stores Mixtral as llama with
+    llama.expert_count; its feed_forward_length is the experts' size), else None."""
+    experts = _value(reader, "llama.expert_count")
+    if not experts:
+        return None
+    from transformers import MixtralConfig
+
+    fields = {k: getattr(config, k) for k in _MIXTRAL_FIELDS if hasattr(config, k)}
+    return MixtralConfig(
+        **fields,
+        num_local_experts=int(experts),
+        num_experts_per_tok=int(_value(reader, "llama.expert_used_count")),
+        sliding_window=None,  # llama.cpp runs Mixtral without one
+    )
+
+
 def _shared_expert_rows(reader: object) -> int | None:
     for tensor in reader.tensors:  # type: ignore[attr-defined]
         if tensor.name == "blk.0.ffn_gate_shexp.weight":

@@ -110,7 +110,7 @@ def load_model(
             gguf_file,
             config.num_attention_heads,
             config.num_key_value_heads,
-            permuted_qk=config.model_type in ("llama", "mistral"),
+            permuted_qk=config.model_type in ("llama", "mistral", "mixtral"),
             tied_lm_head=config.tie_word_embeddings,
             progress=_is_first_rank(),
             arch=gguf_architecture(config.model_type),

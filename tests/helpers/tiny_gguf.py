@@ -118,13 +118,15 @@ def _gguf_tensors(hf_model: torch.nn.Module) -> list[tuple[str, np.ndarray]]:
 
 
 def _add_moe_metadata(writer: object, cfg: object) -> None:
-    """Expert counts and sizes, as llama.cpp's converter writes them for Qwen2/3-MoE."""
-    experts = getattr(cfg, "num_experts", None)
+    """Expert counts and sizes, as llama.cpp's converter writes them (Mixtral: counts only,
+    its feed_forward_length is the experts' size)."""
+    experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
     if not experts:
         return
     writer.add_expert_count(experts)
     writer.add_expert_used_count(cfg.num_experts_per_tok)
-    writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    if getattr(cfg, "moe_intermediate_size", None):
+        writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     shared = getattr(cfg, "shared_expert_intermediate_size", None)
     if shared:
         writer.add_expert_shared_feed_forward_length(shared)
