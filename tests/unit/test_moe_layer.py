@@ -167,3 +167,11 @@ def test_batch_one_reads_only_the_chosen_experts(monkeypatch: pytest.MonkeyPatch
     chosen = route(logits, blocked.router, x.dtype).experts[0].tolist()
     assert sorted(set(read)) == sorted(chosen)
     assert len(read) == 3 * len(chosen)  # gate and up (mixed types), down: per chosen expert
+
+
+def test_more_than_one_rank_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from radixserve.layers.moe import fused_moe
+
+    monkeypatch.setattr(fused_moe.ps, "get_tp_size", lambda: 2)
+    with pytest.raises(ValueError, match="--tp-size 1"):
+        FusedMoE(EXPERTS, HIDDEN, INTER, RouterSpec(2))
