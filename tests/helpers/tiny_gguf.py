@@ -235,3 +235,71 @@ def write_block_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_block_moe_gguf(
+    path: Path,
+    hf_model: torch.nn.Module,
+    arch: str,
+    expert_types: dict[str, int],
+    default_type: int,
+) -> Path:
+    """Write a Qwen2/3-MoE `hf_model` as a GGUF of `arch` whose experts are random blocks of the
+    GGML types named per stacked tensor in `expert_types` (ffn_gate_exps, ffn_up_exps,
+    ffn_down_exps) and whose other 2-D weights but the embedding and the router are random
+    `default_type` blocks; `hf_model`'s weights are set to those blocks' dequantization, so
+    transformers serves as the exact float reference for the file."""
+    import gguf
+
+    from radixserve.kernels import gguf_dequant
+
+    cfg = hf_model.config
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(f"tiny-blocks-{arch}")
+    _add_model_metadata(writer, cfg, heads, kv_heads, head_dim)
+    _add_moe_metadata(writer, cfg)
+
+    def blocks_for(weight: torch.Tensor, qtype: int, seed: int) -> np.ndarray:
+        """Random blocks for a [rows, k] slice of `weight`, copied back into it dequantized."""
+        rows, k = weight.shape
+        blocks = random_blocks(qtype, rows, k, seed=seed)
+        with torch.no_grad():
+            weight.copy_(gguf_dequant.dequantize_rows(blocks, qtype, rows))
+        return blocks.numpy()
+
+    seed = 0
+    for name, tensor in hf_model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        seed += 1
+        if tensor.dim() == 3:  # stacked experts: gate_up_proj [E, 2I, H] or down_proj [E, H, I]
+            block = name.split(".")[2]
+            if name.endswith("gate_up_proj"):
+                halves = tensor.chunk(2, dim=1)
+                parts = [("ffn_gate_exps", halves[0]), ("ffn_up_exps", halves[1])]
+            else:
+                parts = [("ffn_down_exps", tensor)]
+            for role, stack in parts:
+                qtype = expert_types.get(role, default_type)
+                stored = np.stack(
+                    [blocks_for(stack[e], qtype, seed * 100 + e) for e in range(stack.shape[0])]
+                )
+                writer.add_tensor(
+                    f"blk.{block}.{role}.weight", stored, raw_dtype=gguf.GGMLQuantizationType(qtype)
+                )
+            continue
+        target = gguf_name(name)
+        if tensor.dim() != 2 or target.startswith("token_embd") or ".ffn_gate_inp" in target:
+            writer.add_tensor(target, np.ascontiguousarray(tensor.float().numpy()))
+            continue
+        stored = blocks_for(tensor, default_type, seed)
+        writer.add_tensor(
+            target, np.ascontiguousarray(stored), raw_dtype=gguf.GGMLQuantizationType(default_type)
+        )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

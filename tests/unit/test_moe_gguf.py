@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from radixserve import Engine
 from radixserve.layers.moe import GGUFExpertsMethod
 from radixserve.models import gguf
 from radixserve.models.loader import load_model
@@ -83,3 +84,46 @@ def test_experts_run_on_the_files_blocks(tmp_path: Path, arch: str) -> None:
     assert float((on_blocks - converted).abs().max()) < 0.05
     assert float((converted - hf_logits(hf, PROMPT)).abs().max()) < 0.1
     assert torch.equal(on_blocks.argmax(-1), converted.argmax(-1))
+
+
+def test_engine_on_expert_blocks_equals_transformers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Qwen3-MoE file whose experts are K-quant blocks (gate Q4_K and up Q8_0: gate|up of
+    mixed types; down Q6_K), served on those blocks by the engine: greedy tokens equal
+    transformers' on the blocks' dequantized weights (int16 activations, exact enough)."""
+    from radixserve.kernels import gguf_types as gt
+    from radixserve.layers.kquant_paths import KQUANT_INT8_ENV
+    from tests.helpers.hf_reference import hf_greedy_ids
+    from tests.helpers.tiny_gguf import write_block_moe_gguf
+
+    require_hf_arch("qwen3_moe")
+    monkeypatch.setenv(KQUANT_INT8_ENV, "0")
+    # K-quants need K to be a multiple of 256: hidden and the experts' size are 256.
+    cfg = tiny_hf_config(
+        "qwen3_moe",
+        vocab_size=VOCAB,
+        hidden_size=256,
+        moe_intermediate_size=256,
+        head_dim=64,
+        norm_topk_prob=True,
+    )
+    hf = tiny_hf_model(cfg)
+    types = {"ffn_gate_exps": gt.Q4_K, "ffn_up_exps": gt.Q8_0, "ffn_down_exps": gt.Q6_K}
+    path = write_block_moe_gguf(tmp_path / "moe.gguf", hf, "qwen3moe", types, gt.Q8_0)
+    prompts = [[1, 5, 9, 30, 12], [1, 40, 41, 42], [1, 7]]
+    expected = hf_greedy_ids(hf, prompts, 10)
+    for backend in ("intel_amx", "torch_native"):
+        with Engine(
+            model_path=str(path),
+            runtime="thread",
+            dtype="float32",
+            max_total_tokens=2048,
+            attention_backend=backend,
+            quantization="gguf",  # the experts stay on the file's blocks
+        ) as engine:
+            outs = engine.generate(
+                input_ids=prompts,
+                sampling_params={"max_new_tokens": 10, "temperature": 0, "ignore_eos": True},
+            )
+        assert [o["output_ids"] for o in outs] == expected, backend
