@@ -72,3 +72,13 @@ def test_stacked_expert_checkpoint(tmp_path: Path) -> None:
 def test_layers_run_module_by_module(qwen3_moe: tuple) -> None:
     folder, _ = qwen3_moe
     assert fused_layers(folder) == [False, False]
+
+
+def test_chunked_prefill(qwen3_moe: tuple) -> None:
+    """Prompts that share a prefix, prefilled in chunks of 8 tokens: still transformers'
+    tokens."""
+    folder, hf = qwen3_moe
+    base = PROMPTS[2]
+    prompts = [base, [*base, 7, 8], [*base[:20], 11]]
+    expected = transformers_greedy(hf, prompts)
+    assert engine_greedy(folder, prompts, "intel_amx", chunked_prefill_size=8) == expected
