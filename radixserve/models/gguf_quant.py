@@ -125,7 +125,8 @@ def _load(
         total=len(raw), desc=f"Loading {file.path.name}", unit="tensor", disable=not progress
     )
     for i, layer in enumerate(model.model.layers):
-        experts = getattr(layer.mlp, "experts", None)
+        # (A pipeline stage's missing layers have no mlp.)
+        experts = getattr(getattr(layer, "mlp", None), "experts", None)
         if isinstance(experts, FusedMoE):
             loaded = _load_experts(file, experts, i)
             if loaded is None:
