@@ -56,11 +56,15 @@ def test_expert_tensor_names_map_to_hf() -> None:
     assert gguf.gguf_architecture("qwen3_moe") == "qwen3moe"
 
 
+@pytest.mark.parametrize("blocks", [False, True], ids=["converted", "read_from_the_file"])
 @pytest.mark.parametrize("arch", list(ARCHS))
-def test_float_gguf_reproduces_the_original_model(tmp_path: Path, arch: str) -> None:
+def test_float_gguf_reproduces_the_original_model(tmp_path: Path, arch: str, blocks: bool) -> None:
+    """F32 experts: converted to safetensors, or (--quantization gguf) read straight from the
+    file as float stacks."""
     hf = _model(arch)
     path = write_tiny_gguf(tmp_path / f"{arch}.gguf", hf, ARCHS[arch], quantize=False)
-    assert float((_logits(path) - hf_logits(hf, PROMPT)).abs().max()) < 1e-4
+    ours = _logits(path, gguf_blocks=blocks)
+    assert float((ours - hf_logits(hf, PROMPT)).abs().max()) < 1e-4
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
