@@ -82,3 +82,15 @@ def test_chunked_prefill(qwen3_moe: tuple) -> None:
     prompts = [base, [*base, 7, 8], [*base[:20], 11]]
     expected = transformers_greedy(hf, prompts)
     assert engine_greedy(folder, prompts, "intel_amx", chunked_prefill_size=8) == expected
+
+
+def test_bfloat16_checkpoint_served_in_float32(tmp_path: Path) -> None:
+    """A bfloat16 checkpoint in float32: the expert stacks stay bfloat16 in memory and are
+    widened as used, exactly transformers' float32 on the same (bfloat16) values."""
+    hf = make_tiny_checkpoint(tmp_path / "f32", "qwen3_moe", seed=2)
+    hf.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    reference = hf.to(torch.float32)
+    experts = load_model(str(tmp_path / "bf16"), dtype="float32").model.model.layers[0].mlp.experts
+    assert experts.w13_weight.dtype == torch.bfloat16
+    got = engine_greedy(tmp_path / "bf16", PROMPTS, "intel_amx")
+    assert got == transformers_greedy(reference, PROMPTS)
