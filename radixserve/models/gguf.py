@@ -113,6 +113,10 @@ _BLOCK_NAMES_OF = dict.fromkeys(_GEMMA_ARCHITECTURES, _GEMMA_BLOCK_NAMES)
 # Present in some GGUFs but derived from the config on our side.
 _IGNORED_NAMES = {"rope_freqs"}
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
+# Mixtral files converted before llama.cpp stacked experts hold one tensor per expert:
+# blk.N.ffn_{gate,up,down}.E.weight.
+_OLD_EXPERT_RE = re.compile(r"^(ffn_gate|ffn_up|ffn_down)\.(\d+)$")
+_OLD_EXPERT_NAMES = {"ffn_gate": "gate_proj", "ffn_up": "up_proj", "ffn_down": "down_proj"}
 
 
 def find_gguf_file(path: Path, force: bool = False) -> Path | None:
@@ -314,6 +318,10 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
     match = _BLOCK_RE.match(base)
     if match and match.group(2) in names:
         return f"model.layers.{match.group(1)}.{names[match.group(2)]}.{suffix}"
+    expert = _OLD_EXPERT_RE.match(match.group(2)) if match else None
+    if match and expert:
+        proj = _OLD_EXPERT_NAMES[expert.group(1)]
+        return f"model.layers.{match.group(1)}.mlp.experts.{expert.group(2)}.{proj}.{suffix}"
     raise ValueError(f"unknown GGUF tensor name {gguf_name!r}")
 
 

@@ -45,6 +45,8 @@ _SHARED_EXPERT_PARTS = {
 }
 # A MoE layer's routed experts, each tensor [experts, rows, row bytes] of blocks.
 _EXPERT_PARTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+# The same, one tensor per expert (Mixtral files converted before llama.cpp stacked experts).
+_OLD_EXPERT_PARTS = ("ffn_gate", "ffn_up", "ffn_down")
 
 
 class QuantSummary(NamedTuple):
@@ -207,19 +209,39 @@ def _load_experts(
 ) -> tuple[list[str], list[ExpertBlocks]] | None:
     """Put a MoE layer's routed experts on the file's blocks; None when any of its three
     stacked tensors is float (then all three load as float)."""
-    names = [f"blk.{layer_id}.{p}.weight" for p in _EXPERT_PARTS]
-    tensors = [file.tensors.get(n) for n in names]
-    if any(t is None or int(t.tensor_type) not in gt.QUANTIZED_TYPES for t in tensors):
-        return None
-    parts = []
-    for tensor in tensors:
-        assert tensor is not None
-        count, rows = int(tensor.shape[2]), int(tensor.shape[1])  # dims fastest first
-        blocks = torch.empty(tensor.n_bytes, dtype=torch.uint8)
-        file.read_into(tensor, blocks)
-        parts.append(ExpertBlocks(blocks.view(count, rows, -1), int(tensor.tensor_type), rows))
+    stacked = [f"blk.{layer_id}.{p}.weight" for p in _EXPERT_PARTS]
+    if all(n in file.tensors for n in stacked):
+        groups = [[n] for n in stacked]
+    else:  # an older Mixtral file: blk.N.ffn_gate.E.weight, one tensor per expert
+        count = experts.num_experts
+        groups = [
+            [f"blk.{layer_id}.{p}.{e}.weight" for e in range(count)] for p in _OLD_EXPERT_PARTS
+        ]
+    tensors = [[file.tensors.get(n) for n in group] for group in groups]
+    for group in tensors:
+        if any(t is None or int(t.tensor_type) not in gt.QUANTIZED_TYPES for t in group):
+            return None
+        if len({int(t.tensor_type) for t in group}) != 1:  # type: ignore[union-attr]
+            return None  # experts of one projection in different types: float
+    parts = [_read_expert_stack(file, group) for group in tensors]  # type: ignore[arg-type]
     use_gguf_experts(experts, parts[:2], parts[2])
-    return names, parts
+    return [n for group in groups for n in group], parts
+
+
+def _read_expert_stack(file: _GGUFFile, tensors: list[TensorEntry]) -> ExpertBlocks:
+    """One projection's experts as [experts, rows, row bytes] blocks: a stacked tensor read
+    whole, or per-expert tensors read into their slots."""
+    first = tensors[0]
+    if len(tensors) == 1:
+        count, rows = int(first.shape[2]), int(first.shape[1])  # dims fastest first
+    else:
+        count, rows = len(tensors), int(first.shape[1])
+    stack = torch.empty(sum(t.n_bytes for t in tensors), dtype=torch.uint8)
+    offset = 0
+    for tensor in tensors:
+        file.read_into(tensor, stack[offset : offset + tensor.n_bytes])
+        offset += tensor.n_bytes
+    return ExpertBlocks(stack.view(count, rows, -1), int(first.tensor_type), rows)
 
 
 def _read_fused(

@@ -53,13 +53,18 @@ def gguf_name(hf_name: str) -> str:
 
 
 def write_tiny_gguf(
-    path: Path, hf_model: torch.nn.Module, arch: str = "llama", quantize: bool = True
+    path: Path,
+    hf_model: torch.nn.Module,
+    arch: str = "llama",
+    quantize: bool = True,
+    stacked_experts: bool = True,
 ) -> Path:
     """Write `hf_model` (vocab_size must be len(_TOKENS) = 59 or less) as a GGUF of `arch`.
 
     2-D weights other than the embedding (and a MoE model's 3-D stacked experts, not its router)
     are stored Q8_0 when `quantize`, else F32. q/k rows are permuted for llama, as llama.cpp
-    does.
+    does. `stacked_experts` False writes one tensor per expert (blk.N.ffn_gate.E.weight), as
+    llama.cpp converted Mixtral before it stacked experts.
     """
     import gguf
 
@@ -70,7 +75,7 @@ def write_tiny_gguf(
     writer.add_name(f"tiny-{arch}")
     _add_model_metadata(writer, cfg, heads, kv_heads, head_dim)
     _add_moe_metadata(writer, cfg)
-    for target, value in _gguf_tensors(hf_model):
+    for target, value in _gguf_tensors(hf_model, stacked_experts):
         if arch == "llama" and ".attn_q." in target:
             value = llama_cpp_permute(value, heads)
         elif arch == "llama" and ".attn_k." in target:
@@ -93,7 +98,9 @@ def write_tiny_gguf(
     return path
 
 
-def _gguf_tensors(hf_model: torch.nn.Module) -> list[tuple[str, np.ndarray]]:
+def _gguf_tensors(
+    hf_model: torch.nn.Module, stacked_experts: bool = True
+) -> list[tuple[str, np.ndarray]]:
     """(GGUF name, float32 array) of every tensor llama.cpp's converter writes: MoE experts
     stacked as ffn_{gate,up,down}_exps [experts, rows, cols] (transformers keeps gate|up as one
     gate_up_proj), a shared-expert gate as a vector."""
@@ -114,7 +121,18 @@ def _gguf_tensors(hf_model: torch.nn.Module) -> list[tuple[str, np.ndarray]]:
             out.append((gguf_name(name), value.reshape(-1)))
         else:
             out.append((gguf_name(name), value))
+    if not stacked_experts:
+        out = [per_expert for item in out for per_expert in _unstacked(*item)]
     return [(n, np.ascontiguousarray(v)) for n, v in out]
+
+
+def _unstacked(name: str, value: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """blk.N.ffn_gate_exps.weight [E, rows, cols] -> blk.N.ffn_gate.E.weight each."""
+    base, _, suffix = name.rpartition(".")
+    if not base.endswith("_exps"):
+        return [(name, value)]
+    stem = base.removesuffix("_exps")
+    return [(f"{stem}.{e}.{suffix}", value[e]) for e in range(value.shape[0])]
 
 
 def _add_moe_metadata(writer: object, cfg: object) -> None:

@@ -90,6 +90,24 @@ def test_experts_run_on_the_files_blocks(tmp_path: Path, arch: str) -> None:
     assert torch.equal(on_blocks.argmax(-1), converted.argmax(-1))
 
 
+@pytest.mark.parametrize("quantize", [False, True], ids=["f32", "q8_0"])
+def test_mixtral_file_with_one_tensor_per_expert(tmp_path: Path, quantize: bool) -> None:
+    """Mixtral files converted before llama.cpp stacked experts (blk.N.ffn_gate.E.weight):
+    the experts are gathered into the stacks, on blocks or in float."""
+    hf = _model("mixtral")
+    path = write_tiny_gguf(tmp_path / "old.gguf", hf, "llama", quantize, stacked_experts=False)
+    assert gguf.hf_tensor_name("blk.1.ffn_down.7.weight") == (
+        "model.layers.1.mlp.experts.7.down_proj.weight"
+    )
+    loaded = load_model(str(path), dtype="float32", gguf_blocks=True)
+    experts = loaded.model.model.layers[0].mlp.experts
+    assert isinstance(experts.quant_method, GGUFExpertsMethod) == quantize
+    on_blocks, converted = _logits(path, gguf_blocks=True), _logits(path)
+    reference = hf_logits(hf, PROMPT)
+    assert float((converted - reference).abs().max()) < (0.1 if quantize else 1e-4)
+    assert float((on_blocks - converted).abs().max()) < (0.05 if quantize else 1e-4)
+
+
 def test_engine_on_expert_blocks_equals_transformers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
