@@ -44,7 +44,16 @@ logger = logging.getLogger(__name__)
 SHARD_BYTES = 2 * 2**30
 
 # general.architecture values we convert (llama.cpp stores Mistral as llama).
-_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "qwen2moe", "qwen3moe")
+_GGUF_ARCHITECTURES = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "gemma3",
+    "qwen2moe",
+    "qwen3moe",
+    "olmoe",
+)
 # transformers' model_type for a GGUF -> the HF architecture written to config.json.
 _HF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -56,6 +65,7 @@ _HF_ARCHITECTURES = {
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
 }
 # model_type -> general.architecture, where they differ.
 _GGUF_ARCHITECTURE_OF = {
@@ -66,6 +76,9 @@ _GGUF_ARCHITECTURE_OF = {
     "qwen3_moe": "qwen3moe",
 }
 _MOE_ARCHITECTURES = ("qwen2moe", "qwen3moe")
+# Architectures transformers' GGUF readers do not know: their config is built from the metadata
+# here (gguf_config.py), their tokenizer by the fast tokenizer's own GGUF reading.
+_OWN_CONFIG_ARCHITECTURES = ("olmoe",)
 # Architectures whose q/k rows llama.cpp's converter permuted (for its rope kernel).
 _PERMUTED_QK = {"llama"}
 _GEMMA_ARCHITECTURES = ("gemma2", "gemma3")
@@ -209,7 +222,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, with_weights: bool = True) -> N
         )
     _check_tensor_types(reader, gguf_path)
     config = _write_config(reader, arch, gguf_path, out_dir)
-    _write_tokenizer(gguf_path, out_dir)
+    _write_tokenizer(gguf_path, out_dir, arch)
     if arch in _GEMMA_ARCHITECTURES:
         from radixserve.models.gguf_config import gemma_stop_ids
 
@@ -262,7 +275,12 @@ def _write_config(reader: object, arch: str, gguf_path: Path, out_dir: Path) -> 
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        if arch in _OWN_CONFIG_ARCHITECTURES:
+            from radixserve.models.gguf_config import olmoe_config
+
+            config = olmoe_config(reader)
+        else:
+            config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     except Exception as e:
         raise ValueError(f"cannot read the model config from GGUF file {gguf_path}: {e}") from e
     if arch == "llama":
@@ -289,11 +307,14 @@ def _write_config(reader: object, arch: str, gguf_path: Path, out_dir: Path) -> 
     return config
 
 
-def _write_tokenizer(gguf_path: Path, out_dir: Path) -> None:
-    from transformers import AutoTokenizer
+def _write_tokenizer(gguf_path: Path, out_dir: Path, arch: str) -> None:
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    # AutoTokenizer reads the model config first, which transformers cannot for some
+    # architectures; the fast tokenizer reads only the file's tokenizer metadata.
+    loader = PreTrainedTokenizerFast if arch in _OWN_CONFIG_ARCHITECTURES else AutoTokenizer
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        tokenizer = loader.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     except Exception as e:
         raise ValueError(f"cannot read the tokenizer from GGUF file {gguf_path}: {e}") from e
     tokenizer.save_pretrained(out_dir)

@@ -1,5 +1,6 @@
 """The config fields transformers' GGUF reader leaves out (Qwen2/3-MoE's expert sizes:
-fill_moe_config; and the Gemma 2/3 ones below), filled from the file's
+fill_moe_config; Mixtral and OLMoE, which it does not read: mixtral_config, olmoe_config; and
+the Gemma 2/3 ones below), filled from the file's
 metadata as llama.cpp reads it (llama-model.cpp), so the converted config.json describes the
 model llama.cpp runs from the same file:
 
@@ -136,6 +137,51 @@ def mixtral_config(reader: object, config: Any) -> Any | None:
         num_local_experts=int(experts),
         num_experts_per_tok=int(_value(reader, "llama.expert_used_count")),
         sliding_window=None,  # llama.cpp runs Mixtral without one
+    )
+
+
+def olmoe_config(reader: object) -> Any:
+    """An OLMoE config from an `olmoe` GGUF's metadata (transformers' GGUF readers have no
+    OLMoE), with llama.cpp's reading: every layer sparse, the top-k not renormalized, q/k
+    normed over the whole projection; the experts' size is expert_feed_forward_length where
+    the file has it, else feed_forward_length (what llama.cpp's converter writes)."""
+    from transformers import OlmoeConfig
+
+    def key(name: str, default: Any = None) -> Any:
+        value = _value(reader, f"olmoe.{name}")
+        if value is None and default is None:
+            raise ValueError(f"an olmoe GGUF needs olmoe.{name}")
+        return default if value is None else value
+
+    heads = int(key("attention.head_count"))
+    tokens = reader.fields.get("tokenizer.ggml.tokens")  # type: ignore[attr-defined]
+    names = {t.name for t in reader.tensors}  # type: ignore[attr-defined]
+    expert_size = _value(reader, "olmoe.expert_feed_forward_length")
+    ids = {
+        name: _value(reader, f"tokenizer.ggml.{key_name}")
+        for name, key_name in (
+            ("bos_token_id", "bos_token_id"),
+            ("eos_token_id", "eos_token_id"),
+            ("pad_token_id", "padding_token_id"),
+        )
+    }
+    clamp = _value(reader, "olmoe.attention.clamp_kqv")
+    return OlmoeConfig(
+        vocab_size=len(tokens.data) if tokens is not None else int(key("vocab_size")),
+        hidden_size=int(key("embedding_length")),
+        intermediate_size=int(expert_size or key("feed_forward_length")),
+        num_hidden_layers=int(key("block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(key("attention.head_count_kv", heads)),
+        max_position_embeddings=int(key("context_length")),
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+        rope_parameters={"rope_type": "default", "rope_theta": float(key("rope.freq_base"))},
+        num_experts=int(key("expert_count")),
+        num_experts_per_tok=int(key("expert_used_count")),
+        norm_topk_prob=False,
+        clip_qkv=None if clamp is None else float(clamp),
+        tie_word_embeddings="output.weight" not in names,
+        **{name: None if value is None else int(value) for name, value in ids.items()},
     )
 
 

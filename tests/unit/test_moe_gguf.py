@@ -1,6 +1,7 @@
-"""Qwen2/3-MoE and Mixtral GGUF files written as llama.cpp writes them (experts stacked as
+"""Qwen2/3-MoE, Mixtral and OLMoE GGUF files written as llama.cpp writes them (experts stacked as
 ffn_{gate,up,down}_exps, router ffn_gate_inp, Qwen2-MoE's ffn_*_shexp and ffn_gate_inp_shexp;
-Mixtral as arch llama with an expert count and q/k rows permuted):
+Mixtral as arch llama with an expert count and q/k rows permuted; OLMoE, whose config and
+tokenizer transformers' GGUF readers do not build):
 the float conversion reproduces the original model; with --quantization gguf the experts stay
 on the file's blocks, per expert, and the logits stay those of the dequantized weights."""
 
@@ -24,7 +25,7 @@ from tests.helpers.tiny_models import tiny_hf_config, tiny_hf_model
 
 PROMPT = [5, 17, 42, 3, 58, 7, 30, 11, 50, 31]
 VOCAB = 59
-ARCHS = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama"}
+ARCHS = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama", "olmoe": "olmoe"}
 
 
 @pytest.fixture(autouse=True)
