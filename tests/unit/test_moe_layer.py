@@ -175,3 +175,13 @@ def test_more_than_one_rank_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fused_moe.ps, "get_tp_size", lambda: 2)
     with pytest.raises(ValueError, match="--tp-size 1"):
         FusedMoE(EXPERTS, HIDDEN, INTER, RouterSpec(2))
+
+
+def test_one_token_path_equals_the_grouped_path() -> None:
+    """Batch 1 takes its own loop; it gives the grouped path's bits for that row."""
+    moe = _moe(seed=3)
+    for seed in range(4):
+        torch.manual_seed(seed)
+        x, logits = torch.randn(1, HIDDEN), torch.randn(1, EXPERTS)
+        weights, experts = route(logits, moe.router, x.dtype)
+        assert torch.equal(moe(x, logits), moe._grouped(x, weights, experts))

@@ -65,6 +65,14 @@ class FusedMoE(nn.Module):
 
     def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, experts = route(router_logits, self.router, hidden.dtype)
+        if hidden.shape[0] == 1:
+            return self._one_token(hidden, weights[0], experts[0])
+        return self._grouped(hidden, weights, experts)
+
+    def _grouped(
+        self, hidden: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
+    ) -> torch.Tensor:
+        """Each chosen expert once, over all the rows routed to it."""
         top_k = self.router.top_k
         flat = experts.reshape(-1)
         # Every (token, slot) assignment, ordered by expert: each expert's rows are one run.
@@ -83,4 +91,17 @@ class FusedMoE(nn.Module):
             x = hidden[tokens]
             y = method.down(self, expert, self.act(method.gate_up(self, expert, x)))
             out.index_add_(0, tokens, y * flat_weights[picks, None])
+        return out
+
+    def _one_token(
+        self, hidden: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
+    ) -> torch.Tensor:
+        """A batch-1 decode step: the token's k experts in ascending id, without the grouping's
+        index work (a third of a layer's time at batch 1). The same sums in the same order as
+        the grouped path over one row, so the same bits."""
+        method = self.quant_method
+        out = torch.zeros_like(hidden)
+        for expert, weight in sorted(zip(experts.tolist(), weights.tolist(), strict=True)):
+            y = method.down(self, expert, self.act(method.gate_up(self, expert, hidden)))
+            out += y * weight
         return out
