@@ -94,3 +94,10 @@ def test_bfloat16_checkpoint_served_in_float32(tmp_path: Path) -> None:
     assert experts.w13_weight.dtype == torch.bfloat16
     got = engine_greedy(tmp_path / "bf16", PROMPTS, "intel_amx")
     assert got == transformers_greedy(reference, PROMPTS)
+
+
+def test_one_request_decodes_at_batch_one(qwen3_moe: tuple) -> None:
+    """One request alone: its decode steps take FusedMoE's one-token path."""
+    folder, hf = qwen3_moe
+    for backend in BACKENDS:
+        assert engine_greedy(folder, PROMPTS[1:2], backend) == transformers_greedy(hf, PROMPTS[1:2])
