@@ -169,12 +169,29 @@ def test_batch_one_reads_only_the_chosen_experts(monkeypatch: pytest.MonkeyPatch
     assert len(read) == 3 * len(chosen)  # gate and up (mixed types), down: per chosen expert
 
 
-def test_more_than_one_rank_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("tokens", [1, 6])
+def test_two_ranks_slices_sum_to_the_whole(monkeypatch: pytest.MonkeyPatch, tokens: int) -> None:
+    """Under --tp-size 2 each rank loads its half of every expert's intermediate dimension;
+    the ranks' outputs (summed by the all-reduce, here by hand) are the whole layer's."""
     from radixserve.layers.moe import fused_moe
 
+    whole = _moe(seed=4)
+    x, logits = torch.randn(tokens, HIDDEN), torch.randn(tokens, EXPERTS)
+    expected = whole(x, logits)
     monkeypatch.setattr(fused_moe.ps, "get_tp_size", lambda: 2)
-    with pytest.raises(ValueError, match="--tp-size 1"):
-        FusedMoE(EXPERTS, HIDDEN, INTER, RouterSpec(2))
+    monkeypatch.setattr(fused_moe.ps, "tensor_model_parallel_all_reduce", lambda t: t)
+    total = torch.zeros_like(expected)
+    for rank in range(2):
+        monkeypatch.setattr(fused_moe.ps, "get_tp_rank", lambda rank=rank: rank)
+        part = FusedMoE(EXPERTS, HIDDEN, INTER, whole.router)
+        assert part.w13_weight.shape == (EXPERTS, INTER, HIDDEN)  # half of 2 * INTER rows
+        for e in range(EXPERTS):
+            gate, up = whole.w13_weight[e].chunk(2)
+            part.weight_loader(part.w13_weight, gate, (e, "gate"))
+            part.weight_loader(part.w13_weight, up, (e, "up"))
+            part.weight_loader(part.w2_weight, whole.w2_weight[e], (e, "down"))
+        total += part(x, logits)
+    assert torch.allclose(total, expected, atol=1e-5)
 
 
 def test_one_token_path_equals_the_grouped_path() -> None:

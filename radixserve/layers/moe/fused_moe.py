@@ -5,6 +5,11 @@ The experts' weights belong to the layer's `quant_method` (methods.py: float, or
 the routing (router.py) and the grouping here are the same for every form. Accumulation runs
 expert by expert in ascending id, as transformers' eager experts do, so float32 results
 match it.
+
+Under --tp-size N each rank holds every expert's slice of the intermediate dimension (gate and
+up rows, down columns: the dense MLP's column/row split applied per expert), routes the same
+tokens to the same experts (the router is replicated), and the partial outputs are summed
+across ranks at the end, as a row-parallel layer's are.
 """
 
 from __future__ import annotations
@@ -32,18 +37,18 @@ class FusedMoE(nn.Module):
         hidden_act: str = "silu",
     ) -> None:
         super().__init__()
-        if ps.get_tp_size() != 1:
-            # Experts are not split across ranks yet (no expert or tensor parallelism).
-            raise ValueError("mixture-of-experts models run on one rank (--tp-size 1) for now")
         if not 0 < router.top_k <= num_experts:
             raise ValueError(f"top_k {router.top_k} is not within 1..{num_experts} experts")
+        self.tp_rank = ps.get_tp_rank()
+        self.tp_size = ps.get_tp_size()
         self.num_experts = num_experts
         self.hidden_size = hidden_size
-        self.intermediate_size = intermediate_size
+        # This rank's slice of each expert's intermediate dimension.
+        self.intermediate_size = ps.divide(intermediate_size, self.tp_size, "expert size")
         self.router = router
         self.act = get_act_and_mul(hidden_act)
         self.quant_method: ExpertsMethod = UnquantizedExpertsMethod()
-        self.quant_method.create_weights(self, num_experts, hidden_size, intermediate_size)
+        self.quant_method.create_weights(self, num_experts, hidden_size, self.intermediate_size)
         experts = range(num_experts)
         self.w13_weight.shard_ids = tuple((e, p) for e in experts for p in ("gate", "up"))
         self.w2_weight.shard_ids = tuple((e, "down") for e in experts)
@@ -53,21 +58,28 @@ class FusedMoE(nn.Module):
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
     ) -> None:
-        """Copy one expert's gate, up or down matrix into its place in the stack."""
+        """Copy this rank's slice of one expert's gate, up (rows) or down (columns) matrix into
+        its place in the stack."""
         if not (isinstance(shard_id, tuple) and shard_id in param.shard_ids):
             raise ValueError(f"not an expert shard of this layer: {shard_id!r}")
         expert, part = shard_id
         target = param.data[expert]
-        if part != "down":
-            inter = self.intermediate_size
-            target = target.narrow(0, 0 if part == "gate" else inter, inter)
-        copy_checked(target, loaded_weight)
+        inter = self.intermediate_size
+        start = self.tp_rank * inter
+        if part == "down":
+            copy_checked(target, loaded_weight.narrow(1, start, inter))
+            return
+        target = target.narrow(0, 0 if part == "gate" else inter, inter)
+        copy_checked(target, loaded_weight.narrow(0, start, inter))
 
     def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, experts = route(router_logits, self.router, hidden.dtype)
         if hidden.shape[0] == 1:
-            return self._one_token(hidden, weights[0], experts[0])
-        return self._grouped(hidden, weights, experts)
+            out = self._one_token(hidden, weights[0], experts[0])
+        else:
+            out = self._grouped(hidden, weights, experts)
+        # Each rank summed its slice of the intermediate dimension.
+        return out if self.tp_size == 1 else ps.tensor_model_parallel_all_reduce(out)
 
     def _grouped(
         self, hidden: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
