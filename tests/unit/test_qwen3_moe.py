@@ -101,3 +101,13 @@ def test_one_request_decodes_at_batch_one(qwen3_moe: tuple) -> None:
     folder, hf = qwen3_moe
     for backend in BACKENDS:
         assert engine_greedy(folder, PROMPTS[1:2], backend) == transformers_greedy(hf, PROMPTS[1:2])
+
+
+def test_torch_compile(qwen3_moe: tuple) -> None:
+    """--enable-torch-compile: the expert loop runs eagerly between the compiled graphs."""
+    folder, hf = qwen3_moe
+    prompts = PROMPTS[:2]
+    got = engine_greedy(
+        folder, prompts, "intel_amx", enable_torch_compile=True, torch_compile_max_bs=4
+    )
+    assert got == transformers_greedy(hf, prompts)

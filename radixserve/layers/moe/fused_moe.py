@@ -72,6 +72,10 @@ class FusedMoE(nn.Module):
         target = target.narrow(0, 0 if part == "gate" else inter, inter)
         copy_checked(target, loaded_weight.narrow(0, start, inter))
 
+    # Under --enable-torch-compile the data-dependent expert loop runs eagerly between
+    # compiled graphs: traced, each new set of chosen experts recompiled the graph until
+    # dynamo's recompile limit gave up on it.
+    @torch.compiler.disable
     def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, experts = route(router_logits, self.router, hidden.dtype)
         if hidden.shape[0] == 1:
