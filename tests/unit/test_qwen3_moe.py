@@ -111,3 +111,19 @@ def test_torch_compile(qwen3_moe: tuple) -> None:
         folder, prompts, "intel_amx", enable_torch_compile=True, torch_compile_max_bs=4
     )
     assert got == transformers_greedy(hf, prompts)
+
+
+def test_ngram_speculative_decoding(qwen3_moe: tuple) -> None:
+    """NGRAM drafts verified in one forward (many rows per expert, tree rows included): still
+    transformers' greedy tokens. Repetitive prompts give the n-gram trie drafts to verify."""
+    folder, hf = qwen3_moe
+    prompts = [[5, 6, 7, 8] * 6, [9, 10, 11] * 8]
+    got = engine_greedy(
+        folder,
+        prompts,
+        "intel_amx",
+        new_tokens=16,
+        speculative_algorithm="NGRAM",
+        speculative_num_draft_tokens=4,
+    )
+    assert got == transformers_greedy(hf, prompts, new_tokens=16)
