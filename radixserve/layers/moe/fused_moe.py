@@ -60,7 +60,15 @@ class FusedMoE(nn.Module):
     ) -> None:
         """Copy this rank's slice of one expert's gate, up (rows) or down (columns) matrix into
         its place in the stack."""
-        if not (isinstance(shard_id, tuple) and shard_id in param.shard_ids):
+        # Checked directly, not by a scan of param.shard_ids (2 x experts entries, per tensor).
+        parts = ("down",) if param is self.w2_weight else ("gate", "up")
+        if not (
+            isinstance(shard_id, tuple)
+            and len(shard_id) == 2
+            and isinstance(shard_id[0], int)
+            and 0 <= shard_id[0] < self.num_experts
+            and shard_id[1] in parts
+        ):
             raise ValueError(f"not an expert shard of this layer: {shard_id!r}")
         expert, part = shard_id
         target = param.data[expert]
