@@ -127,3 +127,27 @@ def test_ngram_speculative_decoding(qwen3_moe: tuple) -> None:
         speculative_num_draft_tokens=4,
     )
     assert got == transformers_greedy(hf, prompts, new_tokens=16)
+
+
+def test_pipeline_stages_load_only_their_experts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under --pp-size 2 each stage builds and loads only its layers' experts, with the whole
+    model's values (the stages' forward is the dense families', tested elsewhere)."""
+    from radixserve.distributed import parallel_state as ps
+    from radixserve.models.pipeline_stage import PPMissingLayer
+
+    make_tiny_checkpoint(tmp_path, "qwen3_moe", num_hidden_layers=3)
+    whole = dict(load_model(str(tmp_path), dtype="float32").model.named_parameters())
+    seen = set()
+    for stage in range(2):
+        monkeypatch.setattr(ps, "_PP_RANK", stage)
+        monkeypatch.setattr(ps, "_PP_SIZE", 2)
+        model = load_model(str(tmp_path), dtype="float32").model
+        missing = 2 if stage == 0 else 0
+        assert isinstance(model.model.layers[missing], PPMissingLayer)
+        for name, param in model.named_parameters():
+            torch.testing.assert_close(param, whole[name], rtol=0, atol=0)
+            seen.add(name)
+    assert seen == set(whole)
+    assert any(".experts.w13_weight" in name for name in seen)
