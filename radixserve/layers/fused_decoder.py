@@ -67,7 +67,8 @@ def fusable(layer: LlamaDecoderLayer) -> bool:
         # batches that the window does not mask (FusedLayerArgs.window).
         and layer.self_attn.attn.logit_cap is None
         and layer.residual_multiplier == 1.0
-        and isinstance(layer.mlp.act_fn, SiluAndMul)
+        # A MoE block (layers/moe/) has no act_fn: the C++ layer runs dense MLPs only.
+        and isinstance(getattr(layer.mlp, "act_fn", None), SiluAndMul)
         and layer.post_attention_layernorm.variance_epsilon == eps
         and fused_layer_args(layer) is not None
     )

@@ -85,21 +85,27 @@ _MLP = "mlp"
 def decoder_sub_projections(layer: nn.Module) -> dict[str, SubProjection]:
     """The LoRA-targetable projections of a Llama-shaped decoder layer (layers/ may not import
     models/, so this reads the layer's attributes: self_attn.qkv_proj, o_proj, mlp.gate_up_proj,
-    down_proj)."""
+    down_proj). A mixture-of-experts layer offers its attention projections only (its MLP has
+    no dense gate|up and down)."""
     attn = layer.self_attn
     qkv = attn.qkv_proj
     hidden = qkv.input_size
     q_size = qkv.num_heads * qkv.head_size
     kv_size = qkv.num_kv_heads * qkv.head_size
-    gate_up = layer.mlp.gate_up_proj
-    inter = gate_up.output_sizes[0]
-    down = layer.mlp.down_proj
     o_proj = attn.o_proj
-    return {
+    found = {
         "q_proj": SubProjection(f"{_ATTN}.qkv_proj", 0, q_size, hidden),
         "k_proj": SubProjection(f"{_ATTN}.qkv_proj", q_size, kv_size, hidden),
         "v_proj": SubProjection(f"{_ATTN}.qkv_proj", q_size + kv_size, kv_size, hidden),
         "o_proj": SubProjection(f"{_ATTN}.o_proj", 0, o_proj.output_size, o_proj.input_size),
+    }
+    gate_up = getattr(layer.mlp, "gate_up_proj", None)
+    down = getattr(layer.mlp, "down_proj", None)
+    if gate_up is None or down is None:
+        return found
+    inter = gate_up.output_sizes[0]
+    return {
+        **found,
         "gate_proj": SubProjection(f"{_MLP}.gate_up_proj", 0, inter, hidden),
         "up_proj": SubProjection(f"{_MLP}.gate_up_proj", inter, gate_up.output_sizes[1], hidden),
         "down_proj": SubProjection(f"{_MLP}.down_proj", 0, down.output_size, down.input_size),

@@ -96,6 +96,9 @@ def _read_config(name: str, folder: Path) -> dict[str, Any]:
     if peft_type != "LORA":
         raise LoRAError(f"LoRA adapter {name!r}: peft_type {peft_type} is not LORA.", "lora_path")
     refusals = {
+        # PEFT turns gate/up/down targets of a MoE model into LoRA on the expert stacks.
+        "target_parameters": "adapters on parameters (target_parameters, e.g. a mixture-of-"
+        "experts model's expert weights) are not supported",
         "use_dora": "DoRA adapters are not supported",
         "modules_to_save": "adapters that replace whole modules (modules_to_save) are not supported",
         "rank_pattern": "per-module ranks (rank_pattern) are not supported",
@@ -221,7 +224,13 @@ def _stack(
     for (layer, module), pair in sorted(
         per_module.items(), key=lambda kv: (kv[0][0], SUPPORTED_TARGET_MODULES.index(kv[0][1]))
     ):
-        sub = layer_projections[layer][module]
+        sub = layer_projections[layer].get(module)
+        if sub is None:
+            raise LoRAError(
+                f"LoRA adapter {name!r} targets {module} in layer {layer}, a mixture-of-experts "
+                "layer without a dense MLP: only its attention projections take adapters.",
+                "lora_path",
+            )
         a, b = pair["A"], pair["B"]
         if a.shape[1] != sub.in_features or b.shape[0] != sub.out_features:
             raise LoRAError(

@@ -44,7 +44,16 @@ logger = logging.getLogger(__name__)
 SHARD_BYTES = 2 * 2**30
 
 # general.architecture values we convert (llama.cpp stores Mistral as llama).
-_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
+_GGUF_ARCHITECTURES = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "gemma3",
+    "qwen2moe",
+    "qwen3moe",
+    "olmoe",
+)
 # transformers' model_type for a GGUF -> the HF architecture written to config.json.
 _HF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -53,9 +62,23 @@ _HF_ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
 }
 # model_type -> general.architecture, where they differ.
-_GGUF_ARCHITECTURE_OF = {"mistral": "llama", "gemma3_text": "gemma3"}
+_GGUF_ARCHITECTURE_OF = {
+    "mistral": "llama",
+    "mixtral": "llama",
+    "gemma3_text": "gemma3",
+    "qwen2_moe": "qwen2moe",
+    "qwen3_moe": "qwen3moe",
+}
+_MOE_ARCHITECTURES = ("qwen2moe", "qwen3moe")
+# Architectures transformers' GGUF readers do not know: their config is built from the metadata
+# here (gguf_config.py), their tokenizer by the fast tokenizer's own GGUF reading.
+_OWN_CONFIG_ARCHITECTURES = ("olmoe",)
 # Architectures whose q/k rows llama.cpp's converter permuted (for its rope kernel).
 _PERMUTED_QK = {"llama"}
 _GEMMA_ARCHITECTURES = ("gemma2", "gemma3")
@@ -80,6 +103,16 @@ _BLOCK_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # Mixture-of-experts layers: the router, the experts stacked [experts, rows, cols] (split
+    # per expert on load, layers/moe/checkpoint.py) and the shared expert with its gate.
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 # Gemma's four norms per layer: llama.cpp calls the pre-feedforward one ffn_norm, the name
 # Llama's post-attention (pre-MLP) norm has.
@@ -93,6 +126,10 @@ _BLOCK_NAMES_OF = dict.fromkeys(_GEMMA_ARCHITECTURES, _GEMMA_BLOCK_NAMES)
 # Present in some GGUFs but derived from the config on our side.
 _IGNORED_NAMES = {"rope_freqs"}
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
+# Mixtral files converted before llama.cpp stacked experts hold one tensor per expert:
+# blk.N.ffn_{gate,up,down}.E.weight.
+_OLD_EXPERT_RE = re.compile(r"^(ffn_gate|ffn_up|ffn_down)\.(\d+)$")
+_OLD_EXPERT_NAMES = {"ffn_gate": "gate_proj", "ffn_up": "up_proj", "ffn_down": "down_proj"}
 
 
 def find_gguf_file(path: Path, force: bool = False) -> Path | None:
@@ -185,7 +222,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, with_weights: bool = True) -> N
         )
     _check_tensor_types(reader, gguf_path)
     config = _write_config(reader, arch, gguf_path, out_dir)
-    _write_tokenizer(gguf_path, out_dir)
+    _write_tokenizer(gguf_path, out_dir, arch)
     if arch in _GEMMA_ARCHITECTURES:
         from radixserve.models.gguf_config import gemma_stop_ids
 
@@ -238,9 +275,18 @@ def _write_config(reader: object, arch: str, gguf_path: Path, out_dir: Path) -> 
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        if arch in _OWN_CONFIG_ARCHITECTURES:
+            from radixserve.models.gguf_config import olmoe_config
+
+            config = olmoe_config(reader)
+        else:
+            config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     except Exception as e:
         raise ValueError(f"cannot read the model config from GGUF file {gguf_path}: {e}") from e
+    if arch == "llama":
+        from radixserve.models.gguf_config import mixtral_config
+
+        config = mixtral_config(reader, config) or config
     hf_arch = _HF_ARCHITECTURES.get(config.model_type)
     if hf_arch is None:
         raise ValueError(f"GGUF file {gguf_path}: unsupported model type {config.model_type!r}")
@@ -253,15 +299,22 @@ def _write_config(reader: object, arch: str, gguf_path: Path, out_dir: Path) -> 
         from radixserve.models.gguf_config import fill_gemma_config
 
         fill_gemma_config(reader, arch, config)
+    if arch in _MOE_ARCHITECTURES:
+        from radixserve.models.gguf_config import fill_moe_config
+
+        fill_moe_config(reader, arch, config)
     config.save_pretrained(out_dir)
     return config
 
 
-def _write_tokenizer(gguf_path: Path, out_dir: Path) -> None:
-    from transformers import AutoTokenizer
+def _write_tokenizer(gguf_path: Path, out_dir: Path, arch: str) -> None:
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    # AutoTokenizer reads the model config first, which transformers cannot for some
+    # architectures; the fast tokenizer reads only the file's tokenizer metadata.
+    loader = PreTrainedTokenizerFast if arch in _OWN_CONFIG_ARCHITECTURES else AutoTokenizer
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        tokenizer = loader.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     except Exception as e:
         raise ValueError(f"cannot read the tokenizer from GGUF file {gguf_path}: {e}") from e
     tokenizer.save_pretrained(out_dir)
@@ -286,14 +339,21 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
     match = _BLOCK_RE.match(base)
     if match and match.group(2) in names:
         return f"model.layers.{match.group(1)}.{names[match.group(2)]}.{suffix}"
+    expert = _OLD_EXPERT_RE.match(match.group(2)) if match else None
+    if match and expert:
+        proj = _OLD_EXPERT_NAMES[expert.group(1)]
+        return f"model.layers.{match.group(1)}.mlp.experts.{expert.group(2)}.{proj}.{suffix}"
     raise ValueError(f"unknown GGUF tensor name {gguf_name!r}")
 
 
 def hf_float_value(arch: str, hf_name: str, value: torch.Tensor) -> torch.Tensor:
     """A float tensor as the HF checkpoint holds it: Gemma's norm weights lose the one that
-    llama.cpp's converter added (as transformers' GGUF loader takes it off)."""
+    llama.cpp's converter added (as transformers' GGUF loader takes it off); a shared-expert gate
+    stored as a vector gets its row back."""
     if arch in _NORMS_PLUS_ONE and hf_name.endswith("norm.weight"):
         return value - 1
+    if hf_name.endswith("shared_expert_gate.weight") and value.dim() == 1:
+        return value.reshape(1, -1)  # llama.cpp stores Qwen2-MoE's [1, hidden] gate as a vector
     return value
 
 

@@ -1,4 +1,6 @@
-"""The Gemma 2/3 config fields transformers' GGUF reader leaves out, filled from the file's
+"""The config fields transformers' GGUF reader leaves out (Qwen2/3-MoE's expert sizes:
+fill_moe_config; Mixtral and OLMoE, which it does not read: mixtral_config, olmoe_config; and
+the Gemma 2/3 ones below), filled from the file's
 metadata as llama.cpp reads it (llama-model.cpp), so the converted config.json describes the
 model llama.cpp runs from the same file:
 
@@ -82,6 +84,112 @@ def _fill_rope(reader: object, arch: str, config: Any) -> None:
     if per_type:
         local = _value(reader, f"{arch}.rope.freq_base_swa")
         params[SLIDING]["rope_theta"] = LOCAL_ROPE_THETA if local is None else float(local)
+
+
+def fill_moe_config(reader: object, arch: str, config: Any) -> None:
+    """The expert sizes transformers' GGUF reader leaves out of a Qwen2/3-MoE config
+    (`<arch>.expert_feed_forward_length`, `<arch>.expert_shared_feed_forward_length`); every
+    layer of such a file is sparse, as llama.cpp builds it."""
+    size = _value(reader, f"{arch}.expert_feed_forward_length")
+    if size is None:
+        raise ValueError(f"a {arch} GGUF needs {arch}.expert_feed_forward_length")
+    config.moe_intermediate_size = int(size)
+    shared = _value(reader, f"{arch}.expert_shared_feed_forward_length")
+    if shared is None:  # older files: the shared expert's own rows say it
+        shared = _shared_expert_rows(reader)
+    if shared is not None:
+        config.shared_expert_intermediate_size = int(shared)
+    config.decoder_sparse_step = 1
+    config.mlp_only_layers = []
+
+
+# The LlamaConfig fields transformers' GGUF reader fills that a Mixtral config keeps.
+_MIXTRAL_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "tie_word_embeddings",
+    "rope_parameters",
+)
+
+
+def mixtral_config(reader: object, config: Any) -> Any | None:
+    """A Mixtral config for a llama GGUF with experts (llama.cpp stores Mixtral as llama with
+    llama.expert_count; its feed_forward_length is the experts' size), else None."""
+    experts = _value(reader, "llama.expert_count")
+    if not experts:
+        return None
+    from transformers import MixtralConfig
+
+    fields = {k: getattr(config, k) for k in _MIXTRAL_FIELDS if hasattr(config, k)}
+    return MixtralConfig(
+        **fields,
+        num_local_experts=int(experts),
+        num_experts_per_tok=int(_value(reader, "llama.expert_used_count")),
+        sliding_window=None,  # llama.cpp runs Mixtral without one
+    )
+
+
+def olmoe_config(reader: object) -> Any:
+    """An OLMoE config from an `olmoe` GGUF's metadata (transformers' GGUF readers have no
+    OLMoE), with llama.cpp's reading: every layer sparse, the top-k not renormalized, q/k
+    normed over the whole projection; the experts' size is expert_feed_forward_length where
+    the file has it, else feed_forward_length (what llama.cpp's converter writes)."""
+    from transformers import OlmoeConfig
+
+    def key(name: str, default: Any = None) -> Any:
+        value = _value(reader, f"olmoe.{name}")
+        if value is None and default is None:
+            raise ValueError(f"an olmoe GGUF needs olmoe.{name}")
+        return default if value is None else value
+
+    heads = int(key("attention.head_count"))
+    tokens = reader.fields.get("tokenizer.ggml.tokens")  # type: ignore[attr-defined]
+    names = {t.name for t in reader.tensors}  # type: ignore[attr-defined]
+    expert_size = _value(reader, "olmoe.expert_feed_forward_length")
+    ids = {
+        name: _value(reader, f"tokenizer.ggml.{key_name}")
+        for name, key_name in (
+            ("bos_token_id", "bos_token_id"),
+            ("eos_token_id", "eos_token_id"),
+            ("pad_token_id", "padding_token_id"),
+        )
+    }
+    clamp = _value(reader, "olmoe.attention.clamp_kqv")
+    return OlmoeConfig(
+        vocab_size=len(tokens.data) if tokens is not None else int(key("vocab_size")),
+        hidden_size=int(key("embedding_length")),
+        intermediate_size=int(expert_size or key("feed_forward_length")),
+        num_hidden_layers=int(key("block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(key("attention.head_count_kv", heads)),
+        max_position_embeddings=int(key("context_length")),
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+        rope_parameters={"rope_type": "default", "rope_theta": float(key("rope.freq_base"))},
+        num_experts=int(key("expert_count")),
+        num_experts_per_tok=int(key("expert_used_count")),
+        norm_topk_prob=False,
+        clip_qkv=None if clamp is None else float(clamp),
+        tie_word_embeddings="output.weight" not in names,
+        **{name: None if value is None else int(value) for name, value in ids.items()},
+    )
+
+
+def _shared_expert_rows(reader: object) -> int | None:
+    for tensor in reader.tensors:  # type: ignore[attr-defined]
+        if tensor.name == "blk.0.ffn_gate_shexp.weight":
+            return int(tensor.shape[1])  # GGUF lists dims fastest first: [hidden, rows]
+    return None
 
 
 END_OF_TURN = b"<end_of_turn>"

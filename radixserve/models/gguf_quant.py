@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from radixserve.layers import gguf_formats as gt
 from radixserve.layers.gguf_formats import dequantize
+from radixserve.layers.moe import ExpertBlocks, FusedMoE, use_gguf_experts
 from radixserve.layers.quantization import use_gguf_blocks
 from radixserve.models.gguf import hf_float_value, hf_tensor_name, unpermute_qk
 from radixserve.utils import gguf_prefetch
@@ -37,6 +38,15 @@ from radixserve.utils.gguf_cache import TensorEntry, tensor_table
 logger = logging.getLogger(__name__)
 
 _FUSED_PARTS = gguf_prefetch.FUSED_PARTS
+# A MoE layer's shared expert (Qwen2-MoE), fused like the dense MLP.
+_SHARED_EXPERT_PARTS = {
+    "mlp.shared_expert.gate_up_proj": ("ffn_gate_shexp", "ffn_up_shexp"),
+    "mlp.shared_expert.down_proj": ("ffn_down_shexp",),
+}
+# A MoE layer's routed experts, each tensor [experts, rows, row bytes] of blocks.
+_EXPERT_PARTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+# The same, one tensor per expert (Mixtral files converted before llama.cpp stacked experts).
+_OLD_EXPERT_PARTS = ("ffn_gate", "ffn_up", "ffn_down")
 
 
 class QuantSummary(NamedTuple):
@@ -117,7 +127,20 @@ def _load(
         total=len(raw), desc=f"Loading {file.path.name}", unit="tensor", disable=not progress
     )
     for i, layer in enumerate(model.model.layers):
-        for path, parts in _FUSED_PARTS.items():
+        # (A pipeline stage's missing layers have no mlp.)
+        experts = getattr(getattr(layer, "mlp", None), "experts", None)
+        if isinstance(experts, FusedMoE):
+            loaded = _load_experts(file, experts, i)
+            if loaded is None:
+                kept += 1  # float experts: loaded below
+            else:
+                names, parts = loaded
+                on_blocks.update(names)
+                bar.update(len(names))
+                types.update(p.qtype for p in parts)
+                quantized += 1
+                nbytes += sum(p.blocks.numel() for p in parts)
+        for path, parts in _layer_parts(layer).items():
             names = [f"blk.{i}.{p}.weight" for p in parts]
             tensors = [raw.get(n) for n in names]
             if any(t is None or int(t.tensor_type) not in gt.QUANTIZED_TYPES for t in tensors):
@@ -166,6 +189,59 @@ def _load(
         kept,
     )
     return QuantSummary(quantized, kept, nbytes, named)
+
+
+def _layer_parts(layer: nn.Module) -> dict[str, tuple[str, ...]]:
+    """The fused projections `layer` has (module path -> GGUF parts): a MoE layer's MLP has no
+    dense gate|up and down, but may have a shared expert."""
+    found = {}
+    for path, parts in {**_FUSED_PARTS, **_SHARED_EXPERT_PARTS}.items():
+        try:
+            layer.get_submodule(path)
+        except AttributeError:
+            continue
+        found[path] = parts
+    return found
+
+
+def _load_experts(
+    file: _GGUFFile, experts: FusedMoE, layer_id: int
+) -> tuple[list[str], list[ExpertBlocks]] | None:
+    """Put a MoE layer's routed experts on the file's blocks; None when any of its three
+    stacked tensors is float (then all three load as float)."""
+    stacked = [f"blk.{layer_id}.{p}.weight" for p in _EXPERT_PARTS]
+    if all(n in file.tensors for n in stacked):
+        groups = [[n] for n in stacked]
+    else:  # an older Mixtral file: blk.N.ffn_gate.E.weight, one tensor per expert
+        count = experts.num_experts
+        groups = [
+            [f"blk.{layer_id}.{p}.{e}.weight" for e in range(count)] for p in _OLD_EXPERT_PARTS
+        ]
+    tensors = [[file.tensors.get(n) for n in group] for group in groups]
+    for group in tensors:
+        if any(t is None or int(t.tensor_type) not in gt.QUANTIZED_TYPES for t in group):
+            return None
+        if len({int(t.tensor_type) for t in group}) != 1:  # type: ignore[union-attr]
+            return None  # experts of one projection in different types: float
+    parts = [_read_expert_stack(file, group) for group in tensors]  # type: ignore[arg-type]
+    use_gguf_experts(experts, parts[:2], parts[2])
+    return [n for group in groups for n in group], parts
+
+
+def _read_expert_stack(file: _GGUFFile, tensors: list[TensorEntry]) -> ExpertBlocks:
+    """One projection's experts as [experts, rows, row bytes] blocks: a stacked tensor read
+    whole, or per-expert tensors read into their slots."""
+    first = tensors[0]
+    if len(tensors) == 1:
+        count, rows = int(first.shape[2]), int(first.shape[1])  # dims fastest first
+    else:
+        count, rows = len(tensors), int(first.shape[1])
+    stack = torch.empty(sum(t.n_bytes for t in tensors), dtype=torch.uint8)
+    offset = 0
+    for tensor in tensors:
+        file.read_into(tensor, stack[offset : offset + tensor.n_bytes])
+        offset += tensor.n_bytes
+    return ExpertBlocks(stack.view(count, rows, -1), int(first.tensor_type), rows)
 
 
 def _read_fused(

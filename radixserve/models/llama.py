@@ -67,9 +67,12 @@ LayerFactory = Callable[["ModelConfig", int, RotaryEmbedding], nn.Module]
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    """gate|up, activation, down. `intermediate_size` overrides the config's (a MoE model's
+    shared expert, or its dense layers when the config's size is the experts')."""
+
+    def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
-        inter = config.intermediate_size
+        inter = config.intermediate_size if intermediate_size is None else intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(
             config.hidden_size, [inter, inter], bias=config.mlp_bias
         )
@@ -167,7 +170,7 @@ def input_norm(
 
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention and MLP. `residual_multiplier` (Granite) scales each block's output
-    before it joins the residual stream."""
+    before it joins the residual stream; `mlp` replaces the dense MLP (a MoE block)."""
 
     def __init__(
         self,
@@ -176,10 +179,11 @@ class LlamaDecoderLayer(nn.Module):
         rotary_emb: RotaryEmbedding,
         options: AttentionOptions,
         residual_multiplier: float = 1.0,
+        mlp: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_id, rotary_emb, options)
-        self.mlp = LlamaMLP(config)
+        self.mlp = LlamaMLP(config) if mlp is None else mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.residual_multiplier = residual_multiplier
@@ -385,8 +389,20 @@ class LlamaForCausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             skip.append("lm_head.weight")  # some tied checkpoints still store a copy
         tied = self.config.tie_word_embeddings
-        weights = stage_weights(weights, self.model.stage, tied, skip)
-        load_weights_into(self, weights, self.stacked_params)
+        weights = stage_weights(self.checkpoint_tensors(weights), self.model.stage, tied, skip)
+        load_weights_into(self, weights, self.stacked_params, resolve=self.param_shard)
+
+    def checkpoint_tensors(
+        self, weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterable[tuple[str, torch.Tensor]]:
+        """The checkpoint's tensors as this model's loader names them (families that rename
+        or split tensors override this; MoE models split stacked experts)."""
+        return weights
+
+    def param_shard(self, name: str) -> tuple[str, object] | None:
+        """(parameter, shard id) for a tensor whose shard its name carries (a MoE model's
+        per-expert tensors), else None: `stacked_params` maps it."""
+        return None
 
 
 def typed_layer_window(config: ModelConfig, layer_id: int) -> int | None:

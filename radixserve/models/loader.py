@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from radixserve.layers.moe import FusedMoE
 from radixserve.layers.quantization import MethodLayer
 from radixserve.layers.weight_storage import HALF_DTYPES, stored_weights
 from radixserve.models.config import ModelConfig, looks_like_hub_id
@@ -109,7 +110,7 @@ def load_model(
             gguf_file,
             config.num_attention_heads,
             config.num_key_value_heads,
-            permuted_qk=config.model_type in ("llama", "mistral"),
+            permuted_qk=config.model_type in ("llama", "mistral", "mixtral"),
             tied_lm_head=config.tie_word_embeddings,
             progress=_is_first_rank(),
             arch=gguf_architecture(config.model_type),
@@ -182,6 +183,9 @@ def _count_weights(model: torch.nn.Module) -> int:
     """Float parameters plus the weights held as GGUF blocks (their float parameter is empty)."""
     total = sum(p.numel() for p in model.parameters())
     for module in model.modules():
+        if isinstance(module, FusedMoE) and module.w13_weight.numel() == 0:
+            per_expert = 3 * module.intermediate_size * module.hidden_size  # gate, up, down
+            total += module.num_experts * per_expert
         gguf = module.quant_method.gguf_weight() if isinstance(module, MethodLayer) else None
         if gguf is not None:
             total += sum(part.out_features for part in gguf.pieces()) * _in_features(module)

@@ -48,5 +48,7 @@ class Phi3ForCausalLM(LlamaForCausalLM):
     def attention_options(cls, config: ModelConfig) -> AttentionOptions:
         return reference_window_options(super().attention_options(config), config)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights(split_fused_projections(weights, self.config))
+    def checkpoint_tensors(
+        self, weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterable[tuple[str, torch.Tensor]]:
+        return split_fused_projections(weights, self.config)

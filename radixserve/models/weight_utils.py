@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
@@ -197,18 +197,22 @@ def load_weights_into(
     weights: Iterable[tuple[str, torch.Tensor]],
     stacked_params: Sequence[StackedParam] = (),
     skip_names: Sequence[str] = (),
+    resolve: Callable[[str], tuple[str, Any] | None] | None = None,
 ) -> None:
     """Assign HF-named tensors to `model`'s parameters; raise if any parameter stays unloaded.
 
     Tensors whose name contains one of `skip_names` are ignored; names the model does not know
-    are logged and ignored (checkpoints often carry extras such as rotary caches).
+    are logged and ignored (checkpoints often carry extras such as rotary caches). `resolve`,
+    tried before `stacked_params`, maps names whose shard is part of the name (a MoE layer's
+    per-expert tensors) to (parameter name, shard id), or returns None.
     """
     params = dict(model.named_parameters())
     loaded: set[tuple[str, object]] = set()
     for name, tensor in weights:
         if any(skip in name for skip in skip_names):
             continue
-        param_name, shard_id = _map_name(name, stacked_params)
+        resolved = resolve(name) if resolve is not None else None
+        param_name, shard_id = resolved or _map_name(name, stacked_params)
         param = params.get(param_name)
         if param is None:
             logger.warning("Ignoring checkpoint tensor %s: the model has no such parameter", name)

@@ -24,6 +24,11 @@ _BLOCK = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
 # A small byte-less BPE vocabulary: special tokens, letters and a few merges.
 _TOKENS = ["<unk>", "<s>", "</s>"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
@@ -48,12 +53,18 @@ def gguf_name(hf_name: str) -> str:
 
 
 def write_tiny_gguf(
-    path: Path, hf_model: torch.nn.Module, arch: str = "llama", quantize: bool = True
+    path: Path,
+    hf_model: torch.nn.Module,
+    arch: str = "llama",
+    quantize: bool = True,
+    stacked_experts: bool = True,
 ) -> Path:
     """Write `hf_model` (vocab_size must be len(_TOKENS) = 59 or less) as a GGUF of `arch`.
 
-    2-D weights other than the embedding are stored Q8_0 when `quantize`, else F32. q/k rows are
-    permuted for llama, as llama.cpp does.
+    2-D weights other than the embedding (and a MoE model's 3-D stacked experts, not its router)
+    are stored Q8_0 when `quantize`, else F32. q/k rows are permuted for llama, as llama.cpp
+    does. `stacked_experts` False writes one tensor per expert (blk.N.ffn_gate.E.weight), as
+    llama.cpp converted Mixtral before it stacked experts.
     """
     import gguf
 
@@ -63,16 +74,19 @@ def write_tiny_gguf(
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{arch}")
     _add_model_metadata(writer, cfg, heads, kv_heads, head_dim)
-    for name, tensor in hf_model.state_dict().items():
-        if name == "lm_head.weight" and cfg.tie_word_embeddings:
-            continue
-        value = tensor.float().numpy()
-        target = gguf_name(name)
+    _add_moe_metadata(writer, cfg)
+    for target, value in _gguf_tensors(hf_model, stacked_experts):
         if arch == "llama" and ".attn_q." in target:
             value = llama_cpp_permute(value, heads)
         elif arch == "llama" and ".attn_k." in target:
             value = llama_cpp_permute(value, kv_heads)
-        if quantize and value.ndim == 2 and not target.startswith("token_embd"):
+        # The MoE router stays F32, as llama.cpp's converter keeps it.
+        if (
+            quantize
+            and value.ndim >= 2
+            and not target.startswith("token_embd")
+            and ".ffn_gate_inp" not in target
+        ):
             q8 = gguf.GGMLQuantizationType.Q8_0
             writer.add_tensor(target, gguf.quants.quantize(value, q8), raw_dtype=q8)
         else:
@@ -82,6 +96,58 @@ def write_tiny_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _gguf_tensors(
+    hf_model: torch.nn.Module, stacked_experts: bool = True
+) -> list[tuple[str, np.ndarray]]:
+    """(GGUF name, float32 array) of every tensor llama.cpp's converter writes: MoE experts
+    stacked as ffn_{gate,up,down}_exps [experts, rows, cols] (transformers keeps gate|up as one
+    gate_up_proj), a shared-expert gate as a vector."""
+    cfg = hf_model.config
+    out = []
+    for name, tensor in hf_model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        value = tensor.float().numpy()
+        if name.endswith(".mlp.experts.gate_up_proj"):
+            block = name.split(".")[2]
+            gate, up = np.split(value, 2, axis=1)
+            out += [(f"blk.{block}.ffn_gate_exps.weight", gate)]
+            out += [(f"blk.{block}.ffn_up_exps.weight", up)]
+        elif name.endswith(".mlp.experts.down_proj"):
+            out.append((f"blk.{name.split('.')[2]}.ffn_down_exps.weight", value))
+        elif name.endswith("shared_expert_gate.weight"):
+            out.append((gguf_name(name), value.reshape(-1)))
+        else:
+            out.append((gguf_name(name), value))
+    if not stacked_experts:
+        out = [per_expert for item in out for per_expert in _unstacked(*item)]
+    return [(n, np.ascontiguousarray(v)) for n, v in out]
+
+
+def _unstacked(name: str, value: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """blk.N.ffn_gate_exps.weight [E, rows, cols] -> blk.N.ffn_gate.E.weight each."""
+    base, _, suffix = name.rpartition(".")
+    if not base.endswith("_exps"):
+        return [(name, value)]
+    stem = base.removesuffix("_exps")
+    return [(f"{stem}.{e}.{suffix}", value[e]) for e in range(value.shape[0])]
+
+
+def _add_moe_metadata(writer: object, cfg: object) -> None:
+    """Expert counts and sizes, as llama.cpp's converter writes them (Mixtral: counts only,
+    its feed_forward_length is the experts' size)."""
+    experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    if not experts:
+        return
+    writer.add_expert_count(experts)
+    writer.add_expert_used_count(cfg.num_experts_per_tok)
+    if getattr(cfg, "moe_intermediate_size", None):
+        writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    shared = getattr(cfg, "shared_expert_intermediate_size", None)
+    if shared:
+        writer.add_expert_shared_feed_forward_length(shared)
 
 
 def _add_model_metadata(
@@ -182,6 +248,74 @@ def write_block_gguf(
         )
     if cfg.tie_word_embeddings:
         hf_model.tie_weights()
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def write_block_moe_gguf(
+    path: Path,
+    hf_model: torch.nn.Module,
+    arch: str,
+    expert_types: dict[str, int],
+    default_type: int,
+) -> Path:
+    """Write a Qwen2/3-MoE `hf_model` as a GGUF of `arch` whose experts are random blocks of the
+    GGML types named per stacked tensor in `expert_types` (ffn_gate_exps, ffn_up_exps,
+    ffn_down_exps) and whose other 2-D weights but the embedding and the router are random
+    `default_type` blocks; `hf_model`'s weights are set to those blocks' dequantization, so
+    transformers serves as the exact float reference for the file."""
+    import gguf
+
+    from radixserve.kernels import gguf_dequant
+
+    cfg = hf_model.config
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(f"tiny-blocks-{arch}")
+    _add_model_metadata(writer, cfg, heads, kv_heads, head_dim)
+    _add_moe_metadata(writer, cfg)
+
+    def blocks_for(weight: torch.Tensor, qtype: int, seed: int) -> np.ndarray:
+        """Random blocks for a [rows, k] slice of `weight`, copied back into it dequantized."""
+        rows, k = weight.shape
+        blocks = random_blocks(qtype, rows, k, seed=seed)
+        with torch.no_grad():
+            weight.copy_(gguf_dequant.dequantize_rows(blocks, qtype, rows))
+        return blocks.numpy()
+
+    seed = 0
+    for name, tensor in hf_model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        seed += 1
+        if tensor.dim() == 3:  # stacked experts: gate_up_proj [E, 2I, H] or down_proj [E, H, I]
+            block = name.split(".")[2]
+            if name.endswith("gate_up_proj"):
+                halves = tensor.chunk(2, dim=1)
+                parts = [("ffn_gate_exps", halves[0]), ("ffn_up_exps", halves[1])]
+            else:
+                parts = [("ffn_down_exps", tensor)]
+            for role, stack in parts:
+                qtype = expert_types.get(role, default_type)
+                stored = np.stack(
+                    [blocks_for(stack[e], qtype, seed * 100 + e) for e in range(stack.shape[0])]
+                )
+                writer.add_tensor(
+                    f"blk.{block}.{role}.weight", stored, raw_dtype=gguf.GGMLQuantizationType(qtype)
+                )
+            continue
+        target = gguf_name(name)
+        if tensor.dim() != 2 or target.startswith("token_embd") or ".ffn_gate_inp" in target:
+            writer.add_tensor(target, np.ascontiguousarray(tensor.float().numpy()))
+            continue
+        stored = blocks_for(tensor, default_type, seed)
+        writer.add_tensor(
+            target, np.ascontiguousarray(stored), raw_dtype=gguf.GGMLQuantizationType(default_type)
+        )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -35,6 +35,22 @@ _CONFIG_CLASSES = {
     "granite": "GraniteConfig",
     "gemma2": "Gemma2Config",
     "gemma3": "Gemma3TextConfig",
+    "qwen3_moe": "Qwen3MoeConfig",
+    "mixtral": "MixtralConfig",
+    "qwen2_moe": "Qwen2MoeConfig",
+    "olmoe": "OlmoeConfig",
+}
+# Mixture-of-experts shapes: 8 tiny experts, 2 per token (tested in their own files).
+_MOE: dict[str, dict[str, Any]] = {
+    "qwen3_moe": {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": None},
+    "qwen2_moe": {
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 64,
+    },
+    "olmoe": {"num_experts": 8, "num_experts_per_tok": 2, "pad_token_id": 0},
 }
 
 
@@ -47,12 +63,13 @@ def hf_config_class(arch: str) -> Any:
 
 def tiny_hf_config(arch: str = "llama", **overrides: Any) -> Any:
     """A transformers config for a tiny model of `arch` (ARCHS, or phi3, smollm3, olmo2,
-    granite, gemma2, gemma3, each tested in its own file)."""
+    granite, gemma2, gemma3 and the MoE families, each tested in its own file)."""
     config_class = hf_config_class(arch)
     if config_class is None:
         raise ValueError(f"this transformers has no {_CONFIG_CLASSES[arch]}")
     kwargs = dict(_BASE)
-    if arch in ("qwen3", "mistral", "gemma2", "gemma3"):
+    kwargs.update(_MOE.get(arch, {}))
+    if arch in ("qwen3", "mistral", "gemma2", "gemma3", "qwen3_moe"):
         kwargs["head_dim"] = 16
     if arch in ("gemma2", "gemma3"):
         # Gemma ties its embeddings; its own defaults (a 4096-token window, a softmax scale of

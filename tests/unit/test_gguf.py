@@ -54,8 +54,8 @@ def test_tensor_names_map_to_hf() -> None:
         gguf.hf_tensor_name("blk.3.attn_q_norm.weight") == "model.layers.3.self_attn.q_norm.weight"
     )
     assert gguf.hf_tensor_name("rope_freqs.weight") is None
-    with pytest.raises(ValueError, match=r"blk\.0\.ffn_gate_exps\.weight"):
-        gguf.hf_tensor_name("blk.0.ffn_gate_exps.weight")
+    with pytest.raises(ValueError, match=r"blk\.0\.ffn_gate_unknown\.weight"):
+        gguf.hf_tensor_name("blk.0.ffn_gate_unknown.weight")
 
 
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])

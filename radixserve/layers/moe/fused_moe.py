@@ -1,0 +1,131 @@
+"""A mixture-of-experts MLP: router top-k, tokens grouped by expert, each expert's gate|up,
+activation and down run over its own rows only, results scattered back weighted.
+
+The experts' weights belong to the layer's `quant_method` (methods.py: float, or GGUF blocks);
+the routing (router.py) and the grouping here are the same for every form. Accumulation runs
+expert by expert in ascending id, as transformers' eager experts do, so float32 results
+match it.
+
+Under --tp-size N each rank holds every expert's slice of the intermediate dimension (gate and
+up rows, down columns: the dense MLP's column/row split applied per expert), routes the same
+tokens to the same experts (the router is replicated), and the partial outputs are summed
+across ranks at the end, as a row-parallel layer's are.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from radixserve.distributed import parallel_state as ps
+from radixserve.layers.activation import get_act_and_mul
+from radixserve.layers.linear import copy_checked
+from radixserve.layers.moe.methods import ExpertsMethod, UnquantizedExpertsMethod
+from radixserve.layers.moe.router import RouterSpec, route
+
+
+class FusedMoE(nn.Module):
+    """The routed experts of one layer. forward(hidden [tokens, hidden], router logits
+    [tokens, experts]) -> [tokens, hidden]."""
+
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        router: RouterSpec,
+        hidden_act: str = "silu",
+    ) -> None:
+        super().__init__()
+        if not 0 < router.top_k <= num_experts:
+            raise ValueError(f"top_k {router.top_k} is not within 1..{num_experts} experts")
+        self.tp_rank = ps.get_tp_rank()
+        self.tp_size = ps.get_tp_size()
+        self.num_experts = num_experts
+        self.hidden_size = hidden_size
+        # This rank's slice of each expert's intermediate dimension.
+        self.intermediate_size = ps.divide(intermediate_size, self.tp_size, "expert size")
+        self.router = router
+        self.act = get_act_and_mul(hidden_act)
+        self.quant_method: ExpertsMethod = UnquantizedExpertsMethod()
+        self.quant_method.create_weights(self, num_experts, hidden_size, self.intermediate_size)
+        experts = range(num_experts)
+        self.w13_weight.shard_ids = tuple((e, p) for e in experts for p in ("gate", "up"))
+        self.w2_weight.shard_ids = tuple((e, "down") for e in experts)
+        self.w13_weight.weight_loader = self.weight_loader
+        self.w2_weight.weight_loader = self.weight_loader
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+    ) -> None:
+        """Copy this rank's slice of one expert's gate, up (rows) or down (columns) matrix into
+        its place in the stack."""
+        # Checked directly, not by a scan of param.shard_ids (2 x experts entries, per tensor).
+        parts = ("down",) if param is self.w2_weight else ("gate", "up")
+        if not (
+            isinstance(shard_id, tuple)
+            and len(shard_id) == 2
+            and isinstance(shard_id[0], int)
+            and 0 <= shard_id[0] < self.num_experts
+            and shard_id[1] in parts
+        ):
+            raise ValueError(f"not an expert shard of this layer: {shard_id!r}")
+        expert, part = shard_id
+        target = param.data[expert]
+        inter = self.intermediate_size
+        start = self.tp_rank * inter
+        if part == "down":
+            copy_checked(target, loaded_weight.narrow(1, start, inter))
+            return
+        target = target.narrow(0, 0 if part == "gate" else inter, inter)
+        copy_checked(target, loaded_weight.narrow(0, start, inter))
+
+    # Under --enable-torch-compile the data-dependent expert loop runs eagerly between
+    # compiled graphs: traced, each new set of chosen experts recompiled the graph until
+    # dynamo's recompile limit gave up on it.
+    @torch.compiler.disable
+    def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        weights, experts = route(router_logits, self.router, hidden.dtype)
+        if hidden.shape[0] == 1:
+            out = self._one_token(hidden, weights[0], experts[0])
+        else:
+            out = self._grouped(hidden, weights, experts)
+        # Each rank summed its slice of the intermediate dimension.
+        return out if self.tp_size == 1 else ps.tensor_model_parallel_all_reduce(out)
+
+    def _grouped(
+        self, hidden: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
+    ) -> torch.Tensor:
+        """Each chosen expert once, over all the rows routed to it."""
+        top_k = self.router.top_k
+        flat = experts.reshape(-1)
+        # Every (token, slot) assignment, ordered by expert: each expert's rows are one run.
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        flat_weights = weights.reshape(-1)
+        out = torch.zeros_like(hidden)
+        method = self.quant_method
+        start = 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue  # never touches that expert's weights
+            picks = order[start : start + count]
+            start += count
+            tokens = picks // top_k
+            x = hidden[tokens]
+            y = method.down(self, expert, self.act(method.gate_up(self, expert, x)))
+            out.index_add_(0, tokens, y * flat_weights[picks, None])
+        return out
+
+    def _one_token(
+        self, hidden: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
+    ) -> torch.Tensor:
+        """A batch-1 decode step: the token's k experts in ascending id, without the grouping's
+        index work (a third of a layer's time at batch 1). The same sums in the same order as
+        the grouped path over one row, so the same bits."""
+        method = self.quant_method
+        out = torch.zeros_like(hidden)
+        for expert, weight in sorted(zip(experts.tolist(), weights.tolist(), strict=True)):
+            y = method.down(self, expert, self.act(method.gate_up(self, expert, hidden)))
+            out += y * weight
+        return out

@@ -1,0 +1,44 @@
+"""Router top-k: which experts each token goes to, and with what weight.
+
+The arithmetic follows transformers' routers so float32 results match bit for bit: the scores
+are computed in float32 (softmax over all experts, or a sigmoid per expert), the top k are
+taken, optionally divided by their sum (`norm_topk_prob`; Mixtral always does), and the weights
+are cast back to the activations' dtype before they scale the experts' outputs.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+import torch
+
+
+class Scoring(enum.Enum):
+    SOFTMAX = "softmax"  # Mixtral, Qwen2/3-MoE, OLMoE
+    SIGMOID = "sigmoid"  # DeepSeek-V3-style routers
+
+
+class RouterSpec(NamedTuple):
+    """How a model turns router logits into expert choices."""
+
+    top_k: int
+    scoring: Scoring = Scoring.SOFTMAX
+    renormalize: bool = False  # divide the chosen scores by their sum
+
+
+class Routing(NamedTuple):
+    weights: torch.Tensor  # [tokens, top_k], the activations' dtype
+    experts: torch.Tensor  # [tokens, top_k] int64 expert ids
+
+
+def route(logits: torch.Tensor, spec: RouterSpec, out_dtype: torch.dtype) -> Routing:
+    """logits [tokens, experts] -> each token's top-k experts and their weights."""
+    if spec.scoring is Scoring.SOFTMAX:
+        scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    else:
+        scores = torch.sigmoid(logits.float())
+    weights, experts = torch.topk(scores, spec.top_k, dim=-1)
+    if spec.renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return Routing(weights.to(out_dtype), experts)

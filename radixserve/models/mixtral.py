@@ -1,0 +1,33 @@
+"""Mixtral (8x7B, 8x22B): Mistral's attention with every MLP a sparse block of
+num_local_experts experts of intermediate_size, the top num_experts_per_tok of a softmax router
+per token, always renormalized. Checkpoints name the block `block_sparse_moe` and the experts'
+projections w1 (gate), w3 (up), w2 (down)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from radixserve.layers.moe import RouterSpec
+from radixserve.models.llama import LlamaDecoderLayer, MistralForCausalLM
+from radixserve.models.moe_common import MoEWeights, SparseMoeBlock
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from radixserve.layers.rotary_embedding import RotaryEmbedding
+    from radixserve.models.config import ModelConfig
+
+
+class MixtralForCausalLM(MoEWeights, MistralForCausalLM):
+    module_renames = ((".block_sparse_moe.", ".mlp."),)
+
+    @classmethod
+    def make_layer(
+        cls, config: ModelConfig, layer_id: int, rotary_emb: RotaryEmbedding
+    ) -> nn.Module:
+        hf = config.hf_config
+        router = RouterSpec(int(hf.num_experts_per_tok), renormalize=True)
+        block = SparseMoeBlock(config, int(hf.num_local_experts), config.intermediate_size, router)
+        return LlamaDecoderLayer(
+            config, layer_id, rotary_emb, cls.attention_options(config), mlp=block
+        )
