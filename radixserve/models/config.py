@@ -289,11 +289,11 @@ def _partial_rotary_factor(hf_config: Any) -> float:
 
 # Model types whose reference implementation applies `sliding_window` whenever it is set (no
 # use_sliding_window switch).
-_WINDOW_WHEN_SET = ("mistral", "phi3")
+_WINDOW_WHEN_SET = ("mistral", "phi3", "mixtral")
 
 
 def reference_sliding_window(hf_config: Any, context_len: int) -> int | None:
-    """The sliding window transformers applies to every layer of a Mistral or Phi-3 model
+    """The sliding window transformers applies to every layer of a Mistral, Mixtral or Phi-3 model
     (keys a token sees, its own included), or None where it masks nothing."""
     if not _always_sliding_window(hf_config, context_len):
         return None

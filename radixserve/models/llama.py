@@ -365,11 +365,17 @@ class LlamaForCausalLM(nn.Module):
         cls, config: ModelConfig, layer_id: int, rotary_emb: RotaryEmbedding
     ) -> nn.Module:
         """Decoder layer `layer_id` (families whose layers differ override this)."""
+        return LlamaDecoderLayer(
+            config, layer_id, rotary_emb, cls.layer_attention_options(config, layer_id)
+        )
+
+    @classmethod
+    def layer_attention_options(cls, config: ModelConfig, layer_id: int) -> AttentionOptions:
+        """attention_options with layer `layer_id`'s window where the config's layer_types
+        give it one (typed_layer_window); overrides of make_layer build layers with this."""
         options = cls.attention_options(config)
         window = typed_layer_window(config, layer_id)
-        if window is not None:
-            options = options._replace(sliding_window=window)
-        return LlamaDecoderLayer(config, layer_id, rotary_emb, options)
+        return options if window is None else options._replace(sliding_window=window)
 
     @classmethod
     def embedding_multiplier(cls, config: ModelConfig) -> float:

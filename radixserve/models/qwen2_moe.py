@@ -28,6 +28,6 @@ class Qwen2MoeForCausalLM(MoEWeights, Qwen2ForCausalLM):
             config,
             layer_id,
             rotary_emb,
-            cls.attention_options(config),
+            cls.layer_attention_options(config, layer_id),
             mlp=qwen_moe_block(config, layer_id, shared=True),
         )

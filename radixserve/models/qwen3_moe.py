@@ -47,6 +47,6 @@ class Qwen3MoeForCausalLM(MoEWeights, Qwen3ForCausalLM):
             config,
             layer_id,
             rotary_emb,
-            cls.attention_options(config),
+            cls.layer_attention_options(config, layer_id),
             mlp=qwen_moe_block(config, layer_id, shared=False),
         )
