@@ -38,7 +38,12 @@ def qwen_moe_block(config: ModelConfig, layer_id: int, shared: bool) -> SparseMo
     )
 
 
-class Qwen3MoeForCausalLM(MoEWeights, Qwen3ForCausalLM):
+class QwenMoeLayers:
+    """make_layer of the Qwen2/3-MoE families: the dense family's attention (with its
+    layer_types windows) and qwen_moe_block's MLP. Mixed in before the dense model class."""
+
+    shared_expert = False  # Qwen2-MoE's gated shared expert
+
     @classmethod
     def make_layer(
         cls, config: ModelConfig, layer_id: int, rotary_emb: RotaryEmbedding
@@ -47,6 +52,10 @@ class Qwen3MoeForCausalLM(MoEWeights, Qwen3ForCausalLM):
             config,
             layer_id,
             rotary_emb,
-            cls.layer_attention_options(config, layer_id),
-            mlp=qwen_moe_block(config, layer_id, shared=False),
+            cls.layer_attention_options(config, layer_id),  # type: ignore[attr-defined]
+            mlp=qwen_moe_block(config, layer_id, shared=cls.shared_expert),
         )
+
+
+class Qwen3MoeForCausalLM(QwenMoeLayers, MoEWeights, Qwen3ForCausalLM):
+    pass
