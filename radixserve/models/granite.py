@@ -10,12 +10,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixserve.models.llama import AttentionOptions, LlamaDecoderLayer, LlamaForCausalLM
+from radixserve.models.llama import AttentionOptions, LlamaForCausalLM
 
 if TYPE_CHECKING:
-    from torch import nn
-
-    from radixserve.layers.rotary_embedding import RotaryEmbedding
     from radixserve.models.config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -37,16 +34,8 @@ class GraniteForCausalLM(LlamaForCausalLM):
         return AttentionOptions(config.attention_bias, config.attention_bias, scaling=scaling)
 
     @classmethod
-    def make_layer(
-        cls, config: ModelConfig, layer_id: int, rotary_emb: RotaryEmbedding
-    ) -> nn.Module:
-        return LlamaDecoderLayer(
-            config,
-            layer_id,
-            rotary_emb,
-            cls.attention_options(config),
-            residual_multiplier=_multiplier(config, "residual_multiplier"),
-        )
+    def residual_multiplier(cls, config: ModelConfig) -> float:
+        return _multiplier(config, "residual_multiplier")
 
     @classmethod
     def embedding_multiplier(cls, config: ModelConfig) -> float:

@@ -364,18 +364,35 @@ class LlamaForCausalLM(nn.Module):
     def make_layer(
         cls, config: ModelConfig, layer_id: int, rotary_emb: RotaryEmbedding
     ) -> nn.Module:
-        """Decoder layer `layer_id` (families whose layers differ override this)."""
+        """Decoder layer `layer_id`: families whose layers differ only in their attention
+        options, MLP or residual scale override layer_attention_options, make_mlp or
+        residual_multiplier; those with another layer class override this."""
         return LlamaDecoderLayer(
-            config, layer_id, rotary_emb, cls.layer_attention_options(config, layer_id)
+            config,
+            layer_id,
+            rotary_emb,
+            cls.layer_attention_options(config, layer_id),
+            residual_multiplier=cls.residual_multiplier(config),
+            mlp=cls.make_mlp(config, layer_id),
         )
 
     @classmethod
     def layer_attention_options(cls, config: ModelConfig, layer_id: int) -> AttentionOptions:
         """attention_options with layer `layer_id`'s window where the config's layer_types
-        give it one (typed_layer_window); overrides of make_layer build layers with this."""
+        give it one (typed_layer_window)."""
         options = cls.attention_options(config)
         window = typed_layer_window(config, layer_id)
         return options if window is None else options._replace(sliding_window=window)
+
+    @classmethod
+    def make_mlp(cls, config: ModelConfig, layer_id: int) -> nn.Module | None:
+        """Layer `layer_id`'s MLP in place of the dense LlamaMLP (a MoE block), or None."""
+        return None
+
+    @classmethod
+    def residual_multiplier(cls, config: ModelConfig) -> float:
+        """What each block's output is scaled by before it joins the residual (Granite)."""
+        return 1.0
 
     @classmethod
     def embedding_multiplier(cls, config: ModelConfig) -> float:

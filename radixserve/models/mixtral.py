@@ -8,13 +8,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from radixserve.layers.moe import RouterSpec
-from radixserve.models.llama import LlamaDecoderLayer, MistralForCausalLM
+from radixserve.models.llama import MistralForCausalLM
 from radixserve.models.moe_common import MoEWeights, SparseMoeBlock
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from radixserve.layers.rotary_embedding import RotaryEmbedding
     from radixserve.models.config import ModelConfig
 
 
@@ -22,12 +21,7 @@ class MixtralForCausalLM(MoEWeights, MistralForCausalLM):
     module_renames = ((".block_sparse_moe.", ".mlp."),)
 
     @classmethod
-    def make_layer(
-        cls, config: ModelConfig, layer_id: int, rotary_emb: RotaryEmbedding
-    ) -> nn.Module:
+    def make_mlp(cls, config: ModelConfig, layer_id: int) -> nn.Module | None:
         hf = config.hf_config
         router = RouterSpec(int(hf.num_experts_per_tok), renormalize=True)
-        block = SparseMoeBlock(config, int(hf.num_local_experts), config.intermediate_size, router)
-        return LlamaDecoderLayer(
-            config, layer_id, rotary_emb, cls.attention_options(config), mlp=block
-        )
+        return SparseMoeBlock(config, int(hf.num_local_experts), config.intermediate_size, router)

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 from radixserve.layers.moe import RouterSpec
 from radixserve.models.llama import (
     AttentionOptions,
-    LlamaDecoderLayer,
     LlamaForCausalLM,
     QKNorm,
 )
@@ -19,7 +18,6 @@ from radixserve.models.moe_common import MoEWeights, SparseMoeBlock
 if TYPE_CHECKING:
     from torch import nn
 
-    from radixserve.layers.rotary_embedding import RotaryEmbedding
     from radixserve.models.config import ModelConfig
 
 
@@ -35,12 +33,7 @@ class OlmoeForCausalLM(MoEWeights, LlamaForCausalLM):
         return AttentionOptions(config.attention_bias, config.attention_bias, QKNorm.FULL_WIDTH)
 
     @classmethod
-    def make_layer(
-        cls, config: ModelConfig, layer_id: int, rotary_emb: RotaryEmbedding
-    ) -> nn.Module:
+    def make_mlp(cls, config: ModelConfig, layer_id: int) -> nn.Module | None:
         hf = config.hf_config
         router = RouterSpec(int(hf.num_experts_per_tok), renormalize=bool(hf.norm_topk_prob))
-        block = SparseMoeBlock(config, int(hf.num_experts), config.intermediate_size, router)
-        return LlamaDecoderLayer(
-            config, layer_id, rotary_emb, cls.attention_options(config), mlp=block
-        )
+        return SparseMoeBlock(config, int(hf.num_experts), config.intermediate_size, router)

@@ -8,14 +8,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from radixserve.layers.moe import RouterSpec
-from radixserve.models.llama import LlamaDecoderLayer
 from radixserve.models.moe_common import MoEWeights, SparseMoeBlock, is_sparse_layer
 from radixserve.models.qwen3 import Qwen3ForCausalLM
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from radixserve.layers.rotary_embedding import RotaryEmbedding
     from radixserve.models.config import ModelConfig
 
 
@@ -39,22 +37,14 @@ def qwen_moe_block(config: ModelConfig, layer_id: int, shared: bool) -> SparseMo
 
 
 class QwenMoeLayers:
-    """make_layer of the Qwen2/3-MoE families: the dense family's attention (with its
-    layer_types windows) and qwen_moe_block's MLP. Mixed in before the dense model class."""
+    """The Qwen2/3-MoE families' MLPs (qwen_moe_block); mixed in before the dense model
+    class, whose layers they otherwise keep."""
 
     shared_expert = False  # Qwen2-MoE's gated shared expert
 
     @classmethod
-    def make_layer(
-        cls, config: ModelConfig, layer_id: int, rotary_emb: RotaryEmbedding
-    ) -> nn.Module:
-        return LlamaDecoderLayer(
-            config,
-            layer_id,
-            rotary_emb,
-            cls.layer_attention_options(config, layer_id),  # type: ignore[attr-defined]
-            mlp=qwen_moe_block(config, layer_id, shared=cls.shared_expert),
-        )
+    def make_mlp(cls, config: ModelConfig, layer_id: int) -> nn.Module | None:
+        return qwen_moe_block(config, layer_id, shared=cls.shared_expert)
 
 
 class Qwen3MoeForCausalLM(QwenMoeLayers, MoEWeights, Qwen3ForCausalLM):

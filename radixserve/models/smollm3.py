@@ -6,12 +6,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from radixserve.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+from radixserve.models.llama import AttentionOptions, LlamaForCausalLM
 
 if TYPE_CHECKING:
-    from torch import nn
-
-    from radixserve.layers.rotary_embedding import RotaryEmbedding
     from radixserve.models.config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -36,8 +33,6 @@ def uses_rope(config: ModelConfig, layer_id: int) -> bool:
 
 class SmolLM3ForCausalLM(LlamaForCausalLM):
     @classmethod
-    def make_layer(
-        cls, config: ModelConfig, layer_id: int, rotary_emb: RotaryEmbedding
-    ) -> nn.Module:
-        options = cls.attention_options(config)._replace(rope=uses_rope(config, layer_id))
-        return LlamaDecoderLayer(config, layer_id, rotary_emb, options)
+    def layer_attention_options(cls, config: ModelConfig, layer_id: int) -> AttentionOptions:
+        options = super().layer_attention_options(config, layer_id)
+        return options._replace(rope=uses_rope(config, layer_id))
