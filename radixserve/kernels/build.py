@@ -43,6 +43,7 @@ SOURCES = (
     "gguf_q8k_amx.cpp",
     "float_gemm.cpp",
     "half_weight_gemm.cpp",
+    "moe.cpp",
 )
 PROBE_MARKER = "probe-passed"  # in the build folder, once the self-test passed there
 BUILD_VERSION = 2  # bump when the sources change in a way the file hashes would not show

@@ -27,7 +27,12 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "radixserve.mem_cache.kv_cache",
         "radixserve.kernels",  # layers pick kernels; models never call them directly
     ),
-    "radixserve.kernels": ("radixserve.kernels",),
+    # The build's startup record (where the library is) uses the leaf cache utilities.
+    "radixserve.kernels": (
+        "radixserve.kernels",
+        "radixserve.utils.startup_cache",
+        "radixserve.utils.cache_dir",
+    ),
     "radixserve.mem_cache": ("radixserve.mem_cache",),
     # radixserve.errors is a leaf (it imports nothing): the client-error base class.
     "radixserve.sampling": ("radixserve.sampling", "radixserve.errors"),

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from radixserve.kernels import gguf_types as gt
-from radixserve.kernels.block_quantize import q4_k_blocks, q8_0_blocks
+from radixserve.kernels import ops
+from radixserve.kernels.block_quantize import q4_1_blocks, q4_k_blocks, q8_0_blocks
 from radixserve.kernels.gguf_dequant import dequantize_rows
 from radixserve.layers.moe import (
     ExpertBlocks,
@@ -202,3 +203,75 @@ def test_one_token_path_equals_the_grouped_path() -> None:
         x, logits = torch.randn(1, HIDDEN), torch.randn(1, EXPERTS)
         weights, experts = route(logits, moe.router, x.dtype)
         assert torch.equal(moe(x, logits), moe._grouped(x, weights, experts))
+
+
+_QUANTIZERS = {gt.Q4_K: q4_k_blocks, gt.Q8_0: q8_0_blocks, gt.Q4_1: q4_1_blocks}
+
+
+def _blocked(moe: FusedMoE, gate_t: int, up_t: int, down_t: int) -> FusedMoE:
+    """A copy of `moe` on blocks of the given types (gate|up one part when they match)."""
+    inter = moe.intermediate_size
+    gate = torch.stack([_QUANTIZERS[gate_t](w) for w in moe.w13_weight[:, :inter]])
+    up = torch.stack([_QUANTIZERS[up_t](w) for w in moe.w13_weight[:, inter:]])
+    down = torch.stack([_QUANTIZERS[down_t](w) for w in moe.w2_weight])
+    blocked = FusedMoE(EXPERTS, HIDDEN, inter, moe.router)
+    use_gguf_experts(
+        blocked,
+        [ExpertBlocks(gate, gate_t, inter), ExpertBlocks(up, up_t, inter)],
+        ExpertBlocks(down, down_t, HIDDEN),
+    )
+    return blocked
+
+
+@pytest.mark.skipif(not ops.using_cpp_kernels(), reason="the C++ kernels are not built")
+@pytest.mark.parametrize("int8", [True, False], ids=["int8", "int16"])
+@pytest.mark.parametrize(
+    "types",
+    [(gt.Q4_K, gt.Q4_K, gt.Q8_0), (gt.Q4_K, gt.Q8_0, gt.Q4_K), (gt.Q4_1, gt.Q4_1, gt.Q8_0)],
+    ids=["q4k|q4k-q8_0", "q4k|q8_0-q4k", "q4_1-q8_0"],
+)
+def test_fused_one_token_kernel_equals_the_expert_loop(
+    types: tuple[int, int, int], int8: bool
+) -> None:
+    """kernels/csrc/moe.cpp (both projections of every chosen expert in two parallel regions)
+    gives the per-expert loop's bits, whatever the block types and activation format."""
+    from radixserve.kernels.build import load_extension
+
+    ext = load_extension()
+    before = ext.kquant_int8()
+    ext.set_kquant_int8(int8)
+    try:
+        torch.manual_seed(5)
+        moe = FusedMoE(EXPERTS, HIDDEN, 256, RouterSpec(3))  # K-quant down rows: 256 wide
+        with torch.no_grad():
+            moe.w13_weight.normal_(0, 0.05)
+            moe.w2_weight.normal_(0, 0.05)
+        blocked = _blocked(moe, *types)
+        for seed in range(4):
+            torch.manual_seed(seed)
+            x, logits = torch.randn(1, HIDDEN), torch.randn(1, EXPERTS)
+            blocked.act.use_fast_kernels = False
+            loop = blocked(x, logits)
+            blocked.act.use_fast_kernels = True
+            fused = blocked(x, logits)
+            weights, experts = route(logits, blocked.router, x.dtype)
+            chosen = sorted(zip(experts[0].tolist(), weights[0].tolist(), strict=True))
+            direct = blocked.quant_method.one_token(
+                x, [e for e, _ in chosen], [w for _, w in chosen]
+            )
+            assert direct is not None
+            assert torch.equal(direct, fused)
+            # The loop's silu_and_mul on the fast path is the C++ one: compare with it on.
+            assert torch.equal(fused, _loop_with_fast_act(blocked, x, chosen)), seed
+            assert torch.allclose(fused, loop, atol=1e-5 * loop.abs().max().item() + 1e-6)
+    finally:
+        ext.set_kquant_int8(before)
+
+
+def _loop_with_fast_act(moe: FusedMoE, x: torch.Tensor, chosen: list) -> torch.Tensor:
+    method = moe.quant_method
+    out = torch.zeros_like(x)
+    for expert, weight in chosen:
+        y = method.down(moe, expert, moe.act(method.gate_up(moe, expert, x)))
+        out += y * weight
+    return out

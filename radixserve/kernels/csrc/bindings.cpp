@@ -38,6 +38,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("float_linear_packed", &radixserve::float_linear_packed);
   m.def("float_linear", &radixserve::float_linear);
   m.def("set_float_packed_min_rows", &radixserve::set_float_packed_min_rows);
+  m.def("moe_token_gguf", &radixserve::moe_token_gguf);
   m.def("float_packed_min_rows", &radixserve::float_packed_min_rows);
   m.def("float_packed_available", &radixserve::float_packed_available);
   m.def("half_weight_linear", &radixserve::half_weight_linear);

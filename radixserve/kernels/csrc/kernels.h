@@ -34,6 +34,12 @@ bool gguf_tiled_available();
 at::Tensor float_linear_packed(const at::Tensor& x, const at::Tensor& w);
 at::Tensor float_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias);
 void set_float_packed_min_rows(int64_t rows);
+// One token through its chosen experts' GGUF blocks (moe.cpp).
+at::Tensor moe_token_gguf(const at::Tensor& x, const std::vector<int64_t>& experts,
+                          const std::vector<double>& weights,
+                          const std::vector<at::Tensor>& gate_up,
+                          const std::vector<int64_t>& gate_up_qtypes, const at::Tensor& down,
+                          int64_t down_qtype);
 int64_t float_packed_min_rows();
 bool float_packed_available();
 at::Tensor half_weight_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias);

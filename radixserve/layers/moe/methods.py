@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.kernels import ops
+from radixserve.kernels.build import load_extension
 from radixserve.layers.weight_storage import weight_dtype
 
 
@@ -40,6 +41,13 @@ class ExpertsMethod(ABC):
     def block_bytes(self) -> int:
         """Bytes of GGUF blocks the experts are held as (0 for float weights)."""
         return 0
+
+    def one_token(
+        self, x: torch.Tensor, experts: list[int], weights: list[float]
+    ) -> torch.Tensor | None:
+        """One row through the chosen experts (silu gated), summed with the weights in the
+        order given, in one fused call; None where this form has none (the caller loops)."""
+        return None
 
 
 class UnquantizedExpertsMethod(ExpertsMethod):
@@ -91,6 +99,29 @@ class GGUFExpertsMethod(ExpertsMethod):
 
     def block_bytes(self) -> int:
         return sum(p.blocks.numel() for p in (*self.gate_up_parts, self.down_part))
+
+    def one_token(
+        self, x: torch.Tensor, experts: list[int], weights: list[float]
+    ) -> torch.Tensor | None:
+        """kernels/csrc/moe.cpp where every part has a C++ kernel: both projections of all
+        chosen experts in two parallel regions, the same bits as the per-expert loop."""
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            return None
+        parts = (*self.gate_up_parts, self.down_part)
+        if not all(ops.gguf_kernel_type(p.qtype) for p in parts):
+            return None
+        ext = load_extension()
+        if ext is None or not hasattr(ext, "moe_token_gguf"):
+            return None
+        return ext.moe_token_gguf(
+            x,
+            experts,
+            weights,
+            [p.blocks for p in self.gate_up_parts],
+            [p.qtype for p in self.gate_up_parts],
+            self.down_part.blocks,
+            self.down_part.qtype,
+        )
 
 
 def use_gguf_experts(
