@@ -151,6 +151,11 @@ def test_auto_takes_int4_only_with_bf16_units_and_a_measured_gain(
         assert fast_path.pack_q4_1_for_int4(model, LINEARS, enabled=True) == 0
     assert "measured 1.02x" in caplog.text
     monkeypatch.setattr(fast_path, "_int4_gain", lambda layer: 2.5)
+    # Layers that would run as one C++ call keep it, whatever one matmul measures.
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=fast_path.__name__):
+        assert fast_path.pack_q4_1_for_int4(model, LINEARS, True, keeps_one_call=True) == 0
+    assert "would give up" in caplog.text
     assert fast_path.pack_q4_1_for_int4(model, LINEARS, enabled=True) == len(_q4_1_layers(model))
     assert fast_path.pack_q4_1_for_int4(model, LINEARS, enabled=False) == 0
     assert not any(_on_int4(m) for m in model.modules())
