@@ -262,6 +262,37 @@ def tune_float_gemm(min_gain: float = 1.1) -> str:
     return _TUNED[0]
 
 
+ATTENTION_QUERY_ROWS = 8  # kQueryRows of csrc/attention.cpp: query rows per work item
+PANEL_NEVER = 2**62
+
+
+def use_deterministic_kernels(enabled: bool) -> None:
+    """--enable-deterministic-inference: every kernel whose arithmetic for a row would depend
+    on the other rows of its call takes one fixed path instead. Attention runs each query row
+    as its own work item (prefill rows the same path as decode rows, wherever a chunk or a
+    prefix-cache hit puts the boundaries); GGUF legacy blocks keep the integer path at every
+    row count (no float tiles); K-quants keep one activation format (the int8 panel and AMX
+    tiles equal the int8 per-row kernel bit for bit; without int8, the int16 per-row kernel
+    everywhere); float32 weights take the packed kernel at every row count. (The batch-1 layer
+    chain already gives a row the batched kernels' bits.)"""
+    ext = load_extension()
+    if ext is None:
+        if enabled:
+            raise ValueError(
+                "--enable-deterministic-inference needs radixserve's C++ kernels, which are not "
+                "built or were disabled here: build them (python -m radixserve.kernels.build)"
+            )
+        return
+    ext.set_attention_query_rows(1 if enabled else ATTENTION_QUERY_ROWS)
+    ext.set_gguf_tiled_enabled(not enabled)
+    if not enabled:
+        return
+    if not ext.kquant_int8():
+        ext.set_q8k_panel_min_rows(PANEL_NEVER)
+    if ext.float_packed_available():
+        ext.set_float_packed_min_rows(1)
+
+
 # Where the packed kernel wins at 128 rows but not at 4: from this many rows its per-call panel
 # packing is amortised.
 FLOAT_PACKED_MIN_ROWS = 16

@@ -33,7 +33,9 @@ logger = logging.getLogger(__name__)
 _FUSABLE = (RMSNorm, SiluAndMul)
 
 
-def use_fast_kernels(model: nn.Module, enabled: bool, repack_weights: bool = True) -> int:
+def use_fast_kernels(
+    model: nn.Module, enabled: bool, repack_weights: bool = True, deterministic: bool = False
+) -> int:
     """Set the fused-kernel switch on every fusable module; returns how many were switched.
     Decoder layers that llama_layer can run whole also get its static arguments, fused_args
     (call this again after changing a model's weights' form, e.g. GGUF quantization). With
@@ -58,10 +60,13 @@ def use_fast_kernels(model: nn.Module, enabled: bool, repack_weights: bool = Tru
             module.quant_method = method
     linears = (LinearBase,)
     # Before fused_args: layers with packed weights do not qualify for the one-call C++ layer.
-    pack_for_onednn(model, linears, enabled and repack_weights)
+    # Deterministic inference keeps the radixserve kernels, whose rows do not depend on each
+    # other (oneDNN's and torch's int4 packed matmuls block by the row count).
+    repack = enabled and repack_weights and not deterministic
+    pack_for_onednn(model, linears, repack)
     decoder_layers = [m for m in model.modules() if hasattr(type(m), "fused_args")]
     one_call = enabled and any(fusable(m) for m in decoder_layers)
-    pack_q4_1_for_int4(model, linears, enabled and repack_weights, keeps_one_call=one_call)
+    pack_q4_1_for_int4(model, linears, repack, keeps_one_call=one_call)
     choose_kquant_paths(model, linears, enabled)
     count = 0
     for module in model.modules():
@@ -72,7 +77,33 @@ def use_fast_kernels(model: nn.Module, enabled: bool, repack_weights: bool = Tru
             module.fused_args = fused_layer_args(module) if enabled and fusable(module) else None
     if enabled and float_weights:
         logger.info("%s", ops.tune_float_gemm())
+    if deterministic:
+        _check_deterministic(model, enabled)
+    ops.use_deterministic_kernels(deterministic)
     return count
+
+
+def _check_deterministic(model: nn.Module, enabled: bool) -> None:
+    """--enable-deterministic-inference holds for layers on GGUF blocks (the kernels give a row
+    the same bits at any batch size); float matmuls (torch's BLAS, the packed kernels, the LM
+    head's F.linear) block by the row count, measured 0.1 logprob apart between a request alone
+    and in a batch, so float weights are refused rather than served nondeterministically."""
+    if not enabled:
+        raise ValueError("--enable-deterministic-inference needs the intel_amx kernels")
+    lm_head = getattr(model, "lm_head", None)
+    floats = [
+        name
+        for name, module in model.named_modules()
+        if (isinstance(module, LinearBase) or module is lm_head)
+        and isinstance(module, MethodLayer)
+        and module.quant_method.gguf_weight() is None
+    ]
+    if floats:
+        raise ValueError(
+            "--enable-deterministic-inference runs models whose weights are GGUF blocks (a .gguf "
+            f"model, the default --quantization gguf); {floats[0]} and {len(floats) - 1} other "
+            "layers hold float weights, whose matmuls are not batch-invariant yet"
+        )
 
 
 # The float dtype whose linear weights are pre-packed for oneDNN (kernels/onednn_linear.py):

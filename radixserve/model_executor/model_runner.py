@@ -22,6 +22,7 @@ from radixserve.mem_cache.kv_cache import KVCache
 from radixserve.model_executor.forward_batch import ForwardBatch, ForwardMode
 from radixserve.model_executor.memory_plan import plan_kv_pool
 from radixserve.options.hardware import device_memory_bytes
+from radixserve.sampling.sampler import set_batch_invariant
 
 if TYPE_CHECKING:
     from radixserve.lora.manager import LoRAManager
@@ -137,7 +138,13 @@ class ModelRunner:
         # Before use_fast_kernels: hooked layers do not qualify for the one-call C++ layer.
         self.lora = self._init_lora()
         fast = server_args.attention_backend in FAST_KERNEL_BACKENDS
-        use_fast_kernels(self.model, fast, repack_weights=not server_args.enable_torch_compile)
+        use_fast_kernels(
+            self.model,
+            fast,
+            repack_weights=not server_args.enable_torch_compile,
+            deterministic=bool(server_args.enable_deterministic_inference),
+        )
+        set_batch_invariant(bool(server_args.enable_deterministic_inference))
         if fast and ps.get_tp_size() > 1:
             logger.info(
                 "--tp-size %d: decoder layers run module by module (the one-call C++ layer "

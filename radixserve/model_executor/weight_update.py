@@ -92,6 +92,7 @@ def _install(runner: ModelRunner, loaded: LoadedModel, model_path: str, load_for
         loaded.model,
         args.attention_backend in FAST_KERNEL_BACKENDS,
         repack_weights=not args.enable_torch_compile,
+        deterministic=bool(args.enable_deterministic_inference),
     )
 
 

@@ -26,7 +26,11 @@ OPTIONS: tuple[OptionSpec, ...] = (
     bool_opt("--dllm-fdfo", "First-done-first-out scheduling for diffusion LLMs.", default=True),
     flag(
         "--enable-deterministic-inference",
-        "Deterministic inference: results do not depend on batch composition.",
+        "Deterministic inference: a request's tokens and logprobs do not depend on the batch it "
+        "runs in, on chunked-prefill boundaries or on a prefix-cache hit (temperature > 0 with "
+        "sampling_seed too). CPU with the intel_amx kernels; attention runs each query row "
+        "alone (see docs/performance.md for its cost).",
+        support=IMPLEMENTED,
     ),
     value(
         "--rl-on-policy-target",

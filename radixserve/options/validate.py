@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 from radixserve.options import hardware
 from radixserve.options.compile_rules import check_torch_compile
+from radixserve.options.deterministic_rules import check_deterministic
 from radixserve.options.errors import ServerArgsError
 from radixserve.options.hicache_rules import check_hicache
 from radixserve.options.node_rules import check_nodes
@@ -133,6 +134,7 @@ def validate(values: Mapping[str, Any]) -> None:
     check_hicache(values)
     check_speculative(values)
     check_torch_compile(values)
+    check_deterministic(values)
     check_ray(values)
 
 

@@ -28,6 +28,15 @@ from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 logger = logging.getLogger(__name__)
 
 _LOGPROB_FLOOR = torch.finfo(torch.float32).min
+# --enable-deterministic-inference: torch's logsumexp splits a lone row's reduction over the
+# threads but not a batch's rows, so a row's logprob would depend on its batch (seen as 2e-6);
+# log_softmax reduces each row the same way at any batch size.
+_BATCH_INVARIANT = [False]
+
+
+def set_batch_invariant(enabled: bool) -> None:
+    """Reported logprobs independent of the batch (at the cost of a [B, V] log-softmax)."""
+    _BATCH_INVARIANT[0] = enabled
 
 
 class SampleOutput(NamedTuple):
@@ -68,16 +77,25 @@ def chosen_logprobs(
 ) -> SampleOutput:
     """The reported logprob of each row's chosen token (and the row's top-k), from the
     processed, temperature-scaled logits the row was sampled from."""
-    # Only the chosen (and top-k) entries are needed, so avoid materialising [B, V]
-    # log-probs: logprob = logit - logsumexp(row).
-    lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
-    chosen = scaled.gather(-1, next_ids.unsqueeze(-1)) - lse
+    if _BATCH_INVARIANT[0]:
+        # Each row reduced alike at any batch size (see _BATCH_INVARIANT).
+        shifted = torch.log_softmax(scaled, dim=-1)
+    else:
+        # Only the chosen (and top-k) entries are needed, so avoid materialising [B, V]
+        # log-probs: logprob = logit - logsumexp(row).
+        shifted = None
+        lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
+    if shifted is not None:
+        chosen = shifted.gather(-1, next_ids.unsqueeze(-1))
+    else:
+        chosen = scaled.gather(-1, next_ids.unsqueeze(-1)) - lse
     logprobs = torch.nan_to_num(chosen.squeeze(-1), nan=_LOGPROB_FLOOR, neginf=_LOGPROB_FLOOR)
     top = None
     if top_logprobs_num > 0:
         k = min(top_logprobs_num, scaled.shape[-1])
         values, ids = scaled.topk(k, dim=-1)
-        values = torch.nan_to_num(values - lse, nan=_LOGPROB_FLOOR, neginf=_LOGPROB_FLOOR)
+        values = shifted.gather(-1, ids) if shifted is not None else values - lse
+        values = torch.nan_to_num(values, nan=_LOGPROB_FLOOR, neginf=_LOGPROB_FLOOR)
         top = (values, ids)
     return SampleOutput(next_ids.to(torch.int64), logprobs, top)
 

@@ -6,6 +6,7 @@
 // KV head when there are too few blocks to keep every thread busy); each item streams its keys
 // in blocks with an online softmax, so memory use is independent of the context length.
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "common.h"
@@ -19,6 +20,12 @@ namespace radixserve {
 namespace {
 
 constexpr int64_t kQueryRows = 8;  // query rows per work item (times the GQA group size)
+// Query rows per work item in use: kQueryRows, or 1 for batch-invariant results
+// (set_attention_query_rows): the path an item takes (direct, gathered, tiled) and so its
+// arithmetic depend on how many query vectors it holds, so with blocks of 8 a row's result
+// depends on where its request's block boundaries fall (a prefix-cache hit of 30 tokens shifts
+// them). One row per item gives every query row, prefill or decode, the same path.
+std::atomic<int64_t> g_query_rows{kQueryRows};
 constexpr int64_t kKeyBlock = 64;  // keys per block
 constexpr int64_t kDirectQueries = 8;  // up to this many query vectors: no K/V gather
 
@@ -413,7 +420,7 @@ void attend_item(const WorkItem& item, const T* q, int64_t q_stride, const C* k_
                  int64_t q_start, int64_t heads, int64_t kv_heads, int64_t dim, float scale,
                  T* out) {
   const int64_t group = heads / kv_heads;
-  const int64_t rows = std::min(kQueryRows, n_new - item.row0);
+  const int64_t rows = std::min(g_query_rows.load(std::memory_order_relaxed), n_new - item.row0);
   const int64_t m_count = rows * group;  // query vectors per KV head
   const int64_t n_heads = item.h1 - item.h0;
   const int64_t kv_row = kv_heads * dim;
@@ -499,6 +506,14 @@ void decode_attention_heads(const float* q_row, const void* k_cache, const void*
   }
 }
 
+void set_attention_query_rows(int64_t rows) {
+  TORCH_CHECK(rows == 1 || rows == kQueryRows, "attention query rows per item: 1 or ",
+              kQueryRows);
+  g_query_rows.store(rows);
+}
+
+int64_t attention_query_rows() { return g_query_rows.load(); }
+
 // q: [T, H*D] (rows may be strided); k_cache, v_cache: [S, Hkv, D]; req_to_token: [R, L] int64;
 // per request b: req_pool_indices[b], prefix_lens[b], extend_lens[b], and q_starts[b], the row
 // of its first new token in q. Returns out [T, H*D].
@@ -525,20 +540,24 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
   const int64_t* ep = ext.data_ptr<int64_t>();
   const int64_t* sp = qs.data_ptr<int64_t>();
   const int64_t max_len = req_to_token.size(1);
+  const int64_t block = g_query_rows.load(std::memory_order_relaxed);
   std::vector<WorkItem> items;
   for (int64_t b = 0; b < batch; ++b) {
     TORCH_CHECK(rp[b] >= 0 && rp[b] < req_to_token.size(0), "req_pool_index out of range");
     TORCH_CHECK(pp[b] >= 0 && ep[b] >= 0 && pp[b] + ep[b] <= max_len, "lengths out of range");
     TORCH_CHECK(sp[b] >= 0 && sp[b] + ep[b] <= q.size(0), "q_starts out of range");
-    for (int64_t r0 = 0; r0 < ep[b]; r0 += kQueryRows) {
-      const int64_t rows = std::min(kQueryRows, ep[b] - r0);
+    for (int64_t r0 = 0; r0 < ep[b]; r0 += block) {
+      const int64_t rows = std::min(block, ep[b] - r0);
       items.push_back({b, r0, 0, kv_heads, rows * (pp[b] + r0 + rows)});
     }
   }
   // One item per block of query rows covers all KV heads (each token's K/V row read in one
   // pass, see attend_direct_avx2) when there are enough blocks to keep every thread busy;
   // otherwise (a single decode, a short extend) one item per KV head.
-  if (static_cast<int64_t>(items.size()) < 2 * at::get_num_threads() && kv_heads > 1) {
+  // Batch-invariant mode (one row per item) always splits: whether a row's heads share an
+  // item must not depend on how many other rows the batch has.
+  const bool split = block == 1 || static_cast<int64_t>(items.size()) < 2 * at::get_num_threads();
+  if (split && kv_heads > 1) {
     std::vector<WorkItem> per_head;
     for (const WorkItem& it : items) {
       for (int64_t h = 0; h < kv_heads; ++h) {

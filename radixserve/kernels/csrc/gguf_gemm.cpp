@@ -5,6 +5,7 @@
 // block scales. Q4_1's offset term m * sum(x) uses the exact float sum.
 // Weights stay in the file's layout: row n of the [N, K] weight is K / 32 consecutive blocks.
 // With many activation rows (prefill) gguf_linear hands over to gguf_gemm_tiled.cpp instead.
+#include <atomic>
 #include <vector>
 
 #include "gguf_blocks.h"
@@ -34,6 +35,9 @@ constexpr int64_t kRowTile = 4;     // activation rows sharing one unpacked weig
 // costs 14 ms at any row count: 0.3x at 4 rows).
 constexpr int64_t kTiledMinRowsQ4_1 = 12;
 constexpr int64_t kTiledMinRowsQ8_0 = 32;
+// Off under --enable-deterministic-inference: the float tiles and the integer path round
+// differently, so a row's result would depend on how many rows share its call.
+std::atomic<bool> g_tiled_enabled{true};
 
 // One block of 32 activations: int16 values, their scale and their exact float sum.
 template <typename T>
@@ -358,6 +362,8 @@ at::Tensor quantized_linear(const at::Tensor& x, int64_t n, Rows& xq, Quantize&&
 
 }  // namespace
 
+void set_gguf_tiled_enabled(bool enabled) { g_tiled_enabled.store(enabled); }
+
 // x: [M, K] (rows may be strided); blocks: [N, K / 32 * block_bytes] uint8 in GGUF's layout.
 // Returns x @ W^T as [M, N] in x's dtype.
 at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
@@ -390,7 +396,8 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
     return x.scalar_type() == at::kFloat ? out32 : out32.to(x.scalar_type());
   }
   const int64_t tiled_min_rows = qtype == kQ8_0 ? kTiledMinRowsQ8_0 : kTiledMinRowsQ4_1;
-  if (m >= tiled_min_rows && gguf_tiled_available()) {
+  if (m >= tiled_min_rows && g_tiled_enabled.load(std::memory_order_relaxed) &&
+      gguf_tiled_available()) {
     // Many rows (prefill): float tiles over dequantized weights (gguf_gemm_tiled.cpp).
     const bool is_float = x.scalar_type() == at::kFloat;
     auto out = gguf_linear_tiled(is_float ? x : x.to(at::kFloat), blocks, qtype, n);

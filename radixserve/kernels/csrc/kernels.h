@@ -40,6 +40,9 @@ at::Tensor moe_token_gguf(const at::Tensor& x, const std::vector<int64_t>& exper
                           const std::vector<at::Tensor>& gate_up,
                           const std::vector<int64_t>& gate_up_qtypes, const at::Tensor& down,
                           int64_t down_qtype);
+void set_attention_query_rows(int64_t rows);  // 1: batch-invariant attention
+void set_gguf_tiled_enabled(bool enabled);  // false: batch-invariant GGUF matmuls
+int64_t attention_query_rows();
 int64_t float_packed_min_rows();
 bool float_packed_available();
 at::Tensor half_weight_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias);
