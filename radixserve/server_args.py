@@ -145,6 +145,7 @@ class ServerArgs:
     config: str | None = None
     # torch.compile of CPU decode steps (model_executor/compiled_decode.py)
     enable_torch_compile: bool = False
+    enable_deterministic_inference: bool = False
     enable_torch_compile_debug_mode: bool = False
     torch_compile_max_bs: int = 32
     cuda_graph_bs_decode: tuple[int, ...] | None = None
