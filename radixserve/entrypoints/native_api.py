@@ -8,6 +8,7 @@ import dataclasses
 import json
 import logging
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -120,20 +121,36 @@ async def model_info(request: Request) -> Response:
 
 
 def _args_dict(server_args: Any) -> dict[str, Any]:
+    """Every server argument as JSON, at the top level as SGLang lists them: the options
+    without a typed field (ServerArgs.other, a read-only mapping) join the others instead of
+    showing as one stringified object."""
     if dataclasses.is_dataclass(server_args) and not isinstance(server_args, type):
         raw = {f.name: getattr(server_args, f.name) for f in dataclasses.fields(server_args)}
     else:
         raw = {k: v for k, v in vars(server_args).items() if not k.startswith("_")}
+    other = raw.pop("other", None)
+    if isinstance(other, Mapping):
+        raw.update({k: v for k, v in other.items() if k not in raw})
     out: dict[str, Any] = {}
     for key, value in raw.items():
         if key in _SECRET_ARGS and value:
             value = "<redacted>"
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError):
-            value = str(value)
-        out[key] = value
+        out[key] = _jsonable(value)
     return out
+
+
+def _jsonable(value: Any) -> Any:
+    """`value` as JSON types: mappings as objects, sequences as lists, anything else JSON
+    cannot hold as its string."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in value]
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return value
 
 
 async def server_info(request: Request) -> Response:

@@ -116,6 +116,21 @@ def test_health_and_info_routes() -> None:
         assert client.get("/version").json()["version"]
 
 
+def test_server_info_is_plain_json_with_every_option_at_the_top() -> None:
+    """Issue 31: `other` (the options without a typed field) was one stringified
+    ReadOnlyMapping; each of them is a top-level key with its JSON value, as SGLang lists them."""
+    from radixserve.entrypoints.native_api import _args_dict
+    from radixserve.server_args import ServerArgs
+
+    args = ServerArgs(device="cpu", api_key="sekrit")
+    info = json.loads(json.dumps(_args_dict(args)))  # plain JSON types only
+    assert "other" not in info
+    assert info["tokenizer_worker_num"] == args.other["tokenizer_worker_num"]
+    assert set(args.other) <= set(info)
+    assert info["api_key"] == "<redacted>"
+    assert not any(isinstance(v, str) and "Mapping(" in v for v in info.values())
+
+
 def test_server_info_redacts_keys() -> None:
     with make_client(api_key="sekrit-key") as (client, _):
         r = client.get("/get_server_info", headers={"Authorization": "Bearer sekrit-key"})
