@@ -198,7 +198,10 @@ def test_chat_stream_equals_non_stream_and_usage() -> None:
             json={**body, "stream": True, "stream_options": {"include_usage": True}},
         )
     events = sse_events(r.text)
-    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    first = {"role": "assistant", "content": "", "reasoning_content": None}
+    assert events[0]["choices"][0]["delta"] == first
+    # As SGLang: reasoning_content is on every delta, null without reasoning (issue 31).
+    assert all("reasoning_content" in e["choices"][0]["delta"] for e in events if e["choices"])
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
     assert text == full["choices"][0]["message"]["content"]
     assert events[-1]["usage"] == full["usage"]

@@ -157,7 +157,7 @@ async def _stream_chunks(
             started[idx] = True
             role = {
                 "index": idx,
-                "delta": {"role": "assistant", "content": ""},
+                "delta": {"role": "assistant", "content": "", "reasoning_content": None},
                 "logprobs": None,
                 "finish_reason": None,
             }
@@ -173,6 +173,9 @@ async def _stream_chunks(
         delta = _delta(parsers[idx], text, finish.reason is not None)
         if not delta and logprobs is None and finish.reason is None:
             continue
+        # SGLang serializes reasoning_content on every delta, null when there is none: clients
+        # read delta.reasoning_content without a default.
+        delta.setdefault("reasoning_content", None)
         made_calls = parsers[idx].made_tool_calls
         choice = {
             "index": idx,
