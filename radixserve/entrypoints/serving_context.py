@@ -17,6 +17,9 @@ from radixserve.entrypoints.request_log import RequestLogger
 from radixserve.observability.metrics import ServingMetrics
 
 logger = logging.getLogger(__name__)
+# Model names other than the served one already logged (check_model).
+_MISMATCHES_LOGGED: set[str] = set()
+_MAX_MISMATCHES_LOGGED = 64
 
 
 @dataclass
@@ -65,17 +68,21 @@ class ServingContext:
         return self.tokenizer
 
     def check_model(self, name: str | None) -> None:
-        """OpenAI routes name a model; only the served one (or none) is accepted."""
+        """OpenAI routes name a model. As SGLang, the field only selects LoRA adapters: a
+        request naming another model is served by the loaded one, and the mismatch is logged
+        once per name (clients that hard-code a model name keep working)."""
         if name is None or name == "" or name == self.model_name:
             return
-        if name in self.config.model_aliases:
+        if name in self.config.model_aliases or name in _MISMATCHES_LOGGED:
             return
-        raise ApiError(
-            404,
-            f"The model {name!r} does not exist; this server serves {self.model_name!r}.",
-            param="model",
-            err_type="not_found_error",
-        )
+        if len(_MISMATCHES_LOGGED) < _MAX_MISMATCHES_LOGGED:  # bounded: names are client input
+            _MISMATCHES_LOGGED.add(name)
+            logger.warning(
+                "A request names model %r; this server serves %r and answers with it (logged "
+                "once per name)",
+                name[:200],
+                self.model_name,
+            )
 
     def decode_token(self, token_id: int) -> str:
         tok = self.tokenizer
