@@ -178,6 +178,26 @@ def test_tokenize_and_detokenize() -> None:
         assert r.status_code == 400 and r.json()["error"]["param"] == "tokens"
 
 
+def test_tokenize_chat_messages_as_the_chat_route_renders_them() -> None:
+    """Issue 31: /v1/tokenize with `messages` applies the chat template (SGLang and vLLM);
+    it was a 400. The ids are the chat completion's prompt: the template's text, no BOS added."""
+    messages = [{"role": "user", "content": "hi"}]
+    with make_client() as (client, engine):
+        r = client.post("/v1/tokenize", json={"messages": messages})
+        assert r.status_code == 200, r.text
+        expected = engine.tokenizer.encode("<user>hi\n<assistant>", add_special_tokens=False)
+        assert r.json() == {
+            "tokens": expected,
+            "count": len(expected),
+            "max_model_len": CONTEXT,
+        }
+        r = client.post("/v1/tokenize", json={"messages": messages, "add_generation_prompt": False})
+        assert r.json()["tokens"] == engine.tokenizer.encode("<user>hi\n", add_special_tokens=False)
+        for body in ({}, {"prompt": "a", "messages": messages}):
+            r = client.post("/v1/tokenize", json=body)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
 def test_encode_and_embeddings_refused_without_embedding_model() -> None:
     with make_client() as (client, _):
         r = client.post("/encode", json={"text": "hi"})

@@ -222,9 +222,17 @@ class EmbeddingRequest(BaseModel):
 
 
 class TokenizeRequest(BaseModel):
+    """A prompt (or prompts) to tokenize, or, as SGLang and vLLM take it, chat `messages`
+    rendered by the chat template first (one of the two)."""
+
     model: str | None = None
-    prompt: str | list[str]
+    prompt: str | list[str] | None = None
     add_special_tokens: bool = True
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(BaseModel):

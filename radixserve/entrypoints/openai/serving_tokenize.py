@@ -5,8 +5,13 @@ from __future__ import annotations
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
+from radixserve.entrypoints.openai.chat_template import render_chat
 from radixserve.entrypoints.openai.errors import ApiError
-from radixserve.entrypoints.openai.protocol import DetokenizeRequest, TokenizeRequest
+from radixserve.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from radixserve.entrypoints.request_body import read_model
 from radixserve.entrypoints.serving_context import get_ctx
 
@@ -16,6 +21,26 @@ async def tokenize(request: Request) -> Response:
     req = await read_model(request, TokenizeRequest)
     ctx.check_model(req.model)
     tok = ctx.require_tokenizer("Tokenization")
+    if (req.prompt is None) == (req.messages is None):
+        raise ApiError(400, "Give either prompt or messages to tokenize.", param="prompt")
+    if req.messages is not None:
+        # The chat completion's own prompt: the template writes its special tokens itself.
+        chat = ChatCompletionRequest.model_validate(
+            {
+                "messages": req.messages,
+                "tools": req.tools,
+                "continue_final_message": req.continue_final_message,
+                "chat_template_kwargs": req.chat_template_kwargs,
+            }
+        )
+        ids = render_chat(
+            tok,
+            chat,
+            ctx.chat_template,
+            allow_request_template=ctx.config.allow_request_chat_template,
+            add_generation_prompt=req.add_generation_prompt,
+        )
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": ctx.context_len})
 
     def encode(text: str) -> list[int]:
         return list(tok.encode(text, add_special_tokens=req.add_special_tokens))
