@@ -27,6 +27,18 @@ from radixserve.speculative.meta import spec_meta_info
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
+def context_overflow_message(context_len: int, prompt_tokens: int, max_new_tokens: int) -> str:
+    """SGLang's wording for a prompt plus max_new_tokens past the context (clients and SGLang's
+    tests match on it)."""
+    return (
+        f"Requested token count exceeds the model's maximum context length of {context_len} "
+        f"tokens. You requested a total of {prompt_tokens + max_new_tokens} tokens: "
+        f"{prompt_tokens} tokens from the input messages and {max_new_tokens} tokens for the "
+        "completion. Please reduce the number of tokens in the input messages or the completion "
+        "to fit within the limit."
+    )
+
+
 class RequestError(InvalidRequestError):
     """A request the engine refuses; `param` names the offending field."""
 
@@ -199,9 +211,7 @@ class TokenizerManager:
         max_new = params.max_new_tokens or 0
         if n + max_new > self.context_len:
             raise RequestError(
-                f"Requested token count exceeds the model's maximum context length of "
-                f"{self.context_len} tokens: {n} input tokens + {max_new} max_new_tokens.",
-                "max_new_tokens",
+                context_overflow_message(self.context_len, n, max_new), "max_new_tokens"
             )
 
     # -- outputs ----------------------------------------------------------------------------

@@ -336,3 +336,31 @@ def test_unknown_model_is_served_by_the_loaded_one(client: TestClient) -> None:
     field only selects LoRA adapters); radixserve answered 404."""
     r = client.post("/v1/completions", json={"model": "x", "prompt": "Hi"})
     assert r.status_code == 200 and r.json()["model"] == MODEL
+
+
+def test_length_errors_use_sglangs_wording(client: TestClient) -> None:
+    """Issue 31: clients and SGLang's own tests match on these messages."""
+    from tests.unit.test_http_fakes import CONTEXT
+
+    chat = {"messages": [{"role": "user", "content": "Hi"}]}
+    for field in ("max_tokens", "max_completion_tokens"):
+        err = assert_error(
+            client.post("/v1/chat/completions", json={**chat, field: CONTEXT + 72}), 400, field
+        )
+        assert err["message"] == (
+            f"max_completion_tokens is too large: {CONTEXT + 72}. This model supports at most "
+            f"{CONTEXT} completion tokens."
+        )
+    body = {"prompt": "Hi", "max_tokens": CONTEXT - 1}  # 3 prompt tokens (BOS + 2 bytes)
+    err = assert_error(client.post("/v1/completions", json=body), 400)
+    assert err["message"] == (
+        f"Requested token count exceeds the model's maximum context length of {CONTEXT} tokens. "
+        f"You requested a total of {CONTEXT + 2} tokens: 3 tokens from the input messages and "
+        f"{CONTEXT - 1} tokens for the completion. Please reduce the number of tokens in the "
+        "input messages or the completion to fit within the limit."
+    )
+    err = assert_error(client.post("/v1/completions", json={"prompt": "x" * CONTEXT}), 400)
+    assert err["message"] == (
+        f"The input ({CONTEXT + 1} tokens) is longer than the model's context length "
+        f"({CONTEXT} tokens)."
+    )

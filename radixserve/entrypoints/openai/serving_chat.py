@@ -58,6 +58,7 @@ def plan_chat(
     if isinstance(req.lora_path, list):
         raise ApiError(400, "lora_path must be one adapter name for a chat.", param="lora_path")
     adapter = resolve_model_and_adapter(ctx, req.model, req.lora_path)
+    _check_max_tokens(ctx, req)
     params = chat_sampling_params(req)
     try:
         output = plan_output(ctx.server_args, req)
@@ -80,6 +81,20 @@ def plan_chat(
     ]
     opts = LogprobOptions(return_logprob=req.logprobs, top_logprobs_num=req.top_logprobs or 0)
     return ChatPlan(req, rid, items, opts, output)
+
+
+def _check_max_tokens(ctx: ServingContext, req: ChatCompletionRequest) -> None:
+    """SGLang refuses a completion budget past the context before tokenizing, in these words
+    (clients and SGLang's tests match on them)."""
+    requested = req.max_completion_tokens or req.max_tokens
+    if requested is not None and requested > ctx.context_len:
+        param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+        raise ApiError(
+            400,
+            f"max_completion_tokens is too large: {requested}. This model supports at most "
+            f"{ctx.context_len} completion tokens.",
+            param=param,
+        )
 
 
 def _response(ctx: ServingContext, plan: ChatPlan, results: Sequence[dict[str, Any]]) -> dict:
