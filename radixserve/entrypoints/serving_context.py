@@ -31,6 +31,8 @@ class ServingContext:
     chat_template: str | None = None
     # Set by the server runner: asks the server to exit (the engine died).
     on_fatal: Callable[[], None] | None = None
+    # Set once a request named another model (check_model logs that only the first time).
+    _model_mismatch_logged: bool = False
 
     @property
     def tokenizer(self) -> Any:
@@ -65,16 +67,20 @@ class ServingContext:
         return self.tokenizer
 
     def check_model(self, name: str | None) -> None:
-        """OpenAI routes name a model; only the served one (or none) is accepted."""
+        """OpenAI routes name a model. SGLang serves any name with the loaded model (the field
+        only selects LoRA adapters), so a different name is accepted too; it is logged once per
+        server, not per request, so a client that always sends another name cannot flood the log.
+        """
         if name is None or name == "" or name == self.model_name:
             return
-        if name in self.config.model_aliases:
+        if name in self.config.model_aliases or self._model_mismatch_logged:
             return
-        raise ApiError(
-            404,
-            f"The model {name!r} does not exist; this server serves {self.model_name!r}.",
-            param="model",
-            err_type="not_found_error",
+        self._model_mismatch_logged = True
+        logger.warning(
+            "A request names the model %r; this server serves %r and answers every request "
+            "with it (logged once).",
+            name,
+            self.model_name,
         )
 
     def decode_token(self, token_id: int) -> str:
