@@ -198,9 +198,13 @@ class TokenizerManager:
             )
         max_new = params.max_new_tokens or 0
         if n + max_new > self.context_len:
+            # SGLang's wording, word for word: clients parse the figures out of it.
             raise RequestError(
                 f"Requested token count exceeds the model's maximum context length of "
-                f"{self.context_len} tokens: {n} input tokens + {max_new} max_new_tokens.",
+                f"{self.context_len} tokens. You requested a total of {n + max_new} tokens: "
+                f"{n} tokens from the input messages and {max_new} tokens for the completion. "
+                "Please reduce the number of tokens in the input messages or the completion "
+                "to fit within the limit.",
                 "max_new_tokens",
             )
 

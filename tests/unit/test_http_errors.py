@@ -335,3 +335,28 @@ def test_unknown_model_is_served_by_the_loaded_model(client: TestClient) -> None
     # SGLang answers a request naming another model with the loaded model (no 404).
     r = client.post("/v1/completions", json={"model": "x", "prompt": "Hi"})
     assert r.status_code == 200 and r.json()["model"] == MODEL
+
+
+def test_length_errors_use_sglang_wording(client: TestClient) -> None:
+    # Clients and SGLang's own tests match on these messages word for word.
+    r = client.post("/v1/completions", json={"prompt": "x" * 200, "max_tokens": 2})
+    err = assert_error(r, 400)
+    assert err["message"] == (
+        "The input (201 tokens) is longer than the model's context length (128 tokens)."
+    )
+    r = client.post("/v1/completions", json={"prompt": "x" * 99, "max_tokens": 100})
+    err = assert_error(r, 400)
+    assert err["message"] == (
+        "Requested token count exceeds the model's maximum context length of 128 tokens. "
+        "You requested a total of 200 tokens: 100 tokens from the input messages and 100 "
+        "tokens for the completion. Please reduce the number of tokens in the input messages "
+        "or the completion to fit within the limit."
+    )
+    for field in ("max_tokens", "max_completion_tokens"):
+        r = client.post("/v1/chat/completions", json={"messages": CHAT, field: 1200})
+        err = assert_error(r, 400, field)
+        assert err["message"] == (
+            "max_completion_tokens is too large: 1200.This model supports at most 128 "
+            "completion tokens."
+        )
+    assert_still_serving(client)

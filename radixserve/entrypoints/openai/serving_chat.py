@@ -50,6 +50,20 @@ def _finish_reason(reason: str | None, made_tool_calls: bool) -> str | None:
     return "tool_calls" if made_tool_calls and reason == "stop" else reason
 
 
+def _check_max_completion_tokens(ctx: ServingContext, req: ChatCompletionRequest) -> None:
+    """A completion budget above the whole context can never be met: refuse it before
+    tokenizing, in SGLang's words (clients match on "max_completion_tokens is too large";
+    the missing space after the first period is SGLang's too)."""
+    max_out = req.max_completion_tokens or req.max_tokens
+    if max_out and max_out > ctx.context_len:
+        raise ApiError(
+            400,
+            f"max_completion_tokens is too large: {max_out}."
+            f"This model supports at most {ctx.context_len} completion tokens.",
+            param="max_completion_tokens" if req.max_completion_tokens else "max_tokens",
+        )
+
+
 def plan_chat(
     ctx: ServingContext, req: ChatCompletionRequest, response_id: str | None = None
 ) -> ChatPlan:
@@ -58,6 +72,7 @@ def plan_chat(
     if isinstance(req.lora_path, list):
         raise ApiError(400, "lora_path must be one adapter name for a chat.", param="lora_path")
     adapter = resolve_model_and_adapter(ctx, req.model, req.lora_path)
+    _check_max_completion_tokens(ctx, req)
     params = chat_sampling_params(req)
     try:
         output = plan_output(ctx.server_args, req)
