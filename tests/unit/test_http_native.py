@@ -178,6 +178,31 @@ def test_tokenize_and_detokenize() -> None:
         assert r.status_code == 400 and r.json()["error"]["param"] == "tokens"
 
 
+def test_tokenize_chat_messages_applies_the_chat_template() -> None:
+    # SGLang tokenizes chat `messages` through the chat template: the ids a chat completion
+    # with the same messages would run.
+    chat = [{"role": "user", "content": "Hi"}]
+    with make_client() as (client, engine):
+        r = client.post("/v1/tokenize", json={"messages": chat})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        client.post("/v1/chat/completions", json={"messages": chat, "max_tokens": 1})
+        assert [body["tokens"]] == engine.calls[-1]["input_ids"]
+        assert body["count"] == len(body["tokens"]) and body["max_model_len"] == CONTEXT
+        bare = client.post("/tokenize", json={"messages": chat, "add_generation_prompt": False})
+        assert bare.status_code == 200
+        assert bare.json()["count"] < body["count"]  # no "<assistant>" generation prompt
+        both = client.post("/v1/tokenize", json={"messages": chat, "prompt": "Hi"})
+        assert both.status_code == 400 and both.json()["error"]["param"] == "messages"
+        empty = client.post("/v1/tokenize", json={"messages": []})
+        assert empty.status_code == 400 and set(empty.json()["error"]) == {
+            "message",
+            "type",
+            "param",
+            "code",
+        }
+
+
 def test_encode_and_embeddings_refused_without_embedding_model() -> None:
     with make_client() as (client, _):
         r = client.post("/encode", json={"text": "hi"})

@@ -140,8 +140,10 @@ def render_chat(
     req: ChatCompletionRequest,
     template: str | None,
     allow_request_template: bool = False,
+    add_generation_prompt: bool = True,
 ) -> list[int]:
-    """Prompt token ids for a chat request."""
+    """Prompt token ids for a chat request (`add_generation_prompt` False: /v1/tokenize's
+    option to render the messages alone)."""
     active = template if template is not None else getattr(tokenizer, "chat_template", None)
     messages = to_template_messages(req.messages, active if isinstance(active, str) else None)
     continue_final = bool(req.continue_final_message)
@@ -166,7 +168,7 @@ def render_chat(
         text = tokenizer.apply_chat_template(
             messages,
             tokenize=False,
-            add_generation_prompt=not continue_final,
+            add_generation_prompt=add_generation_prompt and not continue_final,
             continue_final_message=continue_final,
             **kwargs,
         )
