@@ -33,6 +33,7 @@ class TokenResult:
     token_id: int
     logprob: float
     top_logprobs: list[tuple[float, int]] = field(default_factory=list)
+    ids_logprobs: list[tuple[float, int]] = field(default_factory=list)
 
     def apply(self, req: Req) -> None:
         req.output_ids.append(self.token_id)
@@ -40,6 +41,8 @@ class TokenResult:
             req.output_token_logprobs.append((self.logprob, self.token_id))
             if req.top_logprobs_num:
                 req.output_top_logprobs.append(self.top_logprobs)
+            if req.token_ids_logprob:
+                req.output_token_ids_logprobs.append(self.ids_logprobs)
 
 
 @dataclass
@@ -125,6 +128,15 @@ class StepRunner:
                     zip(vals[j, :k].tolist(), tids[j, :k].tolist(), strict=True)
                 )
             results.append(res)
+        wanted = [j for j, r in enumerate(reqs) if r.return_logprob and r.token_ids_logprob]
+        if wanted:
+            # Only when some request asks: the [B, V] log-softmax (temperature-scaled, as the
+            # chosen token's logprob is) read at each request's own ids.
+            full = self.sampler.compute_logprobs(logits, info)
+            for j in wanted:
+                ids_j = list(reqs[j].token_ids_logprob or ())
+                vals_j = full[j, ids_j].tolist()
+                results[j].ids_logprobs = list(zip(vals_j, ids_j, strict=True))
         return results
 
     def _build_inputs(

@@ -141,7 +141,6 @@ GENERATE_CASES = [
     ({"text": "Hi", "image_data": "abc"}, None),
     ({"text": "Hi", "routed_dp_rank": 0}, None),
     ({"text": "Hi", "return_hidden_states": True}, None),
-    ({"text": "Hi", "token_ids_logprob": [5]}, None),
 ]
 
 
@@ -359,4 +358,26 @@ def test_length_errors_use_sglang_wording(client: TestClient) -> None:
             "max_completion_tokens is too large: 1200.This model supports at most 128 "
             "completion tokens."
         )
+    assert_still_serving(client)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ([1, "a"], "token_ids_logprob must be a list of integers."),
+        ("5", "token_ids_logprob must be a list of integers."),
+        ([1.5], "token_ids_logprob must be a list of integers."),
+        ([5, 300], "Token id 300 in token_ids_logprob is outside the vocabulary [0, 300)."),
+        ([-1], "Token id -1 in token_ids_logprob is outside the vocabulary [0, 300)."),
+    ],
+)
+def test_generate_token_ids_logprob_errors(client: TestClient, value: Any, message: str) -> None:
+    body = {
+        "text": "Hi",
+        "sampling_params": {"max_new_tokens": 2},
+        "return_logprob": True,
+        "token_ids_logprob": value,
+    }
+    err = assert_error(client.post("/generate", json=body), 400, "token_ids_logprob")
+    assert err["message"] == message
     assert_still_serving(client)

@@ -253,6 +253,9 @@ class GenerateReqInput(RefusesUnimplementedFields):
     return_logprob: bool = False
     logprob_start_len: int | None = None
     top_logprobs_num: int | None = Field(default=None, ge=0)
+    # Token ids whose logprobs every output position reports (meta_info's
+    # output_token_ids_logprobs); checked by the tokenizer manager, which says what is wrong.
+    token_ids_logprob: Any = None
     return_text_in_logprobs: bool = False
     stream: bool = False
     rid: str | list[str] | None = None
