@@ -34,6 +34,7 @@ _LOGPROB_KEYS = (
     "output_top_logprobs",
     "input_top_logprobs",
     "output_token_ids_logprobs",
+    "input_token_ids_logprobs",
 )
 
 

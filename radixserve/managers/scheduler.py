@@ -764,6 +764,7 @@ class Scheduler:
             output_token_ids_logprobs=req.output_token_ids_logprobs[start:],
             input_token_logprobs=req.input_token_logprobs if start == 0 else [],
             input_top_logprobs=req.input_top_logprobs if start == 0 else [],
+            input_token_ids_logprobs=req.input_token_ids_logprobs if start == 0 else [],
         )
 
 

@@ -196,6 +196,7 @@ class StepRunner:
         first_pos = req.kv_len
         logprobs = torch.log_softmax(logits[rows].float(), dim=-1)
         k = req.top_logprobs_num
+        named = list(req.token_ids_logprob or ()) if req.return_logprob else []
         for offset in range(n):
             pos = first_pos + offset  # this row predicts prompt[pos + 1]
             target = pos + 1
@@ -206,10 +207,15 @@ class StepRunner:
             if k:
                 vals, ids = torch.topk(logprobs[offset], k)
                 req.input_top_logprobs.append(list(zip(vals.tolist(), ids.tolist(), strict=True)))
+            if named:
+                named_vals = logprobs[offset, named].tolist()
+                req.input_token_ids_logprobs.append(list(zip(named_vals, named, strict=True)))
         if req.logprob_start_len == 0 and first_pos == 0:
             req.input_token_logprobs.insert(0, (None, prompt[0]))
             if k:
                 req.input_top_logprobs.insert(0, None)
+            if named:
+                req.input_token_ids_logprobs.insert(0, None)
 
 
 def _plain_greedy(reqs: Sequence[Req]) -> bool:

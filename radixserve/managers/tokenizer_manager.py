@@ -44,6 +44,7 @@ class RequestState:
     input_token_logprobs: list[list[Any]] = field(default_factory=list)
     input_top_logprobs: list[Any] = field(default_factory=list)
     output_token_ids_logprobs: list[Any] = field(default_factory=list)
+    input_token_ids_logprobs: list[Any] = field(default_factory=list)
     # Whether the request named token_ids_logprob (meta_info then carries their logprobs).
     has_token_ids_logprob: bool = False
 
@@ -246,6 +247,7 @@ class TokenizerManager:
             )
             state.output_top_logprobs.extend(_top(t) for t in out.output_top_logprobs)
             state.output_token_ids_logprobs.extend(_top(t) for t in out.output_token_ids_logprobs)
+            state.input_token_ids_logprobs.extend(_top(t) for t in out.input_token_ids_logprobs)
             state.input_token_logprobs.extend(
                 [lp, tid, None] for lp, tid in out.input_token_logprobs
             )
@@ -294,6 +296,7 @@ class TokenizerManager:
             if state.has_token_ids_logprob:
                 # SGLang's meta_info names: per output position, [logprob, token id, text].
                 meta["output_token_ids_logprobs"] = state.output_token_ids_logprobs
+                meta["input_token_ids_logprobs"] = state.input_token_ids_logprobs
         return meta
 
 

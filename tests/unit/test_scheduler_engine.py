@@ -178,14 +178,22 @@ def test_token_ids_logprob_reports_the_named_ids(engine_factory: Any) -> None:
     # position, [logprob, token id, text] for each named id, in the order given.
     engine = engine_factory()
     wanted = [5, 9, 3]
+    prompt = prompts(1, seed=5)[0]
     result = engine.generate(
-        input_ids=prompts(1, seed=5)[0],
+        input_ids=prompt,
         sampling_params=GREEDY,
         return_logprob=True,
+        logprob_start_len=0,
         top_logprobs_num=1,
         token_ids_logprob=wanted,
     )
     meta = result["meta_info"]
+    # Prompt positions too (input_token_ids_logprobs); the first token has none, as in SGLang.
+    inputs = meta["input_token_ids_logprobs"]
+    assert len(inputs) == len(prompt) and inputs[0] is None
+    for entries, (lp, tid, _) in zip(inputs[1:], meta["input_token_logprobs"][1:], strict=True):
+        assert [e[1] for e in entries] == wanted
+        assert all(abs(e[0] - lp) < 1e-5 for e in entries if e[1] == tid)
     per_position = meta["output_token_ids_logprobs"]
     assert len(per_position) == GREEDY["max_new_tokens"]
     for entries, (chosen_lp, chosen, _), top in zip(
