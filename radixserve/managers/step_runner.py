@@ -130,9 +130,11 @@ class StepRunner:
             results.append(res)
         wanted = [j for j, r in enumerate(reqs) if r.return_logprob and r.token_ids_logprob]
         if wanted:
-            # Only when some request asks: the [B, V] log-softmax (temperature-scaled, as the
-            # chosen token's logprob is) read at each request's own ids.
-            full = self.sampler.compute_logprobs(logits, info)
+            # Only when some request asks: the [B, V] log-softmax of the processed,
+            # temperature-scaled logits the chosen token's logprob comes from, read at each
+            # request's own ids.
+            source = out.scaled if out.scaled is not None else logits
+            full = torch.log_softmax(source.float(), dim=-1)
             for j in wanted:
                 ids_j = list(reqs[j].token_ids_logprob or ())
                 vals_j = full[j, ids_j].tolist()
