@@ -50,6 +50,16 @@ def _finish_reason(reason: str | None, made_tool_calls: bool) -> str | None:
     return "tool_calls" if made_tool_calls and reason == "stop" else reason
 
 
+# SGLang's DeltaMessage fields, serialized on every delta (null when unset; only its
+# hidden_states is dropped when empty): clients read delta.reasoning_content and friends
+# without a default.
+_DELTA_FIELDS = ("role", "content", "reasoning_content", "tool_calls")
+
+
+def _with_null_fields(delta: dict[str, Any]) -> dict[str, Any]:
+    return {**dict.fromkeys(_DELTA_FIELDS), **delta}
+
+
 def _check_max_completion_tokens(ctx: ServingContext, req: ChatCompletionRequest) -> None:
     """A completion budget above the whole context can never be met: refuse it before
     tokenizing, in SGLang's words (clients match on "max_completion_tokens is too large";
@@ -172,7 +182,7 @@ async def _stream_chunks(
             started[idx] = True
             role = {
                 "index": idx,
-                "delta": {"role": "assistant", "content": "", "reasoning_content": None},
+                "delta": _with_null_fields({"role": "assistant", "content": ""}),
                 "logprobs": None,
                 "finish_reason": None,
             }
@@ -188,9 +198,7 @@ async def _stream_chunks(
         delta = _delta(parsers[idx], text, finish.reason is not None)
         if not delta and logprobs is None and finish.reason is None:
             continue
-        # SGLang serializes reasoning_content on every delta, null when there is none: clients
-        # read delta.reasoning_content without a default.
-        delta.setdefault("reasoning_content", None)
+        delta = _with_null_fields(delta)
         made_calls = parsers[idx].made_tool_calls
         choice = {
             "index": idx,
