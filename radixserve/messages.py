@@ -15,6 +15,8 @@ class TokenizedGenerateReq:
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
+    # SGLang's token_ids_logprob: token ids whose logprobs each output position reports.
+    token_ids_logprob: list[int] | None = None
     stream: bool = False
     priority: int | None = None
     # An embedding request: prefill only, the answer is the pooled hidden state.
@@ -207,6 +209,8 @@ class ReqOutput:
     # Each entry (logprob, token_id); top entries are lists of the same per position.
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    output_token_ids_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_token_ids_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
     input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
     # Set on a request's first output, for the detokenizer.

@@ -140,6 +140,7 @@ class Engine:
         lora_path: str | Sequence[str | None] | None = None,
         session_params: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
         custom_logit_processor: str | Sequence[str | None] | None = None,
+        token_ids_logprob: Sequence[int] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """One prompt gives one dict; a list gives a list (n > 1 gives n dicts per prompt,
         prompt-major). With stream=True, an iterator of chunks whose "text" is the new text."""
@@ -156,6 +157,7 @@ class Engine:
             lora_path=lora_path,
             session_params=session_params,
             custom_logit_processor=custom_logit_processor,
+            token_ids_logprob=token_ids_logprob,
         )
         if stream:
             return self._stream(*items[0])
@@ -179,6 +181,7 @@ class Engine:
         lora_path: str | Sequence[str | None] | None = None,
         session_params: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
         custom_logit_processor: str | Sequence[str | None] | None = None,
+        token_ids_logprob: Sequence[int] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         items, single = self._expand(
             prompt,
@@ -194,6 +197,7 @@ class Engine:
             lora_path=lora_path,
             session_params=session_params,
             custom_logit_processor=custom_logit_processor,
+            token_ids_logprob=token_ids_logprob,
         )
         # Compiling a grammar can take seconds: await it here instead of blocking the loop.
         # (Copies of one request share a compile through the backend's cache.)
@@ -374,6 +378,7 @@ class Engine:
         lora_path: str | Sequence[str | None] | None = None,
         session_params: Any = None,
         custom_logit_processor: Any = None,
+        token_ids_logprob: Sequence[int] | None = None,
     ) -> tuple[list[tuple[TokenizedGenerateReq, RequestState]], bool]:
         if self.server_args.is_embedding:
             raise RequestError(
@@ -418,6 +423,7 @@ class Engine:
                         check_grammar=check_grammar,
                         session_params=sessions[i],
                         custom_logit_processor=processors[i],
+                        token_ids_logprob=token_ids_logprob,
                     )
                 )
                 items[-1][0].lora_id = lora_ids[i]

@@ -52,6 +52,7 @@ class LogprobOptions(NamedTuple):
     return_logprob: bool = False
     logprob_start_len: int | None = None
     top_logprobs_num: int | None = None
+    token_ids_logprob: Any = None  # SGLang's list of token ids to report logprobs for
 
 
 async def call_engine(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -94,6 +95,8 @@ class GenerationRunner:
             "top_logprobs_num": opts.top_logprobs_num,
         }
         # Only when set: engines (and test fakes) without these controls keep working.
+        if opts.token_ids_logprob is not None:
+            kwargs["token_ids_logprob"] = opts.token_ids_logprob
         if any(it.priority is not None for it in items):
             kwargs["priority"] = [it.priority for it in items]
         if any(it.session_params is not None for it in items):

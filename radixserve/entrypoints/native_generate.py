@@ -33,6 +33,8 @@ _LOGPROB_KEYS = (
     "input_token_logprobs",
     "output_top_logprobs",
     "input_top_logprobs",
+    "output_token_ids_logprobs",
+    "input_token_ids_logprobs",
 )
 
 
@@ -97,7 +99,9 @@ def plan_generate(req: GenerateReqInput) -> _Plan:
         if it.rid in seen:
             raise ApiError(400, f"Duplicate request id {it.rid!r} in the batch.", param="rid")
         seen.add(it.rid)
-    opts = LogprobOptions(req.return_logprob, req.logprob_start_len, req.top_logprobs_num)
+    opts = LogprobOptions(
+        req.return_logprob, req.logprob_start_len, req.top_logprobs_num, req.token_ids_logprob
+    )
     return _Plan(req, items, single=not batch and total_n == 1, opts=opts)
 
 
@@ -115,7 +119,7 @@ def _with_token_text(ctx: ServingContext, meta: Mapping[str, Any]) -> dict[str, 
     for key in _LOGPROB_KEYS:
         if key not in out:
             continue
-        if key.endswith("top_logprobs"):
+        if key.endswith(("top_logprobs", "ids_logprobs")):  # one list of entries per position
             out[key] = [
                 [[e[0], e[1], ctx.decode_token(int(e[1]))] for e in top] if top else top
                 for top in out[key]

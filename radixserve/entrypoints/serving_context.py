@@ -17,9 +17,6 @@ from radixserve.entrypoints.request_log import RequestLogger
 from radixserve.observability.metrics import ServingMetrics
 
 logger = logging.getLogger(__name__)
-# Model names other than the served one already logged (check_model).
-_MISMATCHES_LOGGED: set[str] = set()
-_MAX_MISMATCHES_LOGGED = 64
 
 
 @dataclass
@@ -34,6 +31,8 @@ class ServingContext:
     chat_template: str | None = None
     # Set by the server runner: asks the server to exit (the engine died).
     on_fatal: Callable[[], None] | None = None
+    # Set once a request named another model (check_model logs that only the first time).
+    _model_mismatch_logged: bool = False
 
     @property
     def tokenizer(self) -> Any:
@@ -68,21 +67,21 @@ class ServingContext:
         return self.tokenizer
 
     def check_model(self, name: str | None) -> None:
-        """OpenAI routes name a model. As SGLang, the field only selects LoRA adapters: a
-        request naming another model is served by the loaded one, and the mismatch is logged
-        once per name (clients that hard-code a model name keep working)."""
+        """OpenAI routes name a model. SGLang serves any name with the loaded model (the field
+        only selects LoRA adapters), so a different name is accepted too; it is logged once per
+        server, not per request, so a client that always sends another name cannot flood the log.
+        """
         if name is None or name == "" or name == self.model_name:
             return
-        if name in self.config.model_aliases or name in _MISMATCHES_LOGGED:
+        if name in self.config.model_aliases or self._model_mismatch_logged:
             return
-        if len(_MISMATCHES_LOGGED) < _MAX_MISMATCHES_LOGGED:  # bounded: names are client input
-            _MISMATCHES_LOGGED.add(name)
-            logger.warning(
-                "A request names model %r; this server serves %r and answers with it (logged "
-                "once per name)",
-                name[:200],
-                self.model_name,
-            )
+        self._model_mismatch_logged = True
+        logger.warning(
+            "A request names the model %r; this server serves %r and answers every request "
+            "with it (logged once).",
+            name,
+            self.model_name,
+        )
 
     def decode_token(self, token_id: int) -> str:
         tok = self.tokenizer

@@ -146,6 +146,7 @@ class Scheduler:
             return_logprob=msg.return_logprob,
             logprob_start_len=msg.logprob_start_len,
             top_logprobs_num=msg.top_logprobs_num,
+            token_ids_logprob=msg.token_ids_logprob,
             priority=msg.priority if msg.priority is not None else self.default_priority,
             is_embedding=msg.embedding,
             lora_id=msg.lora_id,
@@ -760,8 +761,10 @@ class Scheduler:
             embedding=req.embedding,
             output_token_logprobs=req.output_token_logprobs[start:],
             output_top_logprobs=req.output_top_logprobs[start:],
+            output_token_ids_logprobs=req.output_token_ids_logprobs[start:],
             input_token_logprobs=req.input_token_logprobs if start == 0 else [],
             input_top_logprobs=req.input_top_logprobs if start == 0 else [],
+            input_token_ids_logprobs=req.input_token_ids_logprobs if start == 0 else [],
         )
 
 

@@ -33,6 +33,7 @@ class TokenResult:
     token_id: int
     logprob: float
     top_logprobs: list[tuple[float, int]] = field(default_factory=list)
+    ids_logprobs: list[tuple[float, int]] = field(default_factory=list)
 
     def apply(self, req: Req) -> None:
         req.output_ids.append(self.token_id)
@@ -40,6 +41,8 @@ class TokenResult:
             req.output_token_logprobs.append((self.logprob, self.token_id))
             if req.top_logprobs_num:
                 req.output_top_logprobs.append(self.top_logprobs)
+            if req.token_ids_logprob:
+                req.output_token_ids_logprobs.append(self.ids_logprobs)
 
 
 @dataclass
@@ -125,6 +128,17 @@ class StepRunner:
                     zip(vals[j, :k].tolist(), tids[j, :k].tolist(), strict=True)
                 )
             results.append(res)
+        wanted = [j for j, r in enumerate(reqs) if r.return_logprob and r.token_ids_logprob]
+        if wanted:
+            # Only when some request asks: the [B, V] log-softmax of the processed,
+            # temperature-scaled logits the chosen token's logprob comes from, read at each
+            # request's own ids.
+            source = out.scaled if out.scaled is not None else logits
+            full = torch.log_softmax(source.float(), dim=-1)
+            for j in wanted:
+                ids_j = list(reqs[j].token_ids_logprob or ())
+                vals_j = full[j, ids_j].tolist()
+                results[j].ids_logprobs = list(zip(vals_j, ids_j, strict=True))
         return results
 
     def _build_inputs(
@@ -184,6 +198,7 @@ class StepRunner:
         first_pos = req.kv_len
         logprobs = torch.log_softmax(logits[rows].float(), dim=-1)
         k = req.top_logprobs_num
+        named = list(req.token_ids_logprob or ()) if req.return_logprob else []
         for offset in range(n):
             pos = first_pos + offset  # this row predicts prompt[pos + 1]
             target = pos + 1
@@ -194,10 +209,15 @@ class StepRunner:
             if k:
                 vals, ids = torch.topk(logprobs[offset], k)
                 req.input_top_logprobs.append(list(zip(vals.tolist(), ids.tolist(), strict=True)))
+            if named:
+                named_vals = logprobs[offset, named].tolist()
+                req.input_token_ids_logprobs.append(list(zip(named_vals, named, strict=True)))
         if req.logprob_start_len == 0 and first_pos == 0:
             req.input_token_logprobs.insert(0, (None, prompt[0]))
             if k:
                 req.input_top_logprobs.insert(0, None)
+            if named:
+                req.input_token_ids_logprobs.insert(0, None)
 
 
 def _plain_greedy(reqs: Sequence[Req]) -> bool:

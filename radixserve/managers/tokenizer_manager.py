@@ -27,18 +27,6 @@ from radixserve.speculative.meta import spec_meta_info
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
-def context_overflow_message(context_len: int, prompt_tokens: int, max_new_tokens: int) -> str:
-    """SGLang's wording for a prompt plus max_new_tokens past the context (clients and SGLang's
-    tests match on it)."""
-    return (
-        f"Requested token count exceeds the model's maximum context length of {context_len} "
-        f"tokens. You requested a total of {prompt_tokens + max_new_tokens} tokens: "
-        f"{prompt_tokens} tokens from the input messages and {max_new_tokens} tokens for the "
-        "completion. Please reduce the number of tokens in the input messages or the completion "
-        "to fit within the limit."
-    )
-
-
 class RequestError(InvalidRequestError):
     """A request the engine refuses; `param` names the offending field."""
 
@@ -55,6 +43,10 @@ class RequestState:
     output_top_logprobs: list[Any] = field(default_factory=list)
     input_token_logprobs: list[list[Any]] = field(default_factory=list)
     input_top_logprobs: list[Any] = field(default_factory=list)
+    output_token_ids_logprobs: list[Any] = field(default_factory=list)
+    input_token_ids_logprobs: list[Any] = field(default_factory=list)
+    # Whether the request named token_ids_logprob (meta_info then carries their logprobs).
+    has_token_ids_logprob: bool = False
 
 
 class TokenizerManager:
@@ -141,6 +133,7 @@ class TokenizerManager:
         check_grammar: bool = True,
         session_params: Mapping[str, Any] | None = None,
         custom_logit_processor: str | None = None,
+        token_ids_logprob: Any = None,
     ) -> tuple[TokenizedGenerateReq, RequestState]:
         """Validate one request; raise RequestError (an InvalidRequestError) naming the bad field.
         check_grammar=False leaves the grammar to `check_grammar_async` (async callers)."""
@@ -172,6 +165,7 @@ class TokenizerManager:
                 raise RequestError(str(exc), "session_params") from exc
         if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
             raise RequestError("priority must be an integer.", "priority")
+        logprob_ids = self._check_logprob_ids(token_ids_logprob)
         start = -1 if logprob_start_len is None else int(logprob_start_len)
         msg = TokenizedGenerateReq(
             rid=rid or uuid.uuid4().hex,
@@ -180,6 +174,7 @@ class TokenizerManager:
             return_logprob=bool(return_logprob),
             logprob_start_len=start if return_logprob else -1,
             top_logprobs_num=int(top_logprobs_num or 0),
+            token_ids_logprob=logprob_ids if return_logprob else None,
             stream=stream,
             priority=priority,
             embedding=embedding,
@@ -187,6 +182,7 @@ class TokenizerManager:
             custom_logit_processor=custom_logit_processor,
         )
         state = RequestState(msg.rid, len(ids), msg.return_logprob)
+        state.has_token_ids_logprob = msg.token_ids_logprob is not None
         return msg, state
 
     def _check_ids(self, input_ids: Sequence[int] | None) -> list[int]:
@@ -201,6 +197,24 @@ class TokenizerManager:
                 )
         return ids
 
+    def _check_logprob_ids(self, token_ids: Any) -> list[int] | None:
+        """SGLang's token_ids_logprob: a list of token ids (each output position reports their
+        logprobs). Anything else, or an id outside the vocabulary, is the client's error."""
+        if token_ids is None:
+            return None
+        if not isinstance(token_ids, list | tuple) or any(
+            isinstance(t, bool) or not isinstance(t, int) for t in token_ids
+        ):
+            raise RequestError("token_ids_logprob must be a list of integers.", "token_ids_logprob")
+        for tok in token_ids:
+            if not 0 <= tok < self.vocab_size:
+                raise RequestError(
+                    f"Token id {tok} in token_ids_logprob is outside the vocabulary "
+                    f"[0, {self.vocab_size}).",
+                    "token_ids_logprob",
+                )
+        return list(token_ids)
+
     def _check_length(self, n: int, params: SamplingParams) -> None:
         if n >= self.context_len:
             raise RequestError(
@@ -210,8 +224,14 @@ class TokenizerManager:
             )
         max_new = params.max_new_tokens or 0
         if n + max_new > self.context_len:
+            # SGLang's wording, word for word: clients parse the figures out of it.
             raise RequestError(
-                context_overflow_message(self.context_len, n, max_new), "max_new_tokens"
+                f"Requested token count exceeds the model's maximum context length of "
+                f"{self.context_len} tokens. You requested a total of {n + max_new} tokens: "
+                f"{n} tokens from the input messages and {max_new} tokens for the completion. "
+                "Please reduce the number of tokens in the input messages or the completion "
+                "to fit within the limit.",
+                "max_new_tokens",
             )
 
     # -- outputs ----------------------------------------------------------------------------
@@ -226,6 +246,8 @@ class TokenizerManager:
                 [lp, tid, None] for lp, tid in out.output_token_logprobs
             )
             state.output_top_logprobs.extend(_top(t) for t in out.output_top_logprobs)
+            state.output_token_ids_logprobs.extend(_top(t) for t in out.output_token_ids_logprobs)
+            state.input_token_ids_logprobs.extend(_top(t) for t in out.input_token_ids_logprobs)
             state.input_token_logprobs.extend(
                 [lp, tid, None] for lp, tid in out.input_token_logprobs
             )
@@ -271,6 +293,10 @@ class TokenizerManager:
             meta["output_top_logprobs"] = state.output_top_logprobs
             meta["input_token_logprobs"] = state.input_token_logprobs
             meta["input_top_logprobs"] = state.input_top_logprobs
+            if state.has_token_ids_logprob:
+                # SGLang's meta_info names: per output position, [logprob, token id, text].
+                meta["output_token_ids_logprobs"] = state.output_token_ids_logprobs
+                meta["input_token_ids_logprobs"] = state.input_token_ids_logprobs
         return meta
 
 

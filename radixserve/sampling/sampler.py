@@ -43,6 +43,9 @@ class SampleOutput(NamedTuple):
     next_token_ids: torch.Tensor  # [B] int64
     logprobs: torch.Tensor  # [B] float32 logprob of the chosen token
     top_logprobs: tuple[torch.Tensor, torch.Tensor] | None  # (values [B, k], ids [B, k])
+    # The processed, temperature-scaled logits the logprobs come from (None when no logprobs
+    # were asked for): token_ids_logprob reads its ids' logprobs from the same distribution.
+    scaled: torch.Tensor | None = None
 
 
 def _check_logits(logits: torch.Tensor, info: SamplingBatchInfo) -> None:
@@ -97,7 +100,7 @@ def chosen_logprobs(
         values = shifted.gather(-1, ids) if shifted is not None else values - lse
         values = torch.nan_to_num(values, nan=_LOGPROB_FLOOR, neginf=_LOGPROB_FLOOR)
         top = (values, ids)
-    return SampleOutput(next_ids.to(torch.int64), logprobs, top)
+    return SampleOutput(next_ids.to(torch.int64), logprobs, top, scaled)
 
 
 def _filter_sorted(probs_sorted: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:

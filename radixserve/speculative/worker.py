@@ -447,4 +447,9 @@ def _with_logprobs(req: Req, tokens: list[int], scaled: torch.Tensor) -> list[To
         values, ids = chosen.top_logprobs
         for j, result in enumerate(results):
             result.top_logprobs = list(zip(values[j].tolist(), ids[j].tolist(), strict=True))
+    named = list(req.token_ids_logprob or ()) if req.return_logprob else []
+    if named:  # token_ids_logprob: the same rows, read at the request's named ids
+        rows = torch.log_softmax(scaled.float(), dim=-1)[:, named].tolist()
+        for result, row in zip(results, rows, strict=True):
+            result.ids_logprobs = list(zip(row, named, strict=True))
     return results

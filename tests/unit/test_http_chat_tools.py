@@ -71,7 +71,7 @@ def test_tool_choice_none_or_no_parser_keeps_plain_content() -> None:
 def test_streamed_tool_call_deltas() -> None:
     choices = _stream(HERMES, {"tools": TOOLS}, tool_call_parser="qwen")
     content = "".join(c["delta"].get("content") or "" for c in choices)
-    calls = [t for c in choices for t in c["delta"].get("tool_calls", [])]
+    calls = [t for c in choices for t in c["delta"].get("tool_calls") or []]
     assert content.strip() == "Ok"
     assert [(t["index"], t["function"]["name"]) for t in calls] == [(0, "add")]
     assert json.loads(calls[0]["function"]["arguments"]) == {"a": 1}
@@ -98,7 +98,7 @@ def test_named_tool_choice_allows_one_call_of_that_function() -> None:
     schema = _schema(engine)
     assert schema["maxItems"] == 1
     assert schema["items"]["properties"]["name"]["enum"] == ["add"]
-    calls = [t for c in choices for t in c["delta"].get("tool_calls", [])]
+    calls = [t for c in choices for t in c["delta"].get("tool_calls") or []]
     assert [json.loads(t["function"]["arguments"]) for t in calls] == [{"a": 3}]
 
 

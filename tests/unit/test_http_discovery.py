@@ -125,11 +125,11 @@ def test_served_name_defaults_to_the_folder_name_and_the_path_still_works(tmp_pa
             r = client.post("/v1/completions", json={"model": name, "prompt": "Hi"})
             assert r.status_code == 200, name
             assert r.json()["model"] == "my-model"
-        # Another name is served by the loaded model, as SGLang does (logged once).
+        # Another name is served by the loaded model too, as SGLang does.
         r = client.post("/v1/completions", json={"model": "other", "prompt": "Hi"})
         assert r.status_code == 200 and r.json()["model"] == "my-model"
 
-    # With an explicit --served-model-name, responses carry that name whatever was asked.
+    # An explicit --served-model-name is the name answered; the path is served as well.
     with make_client(model_path=typed, tokenizer_path=typed, served_model_name="alias") as (
         client,
         _,

@@ -141,7 +141,6 @@ GENERATE_CASES = [
     ({"text": "Hi", "image_data": "abc"}, None),
     ({"text": "Hi", "routed_dp_rank": 0}, None),
     ({"text": "Hi", "return_hidden_states": True}, None),
-    ({"text": "Hi", "token_ids_logprob": [5]}, None),
 ]
 
 
@@ -331,36 +330,54 @@ def test_abort_with_error_status_becomes_that_status(client: TestClient) -> None
     engine._finish = original  # type: ignore[method-assign]
 
 
-def test_unknown_model_is_served_by_the_loaded_one(client: TestClient) -> None:
-    """Issue 31: SGLang serves a request naming another model with the loaded one (its model
-    field only selects LoRA adapters); radixserve answered 404."""
+def test_unknown_model_is_served_by_the_loaded_model(client: TestClient) -> None:
+    # SGLang answers a request naming another model with the loaded model (no 404).
     r = client.post("/v1/completions", json={"model": "x", "prompt": "Hi"})
     assert r.status_code == 200 and r.json()["model"] == MODEL
 
 
-def test_length_errors_use_sglangs_wording(client: TestClient) -> None:
-    """Issue 31: clients and SGLang's own tests match on these messages."""
-    from tests.unit.test_http_fakes import CONTEXT
-
-    chat = {"messages": [{"role": "user", "content": "Hi"}]}
+def test_length_errors_use_sglang_wording(client: TestClient) -> None:
+    # Clients and SGLang's own tests match on these messages word for word.
+    r = client.post("/v1/completions", json={"prompt": "x" * 200, "max_tokens": 2})
+    err = assert_error(r, 400)
+    assert err["message"] == (
+        "The input (201 tokens) is longer than the model's context length (128 tokens)."
+    )
+    r = client.post("/v1/completions", json={"prompt": "x" * 99, "max_tokens": 100})
+    err = assert_error(r, 400)
+    assert err["message"] == (
+        "Requested token count exceeds the model's maximum context length of 128 tokens. "
+        "You requested a total of 200 tokens: 100 tokens from the input messages and 100 "
+        "tokens for the completion. Please reduce the number of tokens in the input messages "
+        "or the completion to fit within the limit."
+    )
     for field in ("max_tokens", "max_completion_tokens"):
-        err = assert_error(
-            client.post("/v1/chat/completions", json={**chat, field: CONTEXT + 72}), 400, field
-        )
+        r = client.post("/v1/chat/completions", json={"messages": CHAT, field: 1200})
+        err = assert_error(r, 400, field)
         assert err["message"] == (
-            f"max_completion_tokens is too large: {CONTEXT + 72}. This model supports at most "
-            f"{CONTEXT} completion tokens."
+            "max_completion_tokens is too large: 1200.This model supports at most 128 "
+            "completion tokens."
         )
-    body = {"prompt": "Hi", "max_tokens": CONTEXT - 1}  # 3 prompt tokens (BOS + 2 bytes)
-    err = assert_error(client.post("/v1/completions", json=body), 400)
-    assert err["message"] == (
-        f"Requested token count exceeds the model's maximum context length of {CONTEXT} tokens. "
-        f"You requested a total of {CONTEXT + 2} tokens: 3 tokens from the input messages and "
-        f"{CONTEXT - 1} tokens for the completion. Please reduce the number of tokens in the "
-        "input messages or the completion to fit within the limit."
-    )
-    err = assert_error(client.post("/v1/completions", json={"prompt": "x" * CONTEXT}), 400)
-    assert err["message"] == (
-        f"The input ({CONTEXT + 1} tokens) is longer than the model's context length "
-        f"({CONTEXT} tokens)."
-    )
+    assert_still_serving(client)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ([1, "a"], "token_ids_logprob must be a list of integers."),
+        ("5", "token_ids_logprob must be a list of integers."),
+        ([1.5], "token_ids_logprob must be a list of integers."),
+        ([5, 300], "Token id 300 in token_ids_logprob is outside the vocabulary [0, 300)."),
+        ([-1], "Token id -1 in token_ids_logprob is outside the vocabulary [0, 300)."),
+    ],
+)
+def test_generate_token_ids_logprob_errors(client: TestClient, value: Any, message: str) -> None:
+    body = {
+        "text": "Hi",
+        "sampling_params": {"max_new_tokens": 2},
+        "return_logprob": True,
+        "token_ids_logprob": value,
+    }
+    err = assert_error(client.post("/generate", json=body), 400, "token_ids_logprob")
+    assert err["message"] == message
+    assert_still_serving(client)

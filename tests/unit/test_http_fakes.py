@@ -113,6 +113,7 @@ class FakeEngine:
         priority: Any = None,
         session_params: Any = None,
         custom_logit_processor: Any = None,
+        token_ids_logprob: Any = None,
     ) -> Any:
         if lora_path is not None and any(
             p is not None for p in (lora_path if isinstance(lora_path, list) else [lora_path])
@@ -157,6 +158,7 @@ class FakeEngine:
                     priority=priorities[i],
                     session_params=sessions[i],
                     custom_logit_processor=processors[i],
+                    token_ids_logprob=token_ids_logprob,
                 )
             )
         if stream:

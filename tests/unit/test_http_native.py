@@ -178,24 +178,29 @@ def test_tokenize_and_detokenize() -> None:
         assert r.status_code == 400 and r.json()["error"]["param"] == "tokens"
 
 
-def test_tokenize_chat_messages_as_the_chat_route_renders_them() -> None:
-    """Issue 31: /v1/tokenize with `messages` applies the chat template (SGLang and vLLM);
-    it was a 400. The ids are the chat completion's prompt: the template's text, no BOS added."""
-    messages = [{"role": "user", "content": "hi"}]
+def test_tokenize_chat_messages_applies_the_chat_template() -> None:
+    # SGLang tokenizes chat `messages` through the chat template: the ids a chat completion
+    # with the same messages would run.
+    chat = [{"role": "user", "content": "Hi"}]
     with make_client() as (client, engine):
-        r = client.post("/v1/tokenize", json={"messages": messages})
+        r = client.post("/v1/tokenize", json={"messages": chat})
         assert r.status_code == 200, r.text
-        expected = engine.tokenizer.encode("<user>hi\n<assistant>", add_special_tokens=False)
-        assert r.json() == {
-            "tokens": expected,
-            "count": len(expected),
-            "max_model_len": CONTEXT,
+        body = r.json()
+        client.post("/v1/chat/completions", json={"messages": chat, "max_tokens": 1})
+        assert [body["tokens"]] == engine.calls[-1]["input_ids"]
+        assert body["count"] == len(body["tokens"]) and body["max_model_len"] == CONTEXT
+        bare = client.post("/tokenize", json={"messages": chat, "add_generation_prompt": False})
+        assert bare.status_code == 200
+        assert bare.json()["count"] < body["count"]  # no "<assistant>" generation prompt
+        both = client.post("/v1/tokenize", json={"messages": chat, "prompt": "Hi"})
+        assert both.status_code == 400 and both.json()["error"]["param"] == "messages"
+        empty = client.post("/v1/tokenize", json={"messages": []})
+        assert empty.status_code == 400 and set(empty.json()["error"]) == {
+            "message",
+            "type",
+            "param",
+            "code",
         }
-        r = client.post("/v1/tokenize", json={"messages": messages, "add_generation_prompt": False})
-        assert r.json()["tokens"] == engine.tokenizer.encode("<user>hi\n", add_special_tokens=False)
-        for body in ({}, {"prompt": "a", "messages": messages}):
-            r = client.post("/v1/tokenize", json=body)
-            assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
 
 
 def test_encode_and_embeddings_refused_without_embedding_model() -> None:

@@ -340,8 +340,7 @@ def test_http_openai_model_names_the_adapter(client: Any, engine: Engine, setup:
         400,
         "lora_path",
     )
-    # Another model's name before the adapter selects the adapter all the same (SGLang: the
-    # field only selects adapters; the base name is not checked).
+    # SGLang reads the adapter after the colon whatever the base name is (served as "a").
     body = {"model": "other-model:a", "prompt": PROMPTS[0], "max_tokens": 2}
     assert client.post("/v1/completions", json=body).status_code == 200
 

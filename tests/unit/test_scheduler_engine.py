@@ -173,6 +173,43 @@ def test_bad_requests_raise_clear_errors(engine_factory: Any) -> None:
     assert len(engine.generate(input_ids=[5, 6], sampling_params=GREEDY)["output_ids"]) == 12
 
 
+def test_token_ids_logprob_reports_the_named_ids(engine_factory: Any) -> None:
+    # SGLang's token_ids_logprob: meta_info["output_token_ids_logprobs"] holds, per output
+    # position, [logprob, token id, text] for each named id, in the order given.
+    engine = engine_factory()
+    wanted = [5, 9, 3]
+    prompt = prompts(1, seed=5)[0]
+    result = engine.generate(
+        input_ids=prompt,
+        sampling_params=GREEDY,
+        return_logprob=True,
+        logprob_start_len=0,
+        top_logprobs_num=1,
+        token_ids_logprob=wanted,
+    )
+    meta = result["meta_info"]
+    # Prompt positions too (input_token_ids_logprobs); the first token has none, as in SGLang.
+    inputs = meta["input_token_ids_logprobs"]
+    assert len(inputs) == len(prompt) and inputs[0] is None
+    for entries, (lp, tid, _) in zip(inputs[1:], meta["input_token_logprobs"][1:], strict=True):
+        assert [e[1] for e in entries] == wanted
+        assert all(abs(e[0] - lp) < 1e-5 for e in entries if e[1] == tid)
+    per_position = meta["output_token_ids_logprobs"]
+    assert len(per_position) == GREEDY["max_new_tokens"]
+    for entries, (chosen_lp, chosen, _), top in zip(
+        per_position, meta["output_token_logprobs"], meta["output_top_logprobs"], strict=True
+    ):
+        assert [e[1] for e in entries] == wanted
+        assert all(e[0] <= top[0][0] + 1e-5 for e in entries)  # none above the greedy top
+        for lp, tid, _ in entries:
+            if tid == chosen:
+                assert abs(lp - chosen_lp) < 1e-5
+    plain = engine.generate(input_ids=[5, 6], sampling_params=GREEDY, return_logprob=True)
+    assert "output_token_ids_logprobs" not in plain["meta_info"]
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.generate(input_ids=[5, 6], return_logprob=True, token_ids_logprob=[TINY_VOCAB])
+
+
 def test_input_logprobs_cover_the_prompt(engine_factory: Any) -> None:
     engine = engine_factory()
     prompt = prompts(1, seed=4)[0]

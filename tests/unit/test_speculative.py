@@ -477,12 +477,11 @@ def test_logprob_requests_are_drafted_with_their_logprobs(make: Any) -> None:
     spec = make(**NGRAM)
     inputs = prompts()[4:7]
     for params in (greedy(30), greedy(30, temperature=0.0, frequency_penalty=0.3)):
+        named = {"top_logprobs_num": 3, "token_ids_logprob": [5, 7]}
         want = plain.generate(
-            input_ids=inputs, sampling_params=params, return_logprob=True, top_logprobs_num=3
+            input_ids=inputs, sampling_params=params, return_logprob=True, **named
         )
-        got = spec.generate(
-            input_ids=inputs, sampling_params=params, return_logprob=True, top_logprobs_num=3
-        )
+        got = spec.generate(input_ids=inputs, sampling_params=params, return_logprob=True, **named)
         assert ids(got) == ids(want)
         assert sum(g["meta_info"]["spec_accept_token_num"] for g in got) > 0
         for g, w in zip(got, want, strict=True):
@@ -497,6 +496,12 @@ def test_logprob_requests_are_drafted_with_their_logprobs(make: Any) -> None:
             ):
                 assert [t[1] for t in gtop] == [t[1] for t in wtop]
                 assert [t[0] for t in gtop] == pytest.approx([t[0] for t in wtop], abs=1e-4)
+            # token_ids_logprob: the named ids' logprobs from the same rows.
+            gnamed, wnamed = gm["output_token_ids_logprobs"], wm["output_token_ids_logprobs"]
+            assert len(gnamed) == len(wnamed) == len(g["output_ids"])
+            for gpos, wpos in zip(gnamed, wnamed, strict=True):
+                assert [t[1] for t in gpos] == [t[1] for t in wpos] == [5, 7]
+                assert [t[0] for t in gpos] == pytest.approx([t[0] for t in wpos], abs=1e-4)
     assert_idle(spec)
 
 

@@ -142,8 +142,8 @@ def render_chat(
     allow_request_template: bool = False,
     add_generation_prompt: bool = True,
 ) -> list[int]:
-    """Prompt token ids for a chat request (`add_generation_prompt`: the assistant's turn
-    opened after the messages, unless the final message is continued)."""
+    """Prompt token ids for a chat request (`add_generation_prompt` False: /v1/tokenize's
+    option to render the messages alone)."""
     active = template if template is not None else getattr(tokenizer, "chat_template", None)
     messages = to_template_messages(req.messages, active if isinstance(active, str) else None)
     continue_final = bool(req.continue_final_message)

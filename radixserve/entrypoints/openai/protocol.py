@@ -222,17 +222,12 @@ class EmbeddingRequest(BaseModel):
 
 
 class TokenizeRequest(BaseModel):
-    """A prompt (or prompts) to tokenize, or, as SGLang and vLLM take it, chat `messages`
-    rendered by the chat template first (one of the two)."""
+    """A prompt (or prompts) to tokenize. Chat `messages` are read as a chat completion's
+    (serving_tokenize.py)."""
 
     model: str | None = None
-    prompt: str | list[str] | None = None
+    prompt: str | list[str]
     add_special_tokens: bool = True
-    messages: list[ChatMessage] | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    tools: list[dict[str, Any]] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(BaseModel):
@@ -261,6 +256,9 @@ class GenerateReqInput(RefusesUnimplementedFields):
     return_logprob: bool = False
     logprob_start_len: int | None = None
     top_logprobs_num: int | None = Field(default=None, ge=0)
+    # Token ids whose logprobs every output position reports (meta_info's
+    # output_token_ids_logprobs); checked by the tokenizer manager, which says what is wrong.
+    token_ids_logprob: Any = None
     return_text_in_logprobs: bool = False
     stream: bool = False
     rid: str | list[str] | None = None

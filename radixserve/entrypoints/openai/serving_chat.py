@@ -50,6 +50,30 @@ def _finish_reason(reason: str | None, made_tool_calls: bool) -> str | None:
     return "tool_calls" if made_tool_calls and reason == "stop" else reason
 
 
+# SGLang's DeltaMessage fields, serialized on every delta (null when unset; only its
+# hidden_states is dropped when empty): clients read delta.reasoning_content and friends
+# without a default.
+_DELTA_FIELDS = ("role", "content", "reasoning_content", "tool_calls")
+
+
+def _with_null_fields(delta: dict[str, Any]) -> dict[str, Any]:
+    return {**dict.fromkeys(_DELTA_FIELDS), **delta}
+
+
+def _check_max_completion_tokens(ctx: ServingContext, req: ChatCompletionRequest) -> None:
+    """A completion budget above the whole context can never be met: refuse it before
+    tokenizing, in SGLang's words (clients match on "max_completion_tokens is too large";
+    the missing space after the first period is SGLang's too)."""
+    max_out = req.max_completion_tokens or req.max_tokens
+    if max_out and max_out > ctx.context_len:
+        raise ApiError(
+            400,
+            f"max_completion_tokens is too large: {max_out}."
+            f"This model supports at most {ctx.context_len} completion tokens.",
+            param="max_completion_tokens" if req.max_completion_tokens else "max_tokens",
+        )
+
+
 def plan_chat(
     ctx: ServingContext, req: ChatCompletionRequest, response_id: str | None = None
 ) -> ChatPlan:
@@ -58,7 +82,7 @@ def plan_chat(
     if isinstance(req.lora_path, list):
         raise ApiError(400, "lora_path must be one adapter name for a chat.", param="lora_path")
     adapter = resolve_model_and_adapter(ctx, req.model, req.lora_path)
-    _check_max_tokens(ctx, req)
+    _check_max_completion_tokens(ctx, req)
     params = chat_sampling_params(req)
     try:
         output = plan_output(ctx.server_args, req)
@@ -81,20 +105,6 @@ def plan_chat(
     ]
     opts = LogprobOptions(return_logprob=req.logprobs, top_logprobs_num=req.top_logprobs or 0)
     return ChatPlan(req, rid, items, opts, output)
-
-
-def _check_max_tokens(ctx: ServingContext, req: ChatCompletionRequest) -> None:
-    """SGLang refuses a completion budget past the context before tokenizing, in these words
-    (clients and SGLang's tests match on them)."""
-    requested = req.max_completion_tokens or req.max_tokens
-    if requested is not None and requested > ctx.context_len:
-        param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
-        raise ApiError(
-            400,
-            f"max_completion_tokens is too large: {requested}. This model supports at most "
-            f"{ctx.context_len} completion tokens.",
-            param=param,
-        )
 
 
 def _response(ctx: ServingContext, plan: ChatPlan, results: Sequence[dict[str, Any]]) -> dict:
@@ -172,7 +182,7 @@ async def _stream_chunks(
             started[idx] = True
             role = {
                 "index": idx,
-                "delta": {"role": "assistant", "content": "", "reasoning_content": None},
+                "delta": _with_null_fields({"role": "assistant", "content": ""}),
                 "logprobs": None,
                 "finish_reason": None,
             }
@@ -188,9 +198,7 @@ async def _stream_chunks(
         delta = _delta(parsers[idx], text, finish.reason is not None)
         if not delta and logprobs is None and finish.reason is None:
             continue
-        # SGLang serializes reasoning_content on every delta, null when there is none: clients
-        # read delta.reasoning_content without a default.
-        delta.setdefault("reasoning_content", None)
+        delta = _with_null_fields(delta)
         made_calls = parsers[idx].made_tool_calls
         choice = {
             "index": idx,

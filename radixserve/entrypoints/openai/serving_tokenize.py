@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
@@ -12,35 +14,18 @@ from radixserve.entrypoints.openai.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from radixserve.entrypoints.request_body import read_model
-from radixserve.entrypoints.serving_context import get_ctx
+from radixserve.entrypoints.request_body import parse_model, read_json, read_model
+from radixserve.entrypoints.serving_context import ServingContext, get_ctx
 
 
 async def tokenize(request: Request) -> Response:
     ctx = get_ctx(request)
-    req = await read_model(request, TokenizeRequest)
+    body = await read_json(request)
+    if isinstance(body, dict) and "messages" in body:
+        return _tokenize_chat(ctx, body)
+    req = parse_model(TokenizeRequest, body)
     ctx.check_model(req.model)
     tok = ctx.require_tokenizer("Tokenization")
-    if (req.prompt is None) == (req.messages is None):
-        raise ApiError(400, "Give either prompt or messages to tokenize.", param="prompt")
-    if req.messages is not None:
-        # The chat completion's own prompt: the template writes its special tokens itself.
-        chat = ChatCompletionRequest.model_validate(
-            {
-                "messages": req.messages,
-                "tools": req.tools,
-                "continue_final_message": req.continue_final_message,
-                "chat_template_kwargs": req.chat_template_kwargs,
-            }
-        )
-        ids = render_chat(
-            tok,
-            chat,
-            ctx.chat_template,
-            allow_request_template=ctx.config.allow_request_chat_template,
-            add_generation_prompt=req.add_generation_prompt,
-        )
-        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": ctx.context_len})
 
     def encode(text: str) -> list[int]:
         return list(tok.encode(text, add_special_tokens=req.add_special_tokens))
@@ -52,6 +37,31 @@ async def tokenize(request: Request) -> Response:
         tokens = [encode(p) for p in req.prompt]
         count = [len(t) for t in tokens]
     return JSONResponse({"tokens": tokens, "count": count, "max_model_len": ctx.context_len})
+
+
+def _tokenize_chat(ctx: ServingContext, body: dict[str, Any]) -> Response:
+    """Chat `messages`: the prompt a chat completion with these messages would run (chat
+    template applied, tools and chat_template_kwargs included), as SGLang tokenizes it."""
+    if "prompt" in body:
+        raise ApiError(400, "Give either prompt or messages, not both.", param="messages")
+    fields = dict(body)
+    # The template writes the special tokens itself; add_special_tokens has nothing to add.
+    fields.pop("add_special_tokens", None)
+    add_generation_prompt = fields.pop("add_generation_prompt", True)
+    if not isinstance(add_generation_prompt, bool):
+        raise ApiError(
+            400, "add_generation_prompt must be a boolean.", param="add_generation_prompt"
+        )
+    req = parse_model(ChatCompletionRequest, fields)
+    ctx.check_model(req.model)
+    tokens = render_chat(
+        ctx.require_tokenizer("Tokenization"),
+        req,
+        ctx.chat_template,
+        allow_request_template=ctx.config.allow_request_chat_template,
+        add_generation_prompt=add_generation_prompt,
+    )
+    return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": ctx.context_len})
 
 
 async def detokenize(request: Request) -> Response:

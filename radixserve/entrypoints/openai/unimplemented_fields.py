@@ -44,7 +44,6 @@ GENERATE_FIELDS = (
     "audio_data",
     "mm_hashes",
     "modalities",
-    "token_ids_logprob",
     "return_sampling_mask",
     "return_indexer_topk",
     "return_entropy",
