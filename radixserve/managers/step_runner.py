@@ -135,7 +135,9 @@ class StepRunner:
         all its new tokens, for prompt logprobs."""
         input_ids: list[int] = []
         positions: list[int] = []
-        slots: list[torch.Tensor] = []
+        # (row, position) of every new token: its slot comes from one gather of the table
+        # below, instead of a read, clone and cat per request.
+        token_rows: list[int] = []
         logits_rows: list[int] = []
         sample_pos: list[int] = []
         input_rows: dict[int, list[int]] = {}
@@ -146,7 +148,7 @@ class StepRunner:
             fill = req.fill_ids
             input_ids.extend(fill[req.kv_len : req.kv_len + n])
             positions.extend(range(req.kv_len, req.kv_len + n))
-            slots.append(pool.read(req.req_pool_idx, req.kv_len, req.kv_len + n))
+            token_rows.extend([req.req_pool_idx] * n)
             reaches_end = req.kv_len + n == len(fill)
             if req.is_embedding:
                 if reaches_end:  # encoded as <= EMBED_POS_BASE: index into hidden_rows
@@ -170,7 +172,7 @@ class StepRunner:
             req_pool_indices=[r.req_pool_idx for r in batch.reqs],
             prefix_lens=[r.kv_len for r in batch.reqs],
             extend_lens=list(batch.extend_lens),
-            out_cache_loc=torch.cat(slots),
+            out_cache_loc=_gather_slots(pool.req_to_token, token_rows, positions),
             logits_rows=logits_rows,
             hidden_rows=tuple(hidden_rows),
             lora_ids=tuple(r.lora_id for r in batch.reqs) if self.runner.lora else (),
@@ -198,6 +200,14 @@ class StepRunner:
             req.input_token_logprobs.insert(0, (None, prompt[0]))
             if k:
                 req.input_top_logprobs.insert(0, None)
+
+
+def _gather_slots(table: torch.Tensor, rows: list[int], positions: list[int]) -> torch.Tensor:
+    """table[rows[i], positions[i]] for every i, as a fresh 1-D int64 tensor on the table's
+    device (advanced indexing copies, so later table writes do not change it)."""
+    idx_rows = torch.tensor(rows, dtype=torch.int64, device=table.device)
+    idx_pos = torch.tensor(positions, dtype=torch.int64, device=table.device)
+    return table[idx_rows, idx_pos]
 
 
 def _plain_greedy(reqs: Sequence[Req]) -> bool:
