@@ -1,7 +1,9 @@
 """Turns a ScheduledBatch into model inputs, runs the model and samples.
 
-The one place where request state becomes tensors for the model runner and the sampler, and
-where logits become per-request results.
+Where a scheduled (non-speculative) batch's request state becomes tensors for the model runner
+and the sampler, and where logits become per-request results. StepInputs is also built by the
+speculative worker, the EAGLE and draft-model drafters and bench_one_batch (issue 29 wants one
+builder).
 """
 
 from __future__ import annotations
