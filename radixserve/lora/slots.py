@@ -33,9 +33,6 @@ class AdapterSlots:
         self._clock = itertools.count(1)
         self._pinned: set[int] = set()  # never evicted (a pinned adapter)
 
-    def slot_of(self, uid: int) -> int | None:
-        return self._slot_of.get(uid)
-
     def resident(self) -> list[int]:
         return sorted(self._slot_of)
 

@@ -11,7 +11,7 @@ tokens owned by live requests == pool size, counted in whole pages.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -152,6 +152,31 @@ class KVManager:
             if slots is None:
                 return None
         self.req_to_token_pool.write(req.req_pool_idx, req.kv_len, slots)
+        return slots
+
+    def alloc_decode(self, reqs: Sequence[Req]) -> torch.Tensor | None:
+        """One slot for the next token of each running request, for the whole batch at once:
+        one gather of the last slots from the request table, one allocation, one indexed write
+        back (alloc_extend(req, 1) per request did a scalar read, a tensor conversion and a
+        row write each). Evicts from the cache if needed; None, allocating nothing, if the
+        slots do not fit even then."""
+        if not reqs:
+            return torch.empty(0, dtype=torch.int64)
+        table = self.req_to_token_pool.req_to_token
+        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
+        kv_lens = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
+        last = kv_lens - 1
+        # A request with no KV yet (kv_len 0) starts fresh: -1, as alloc_extend passes.
+        last_locs = table[rows.to(table.device), last.clamp(min=0).to(table.device)].cpu()
+        last_locs = torch.where(last >= 0, last_locs, -1).numpy()
+        slots = self.allocator.alloc_decode(last_locs)
+        if slots is None:
+            need = sum(self.tokens_needed(r, 1) for r in reqs)
+            self._evict(need - self.allocator.available_size())
+            slots = self.allocator.alloc_decode(last_locs)
+            if slots is None:
+                return None
+        self.req_to_token_pool.write_tokens(rows, kv_lens, slots)
         return slots
 
     def trim(self, req: Req, new_kv_len: int) -> None:

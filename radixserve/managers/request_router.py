@@ -35,10 +35,6 @@ class RequestRouter:
                 raise InvalidRequestError(f"Duplicate request id {rid!r}.", "rid")
             self.sinks[rid] = sink
 
-    def num_in_flight(self) -> int:
-        with self.lock:
-            return len(self.sinks)
-
     def new_call(self, request: Any) -> tuple[ControlCall, queue.Queue[Any]]:
         reply: queue.Queue[Any] = queue.Queue(maxsize=1)
         call = ControlCall(next(self.call_ids), request)

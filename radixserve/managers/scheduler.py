@@ -501,10 +501,14 @@ class Scheduler:
         return prefill
 
     def _alloc_decode_slots(self, widths: Sequence[int] | None = None) -> None:
+        if widths is None:
+            # Plain decode: one slot per request, allocated for the whole batch at once.
+            if self.kv.alloc_decode(self.running) is None:  # _reserve_decode_slots made room
+                raise RuntimeError("KV allocation failed for the decode batch after reserving")
+            return
+        # Speculative rounds take a different number of slots per request.
         for i, req in enumerate(self.running):
-            if (
-                self.kv.alloc_extend(req, 1 if widths is None else widths[i]) is None
-            ):  # _reserve_decode_slots made room
+            if self.kv.alloc_extend(req, widths[i]) is None:  # _reserve_decode_slots made room
                 raise RuntimeError(f"KV allocation failed for request {req.rid} after reserving")
 
     def _schedule_prefill(self) -> ScheduledBatch | None:

@@ -1,7 +1,9 @@
 """Turns a ScheduledBatch into model inputs, runs the model and samples.
 
-The one place where request state becomes tensors for the model runner and the sampler, and
-where logits become per-request results.
+Where a scheduled (non-speculative) batch's request state becomes tensors for the model runner
+and the sampler, and where logits become per-request results. StepInputs is also built by the
+speculative worker, the EAGLE and draft-model drafters and bench_one_batch (issue 29 wants one
+builder).
 """
 
 from __future__ import annotations
@@ -149,7 +151,9 @@ class StepRunner:
         all its new tokens, for prompt logprobs."""
         input_ids: list[int] = []
         positions: list[int] = []
-        slots: list[torch.Tensor] = []
+        # (row, position) of every new token: its slot comes from one gather of the table
+        # below, instead of a read, clone and cat per request.
+        token_rows: list[int] = []
         logits_rows: list[int] = []
         sample_pos: list[int] = []
         input_rows: dict[int, list[int]] = {}
@@ -160,7 +164,7 @@ class StepRunner:
             fill = req.fill_ids
             input_ids.extend(fill[req.kv_len : req.kv_len + n])
             positions.extend(range(req.kv_len, req.kv_len + n))
-            slots.append(pool.read(req.req_pool_idx, req.kv_len, req.kv_len + n))
+            token_rows.extend([req.req_pool_idx] * n)
             reaches_end = req.kv_len + n == len(fill)
             if req.is_embedding:
                 if reaches_end:  # encoded as <= EMBED_POS_BASE: index into hidden_rows
@@ -184,7 +188,7 @@ class StepRunner:
             req_pool_indices=[r.req_pool_idx for r in batch.reqs],
             prefix_lens=[r.kv_len for r in batch.reqs],
             extend_lens=list(batch.extend_lens),
-            out_cache_loc=torch.cat(slots),
+            out_cache_loc=_gather_slots(pool.req_to_token, token_rows, positions),
             logits_rows=logits_rows,
             hidden_rows=tuple(hidden_rows),
             lora_ids=tuple(r.lora_id for r in batch.reqs) if self.runner.lora else (),
@@ -218,6 +222,14 @@ class StepRunner:
                 req.input_top_logprobs.insert(0, None)
             if named:
                 req.input_token_ids_logprobs.insert(0, None)
+
+
+def _gather_slots(table: torch.Tensor, rows: list[int], positions: list[int]) -> torch.Tensor:
+    """table[rows[i], positions[i]] for every i, as a fresh 1-D int64 tensor on the table's
+    device (advanced indexing copies, so later table writes do not change it)."""
+    idx_rows = torch.tensor(rows, dtype=torch.int64, device=table.device)
+    idx_pos = torch.tensor(positions, dtype=torch.int64, device=table.device)
+    return table[idx_rows, idx_pos]
 
 
 def _plain_greedy(reqs: Sequence[Req]) -> bool:

@@ -85,6 +85,29 @@ class ReqToTokenPool:
         if self.on_write is not None:
             self.on_write(row, start)
 
+    def write_tokens(
+        self, rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
+    ) -> None:
+        """Store slots[i] at (rows[i], positions[i]) for every i in one indexed write (a decode
+        step's new tokens); rows must be held and positions inside the table."""
+        if not (rows.shape == positions.shape == slots.shape and rows.dim() == 1):
+            raise ValueError(
+                f"rows, positions and slots must be 1-D of one length, got "
+                f"{tuple(rows.shape)}, {tuple(positions.shape)}, {tuple(slots.shape)}"
+            )
+        if rows.numel() == 0:
+            return
+        row_list = rows.tolist()
+        for row in row_list:
+            self._check_row(row)
+        lo, hi = int(positions.min()), int(positions.max())
+        self._check_span(lo, hi + 1)
+        dev = self.req_to_token.device
+        self.req_to_token[rows.to(dev), positions.to(dev)] = slots.to(dev, torch.int64)
+        if self.on_write is not None:
+            for row, start in zip(row_list, positions.tolist(), strict=True):
+                self.on_write(row, start)
+
     def read(self, req_pool_idx: int, start: int, end: int) -> torch.Tensor:
         """A copy of positions [start, end) of the row (safe to keep across later writes)."""
         row = self._check_row(req_pool_idx)

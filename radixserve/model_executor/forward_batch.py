@@ -58,8 +58,10 @@ class ForwardBatch:
     seq_lens_cpu: list[int]
     extend_prefix_lens_cpu: list[int]
     extend_seq_lens_cpu: list[int]
-    # Which rows need logits: index of each request's last new token in the flattened batch.
-    logits_indices: torch.Tensor  # [batch_size] int64
+    # The flattened token rows whose logits are wanted (StepInputs.logits_rows): usually each
+    # request's last new token, every new token of a request that asks for prompt logprobs,
+    # none for a prefill chunk that does not reach the prompt's end; so not batch_size long.
+    logits_indices: torch.Tensor  # [len(logits_rows)] int64
     # EAGLE: the features an EAGLE draft head reads per token (the target's hidden states, or
     # the head's own from its previous step), [num_tokens, feature size].
     spec_hidden: torch.Tensor | None = None

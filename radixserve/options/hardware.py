@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_GIB = 1 << 30
 # cgroup v1 reports "no limit" as a huge number rather than "max".
 _NO_CGROUP_LIMIT = 1 << 60
 
@@ -157,7 +156,3 @@ def device_memory_bytes(device: str) -> int | None:
     if device == "cpu":
         return cpu_memory_bytes()
     return None
-
-
-def gib(num_bytes: int) -> float:
-    return num_bytes / _GIB

@@ -108,9 +108,6 @@ class ToolCallParser:
         """How much of the tail of `text` may be the beginning of a start marker."""
         return partial_suffix(text, self.start) if self.start else 0
 
-    def has_tool_call(self, text: str) -> bool:
-        return self.find_start(text) >= 0
-
     def parse(self, text: str, final: bool = True) -> ParseResult:
         raise NotImplementedError
 
