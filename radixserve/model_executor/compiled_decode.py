@@ -99,6 +99,17 @@ def pad_decode(step: StepInputs, bucket: int, spare_slot: int) -> StepInputs:
     )
 
 
+def _keep_eager(model: nn.Module) -> None:
+    """Modules whose forward must stay out of the compiled graph (`eager_under_compile`, e.g.
+    the MoE experts' data-dependent loop) run it eagerly, as a graph break."""
+    for module in model.modules():
+        if getattr(module, "eager_under_compile", False) and not getattr(
+            module, "_eager_wrapped", False
+        ):
+            module.forward = torch.compiler.disable(module.forward)
+            module._eager_wrapped = True
+
+
 def inductor_cache_dir() -> Path:
     """Where inductor keeps its compiled graphs and kernels: $TORCHINDUCTOR_CACHE_DIR when set,
     else `torch_compile` in radixserve's cache folder (RADIXSERVE_CACHE_DIR overrides it)."""
@@ -151,6 +162,7 @@ class CompiledDecode:
                 torch._dynamo.reset()
             self._compiled.clear()
             self._model = model
+            _keep_eager(model)
 
             def decode(
                 input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch

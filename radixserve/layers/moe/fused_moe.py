@@ -82,8 +82,11 @@ class FusedMoE(nn.Module):
 
     # Under --enable-torch-compile the data-dependent expert loop runs eagerly between
     # compiled graphs: traced, each new set of chosen experts recompiled the graph until
-    # dynamo's recompile limit gave up on it.
-    @torch.compiler.disable
+    # dynamo's recompile limit gave up on it. compiled_decode wraps forward in
+    # torch.compiler.disable for modules that say so; a decorator here would import dynamo
+    # (1.2 s) in every start, compiled or not.
+    eager_under_compile = True
+
     def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, experts = route(router_logits, self.router, hidden.dtype)
         if hidden.shape[0] == 1:
