@@ -152,10 +152,13 @@ def _remembered_build() -> ModuleType | None:
     whose self-test passed), or None when there is no such record or file."""
     import importlib.util
 
-    from radixserve.utils.startup_cache import key_of, read_record
-
     name = extension_name()
-    record = read_record(RECORD_KIND, key_of([name]))
+    try:
+        from radixserve.utils.startup_cache import key_of, read_record
+
+        record = read_record(RECORD_KIND, key_of([name]))
+    except ImportError:  # the install's background build runs before platformdirs is in
+        return None
     library = Path(str(record.get("library", ""))) if record else None
     if library is None or not library.is_file():
         return None
@@ -177,8 +180,10 @@ def _remembered_build() -> ModuleType | None:
 
 
 def _remember_build(module: ModuleType) -> None:
-    from radixserve.utils.startup_cache import key_of, write_record
-
+    try:
+        from radixserve.utils.startup_cache import key_of, write_record
+    except ImportError:  # see _remembered_build: the next load remembers it
+        return
     library = getattr(module, "__file__", None)
     if library:
         write_record(RECORD_KIND, key_of([extension_name()]), {"library": str(library)})
