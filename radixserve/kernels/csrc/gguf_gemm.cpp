@@ -373,12 +373,10 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.dim() == 2,
               "blocks must be a contiguous uint8 [N, bytes] tensor");
   const bool kquant = gguf::kquant_type(qtype);
-  TORCH_CHECK(qtype == kQ4_1 || qtype == kQ8_0 || kquant,
-              "GGML type ", qtype, " has no kernel in this build");
+  TORCH_CHECK(gguf::linear_type(qtype), "GGML type ", qtype, " has no kernel in this build");
   const int64_t m = x.size(0), k = x.size(1), n = out_features;
   TORCH_CHECK(k % kBlock == 0, "K must be a multiple of 32");
-  const int64_t expected_bytes = kquant ? gguf::kquant_row_bytes(qtype, k)
-                                        : k / kBlock * (qtype == kQ4_1 ? kQ4_1Bytes : kQ8_0Bytes);
+  const int64_t expected_bytes = gguf::linear_row_bytes(qtype, k);
   TORCH_CHECK(blocks.size(0) == n && blocks.size(1) == expected_bytes,
               "blocks do not match [N, K]");
   if (q8k_type(qtype) && m >= q8k_panel_min_rows()) {

@@ -102,13 +102,10 @@ at::Tensor gguf_linear_tiled(const at::Tensor& x, const at::Tensor& blocks, int6
   TORCH_CHECK(gguf_tiled_available(), "gguf_linear_tiled needs AVX2");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.stride(1) == 1,
               "x must be float32 [rows, K] with unit stride");
-  const bool kquant = gguf::kquant_type(qtype);
-  TORCH_CHECK(qtype == kQ4_1 || qtype == kQ8_0 || kquant,
-              "GGML type ", qtype, " has no kernel in this build");
+  TORCH_CHECK(gguf::linear_type(qtype), "GGML type ", qtype, " has no kernel in this build");
   const int64_t m = x.size(0), k = x.size(1), n = out_features;
   TORCH_CHECK(k % kBlockW == 0, "K must be a multiple of 32");
-  const int64_t expected_bytes = kquant ? gguf::kquant_row_bytes(qtype, k)
-                                        : k / kBlockW * (qtype == kQ4_1 ? kQ4_1Bytes : kQ8_0Bytes);
+  const int64_t expected_bytes = gguf::linear_row_bytes(qtype, k);
   TORCH_CHECK(blocks.is_contiguous() && blocks.size(0) == n && blocks.size(1) == expected_bytes,
               "blocks do not match [N, K]");
   auto out = at::empty({m, n}, x.options());

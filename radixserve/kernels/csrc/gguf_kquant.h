@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common.h"
+#include "gguf_blocks.h"
 #include "gguf_gemv.h"
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -26,6 +27,16 @@ constexpr int64_t kQ4_0 = 2, kQ5_0 = 6, kQ5_1 = 7, kQ3_K = 11, kQ4_K = 12, kQ5_K
 bool kquant_type(int64_t qtype);
 // Bytes of one row of K weights of a kquant_type.
 int64_t kquant_row_bytes(int64_t qtype, int64_t k);
+
+// The types gguf_linear multiplies natively (Q4_1, Q8_0 and the kquant_types), and the bytes
+// of one row of K weights of one of them: the checks every entry point on block weights makes.
+inline bool linear_type(int64_t qtype) {
+  return qtype == kQ4_1 || qtype == kQ8_0 || kquant_type(qtype);
+}
+inline int64_t linear_row_bytes(int64_t qtype, int64_t k) {
+  return kquant_type(qtype) ? kquant_row_bytes(qtype, k)
+                            : k / kBlock * (qtype == kQ4_1 ? kQ4_1Bytes : kQ8_0Bytes);
+}
 
 // A super-block's decoded group scales, kept between calls for its groups (one per column of
 // a panel being packed): K-quant scales are packed in bits, and decoding them for each of a

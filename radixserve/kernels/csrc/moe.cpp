@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "common.h"
-#include "gguf_blocks.h"
 #include "gguf_gemv.h"
 #include "gguf_kquant.h"
 #include "gguf_q8k.h"
@@ -66,11 +65,10 @@ struct Projection {
 Projection projection(const at::Tensor& blocks, int64_t qtype, int64_t k, const char* name) {
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 3 && blocks.is_contiguous(),
               name, " must be contiguous uint8 [experts, rows, bytes]");
-  TORCH_CHECK(qtype == gguf::kQ4_1 || qtype == gguf::kQ8_0 || gguf::kquant_type(qtype), name,
-              ": GGML type ", qtype, " has no kernel in this build");
-  const int64_t expected = gguf::kquant_type(qtype) ? gguf::kquant_row_bytes(qtype, k)
-                           : k / 32 * (qtype == gguf::kQ4_1 ? gguf::kQ4_1Bytes : gguf::kQ8_0Bytes);
-  TORCH_CHECK(blocks.size(2) == expected, name, " rows do not hold K = ", k, " weights");
+  TORCH_CHECK(gguf::linear_type(qtype), name, ": GGML type ", qtype,
+              " has no kernel in this build");
+  TORCH_CHECK(blocks.size(2) == gguf::linear_row_bytes(qtype, k), name, " rows do not hold K = ",
+              k, " weights");
   return {blocks.data_ptr<uint8_t>(), blocks.size(1) * blocks.size(2), blocks.size(2),
           blocks.size(1), qtype};
 }
