@@ -82,23 +82,25 @@ def chosen_logprobs(
     processed, temperature-scaled logits the row was sampled from."""
     if _BATCH_INVARIANT[0]:
         # Each row reduced alike at any batch size (see _BATCH_INVARIANT).
-        shifted = torch.log_softmax(scaled, dim=-1)
+        everything = torch.log_softmax(scaled, dim=-1)
+
+        def logprobs_at(ids: torch.Tensor) -> torch.Tensor:
+            return everything.gather(-1, ids)
     else:
         # Only the chosen (and top-k) entries are needed, so avoid materialising [B, V]
         # log-probs: logprob = logit - logsumexp(row).
-        shifted = None
         lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
-    if shifted is not None:
-        chosen = shifted.gather(-1, next_ids.unsqueeze(-1))
-    else:
-        chosen = scaled.gather(-1, next_ids.unsqueeze(-1)) - lse
+
+        def logprobs_at(ids: torch.Tensor) -> torch.Tensor:
+            return scaled.gather(-1, ids) - lse
+
+    chosen = logprobs_at(next_ids.unsqueeze(-1))
     logprobs = torch.nan_to_num(chosen.squeeze(-1), nan=_LOGPROB_FLOOR, neginf=_LOGPROB_FLOOR)
     top = None
     if top_logprobs_num > 0:
         k = min(top_logprobs_num, scaled.shape[-1])
-        values, ids = scaled.topk(k, dim=-1)
-        values = shifted.gather(-1, ids) if shifted is not None else values - lse
-        values = torch.nan_to_num(values, nan=_LOGPROB_FLOOR, neginf=_LOGPROB_FLOOR)
+        ids = scaled.topk(k, dim=-1).indices
+        values = torch.nan_to_num(logprobs_at(ids), nan=_LOGPROB_FLOOR, neginf=_LOGPROB_FLOOR)
         top = (values, ids)
     return SampleOutput(next_ids.to(torch.int64), logprobs, top, scaled)
 
