@@ -5,11 +5,13 @@ about ten Python module calls and dispatches; at batch sizes 1 to 8 those cost a
 of a ~20 ms decode step. llama_layer runs the same kernels in the same order, so its output is
 bitwise equal to the layer-by-layer fast path. It is used only where it can be: the C++ kernels
 are built, the batch runs on the CPU paged-attention backend, one tensor-parallel rank, SiLU MLP,
-no q/k norm, RoPE on every layer, full causal attention without soft-capping, block outputs
-joining the residual unscaled, and every projection is a float or GGUF-block weight. Layers that
-differ (Qwen3's and OLMo 2's q/k norms, SmolLM3's NoPE layers, Granite's residual_multiplier,
-Gemma's sliding windows and capped scores) run module by module, still on the fused norm,
-activation and RoPE + attention kernels where those apply.
+no q/k norm but per-head RMSNorms (Qwen3's), RoPE on every layer, full causal attention without
+soft-capping, block outputs joining the residual unscaled, every projection a float or
+GGUF-block weight, and a SiLU MLP or a MoE block on GGUF experts (layers/moe/fused_call.py;
+those two only in a LlamaLayerChain). Layers that differ (OLMo 2's full-width q/k norms,
+SmolLM3's NoPE layers, Granite's residual_multiplier, Gemma's capped scores, shared experts)
+run module by module, still on the fused norm, activation and RoPE + attention kernels where
+those apply.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from torch import nn
 from radixserve.kernels import ops
 from radixserve.layers.activation import SiluAndMul
 from radixserve.layers.attention.cpu_paged import CpuPagedAttnBackend
+from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.linear import LinearBase
+from radixserve.layers.moe import MoECallArgs, moe_call_args
 
 if TYPE_CHECKING:
     from radixserve.model_executor.forward_batch import ForwardBatch
@@ -59,19 +63,37 @@ def fusable(layer: LlamaDecoderLayer) -> bool:
     if not hasattr(layer.input_layernorm, "variance_epsilon"):
         return False  # no input norm (an EAGLE head's first layer): the kernel always has one
     eps = layer.input_layernorm.variance_epsilon
+    attn = layer.self_attn
     return (
         ops.using_cpp_kernels()
-        and layer.self_attn.q_norm is None
-        and layer.self_attn.rotary_emb is not None
+        and (attn.q_norm is None or _per_head_norms(attn) is not None)
+        and attn.rotary_emb is not None
         # The C++ layer's attention has no soft-capping; a sliding window it runs only for
         # batches that the window does not mask (FusedLayerArgs.window).
-        and layer.self_attn.attn.logit_cap is None
+        and attn.attn.logit_cap is None
         and layer.residual_multiplier == 1.0
-        # A MoE block (layers/moe/) has no act_fn: the C++ layer runs dense MLPs only.
-        and isinstance(getattr(layer.mlp, "act_fn", None), SiluAndMul)
+        # A dense SiLU MLP, or a MoE block the C++ layer runs (layers/moe/fused_call.py).
+        and (
+            isinstance(getattr(layer.mlp, "act_fn", None), SiluAndMul)
+            or moe_call_args(layer.mlp) is not None
+        )
         and layer.post_attention_layernorm.variance_epsilon == eps
         and fused_layer_args(layer) is not None
     )
+
+
+def _per_head_norms(attn: nn.Module) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+    """(q weight, k weight, eps) of per-head RMSNorms on q and k (Qwen3's), which the C++
+    layer applies as LlamaAttention._norm_heads does with the fast kernels; None for any other
+    q/k norm (OLMo 2's full-width ones, Gemma's offset weights)."""
+    q_norm, k_norm = attn.q_norm, attn.k_norm
+    if type(q_norm) is not RMSNorm or type(k_norm) is not RMSNorm:
+        return None
+    if q_norm.hidden_size != attn.head_dim or k_norm.hidden_size != attn.head_dim:
+        return None
+    if q_norm.variance_epsilon != k_norm.variance_epsilon:
+        return None
+    return q_norm.weight, k_norm.weight, q_norm.variance_epsilon
 
 
 class FusedLayerArgs(NamedTuple):
@@ -95,16 +117,32 @@ class FusedLayerArgs(NamedTuple):
     # The layer's sliding window (keys a token sees, its own included), None: all. The kernel
     # attends over every key, so it runs only batches whose sequences fit the window.
     window: int | None = None
+    # Per-head q/k RMSNorms (q weight, k weight, eps), and a MoE MLP in place of gate_up/down:
+    # set on a LlamaLayerChain after it is made (the per-layer llama_layer call has neither).
+    qk_norms: tuple[torch.Tensor, torch.Tensor, float] | None = None
+    moe: MoECallArgs | None = None
+
+    @property
+    def chain_only(self) -> bool:
+        """Whether only a LlamaLayerChain runs this layer (llama_layer cannot)."""
+        return self.qk_norms is not None or self.moe is not None
 
 
 def fused_layer_args(layer: LlamaDecoderLayer) -> FusedLayerArgs | None:
     attn = layer.self_attn
-    projections = [
-        _projection(p)
-        for p in (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
-    ]
+    moe = moe_call_args(layer.mlp)
+    linears = [attn.qkv_proj, attn.o_proj]
+    if moe is None:
+        linears += [layer.mlp.gate_up_proj, layer.mlp.down_proj]
+    projections = [_projection(p) for p in linears]
     if any(p is None for p in projections):
         return None
+    qk_norms = _per_head_norms(attn) if attn.q_norm is not None else None
+    if attn.q_norm is not None and qk_norms is None:
+        return None
+    # A MoE layer's MLP has no dense parts (kernels.h: part counts 0, set_moe).
+    mlp_parts = [([], [], _NO_BIAS)] * 2 if moe is not None else []
+    projections = projections + mlp_parts  # type: ignore[operator]
     rotary, radix = attn.rotary_emb, attn.attn
     return FusedLayerArgs(
         norms=[layer.input_layernorm.weight, layer.post_attention_layernorm.weight],
@@ -122,6 +160,8 @@ def fused_layer_args(layer: LlamaDecoderLayer) -> FusedLayerArgs | None:
         head_dim=radix.head_dim,
         scale=radix.scaling,
         window=radix.sliding_window,
+        qk_norms=qk_norms,
+        moe=moe,
     )
 
 
@@ -204,7 +244,7 @@ def run_fused_layer(
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The layer's (output, residual) in one kernel call, or None when this batch cannot take
     the fused path (the caller then runs the layer module by module)."""
-    if not _can_run_fused(hidden, residual, forward_batch, args.window):
+    if args.chain_only or not _can_run_fused(hidden, residual, forward_batch, args.window):
         return None
     return _call_fused(
         args, positions, hidden, residual, forward_batch, _paged_meta_list(forward_batch)
@@ -247,7 +287,18 @@ class LayerChainCache:
                 [a.head_dim for a in layer_args],
                 [a.scale for a in layer_args],
             )
+            if self._chain is not None:
+                _set_chain_extras(self._chain, layer_args)
         return self._chain
+
+
+def _set_chain_extras(chain: object, layer_args: Sequence[FusedLayerArgs]) -> None:
+    """The per-head q/k norms and MoE blocks, which the chain takes layer by layer."""
+    for i, args in enumerate(layer_args):
+        if args.qk_norms is not None:
+            chain.set_qk_norm(i, *args.qk_norms)  # type: ignore[attr-defined]
+        if args.moe is not None:
+            chain.set_moe(i, *args.moe)  # type: ignore[attr-defined]
 
 
 def run_fused_layers(
@@ -284,6 +335,8 @@ def run_fused_layers(
             forward_batch.req_to_token,
             meta,
         )
+    if any(args.chain_only for args in layer_args):
+        return None  # no chain was made: llama_layer alone cannot run these layers
     residual: torch.Tensor | None = None
     for args in layer_args:
         hidden, residual = _call_fused(args, positions, hidden, residual, forward_batch, meta)

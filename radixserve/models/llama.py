@@ -136,6 +136,10 @@ class LlamaAttention(nn.Module):
 
     def _norm_heads(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
         num_tokens = x.shape[0]
+        if getattr(norm, "use_fast_kernels", False):
+            # Rows of head_dim: the fused kernel takes 2-D input (and the one-call C++ layer
+            # normalizes heads the same way, layers/fused_decoder.py).
+            return norm(x.reshape(-1, self.head_dim)).reshape(num_tokens, -1)
         return norm(x.reshape(num_tokens, -1, self.head_dim)).reshape(num_tokens, -1)
 
     def forward(

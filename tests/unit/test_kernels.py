@@ -110,6 +110,7 @@ def _tiny_model(
         "llama": "LlamaForCausalLM",
         "qwen2": "Qwen2ForCausalLM",
         "qwen3": "Qwen3ForCausalLM",
+        "olmo2": "Olmo2ForCausalLM",
     }
     hf_config = tiny_hf_config(arch, architectures=[classes[arch]])
     config = ModelConfig.from_hf_config(hf_config, dtype=dtype)
@@ -206,7 +207,7 @@ def _quantize_tiny(model: torch.nn.Module) -> int:
 
 @pytest.mark.parametrize("fused", ["C++ chain", "Python chain", "per-layer"])
 @pytest.mark.parametrize("weights", ["float", "gguf"])
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_fused_layer_equals_module_by_module_fast_path(
     ext: object, arch: str, weights: str, fused: str
 ) -> None:
@@ -251,6 +252,8 @@ def test_fused_layer_equals_module_by_module_fast_path(
     # Every fusable layer of every step (three steps) took a fused call.
     if fused == "C++ chain":
         assert len(chain_calls) == 3 and not calls
+    elif arch == "qwen3":  # per-head q/k norms: a chain's alone, else module by module
+        assert not calls and not chain_calls
     else:
         fused_layers = len(layers) if fused == "Python chain" else len(layers) - 1
         assert len(calls) == 3 * fused_layers and not chain_calls
@@ -401,12 +404,15 @@ def test_layer_chain_follows_the_layers_arguments(ext: object) -> None:
 
 
 def test_fused_layer_not_used_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Qwen3's per-head q/k norms and a missing C++ build keep the module-by-module path."""
+    """OLMo 2's full-width q/k norms and a missing C++ build keep the module-by-module path
+    (Qwen3's per-head ones the C++ layer runs, in a chain only)."""
     from radixserve.layers.fused_decoder import fusable
     from radixserve.models.llama import LlamaDecoderLayer
 
+    olmo2, _ = _tiny_model("olmo2")
+    assert not any(fusable(m) for m in olmo2.modules() if isinstance(m, LlamaDecoderLayer))
     qwen3, _ = _tiny_model("qwen3")
-    assert not any(fusable(m) for m in qwen3.modules() if isinstance(m, LlamaDecoderLayer))
+    assert all(fusable(m) for m in qwen3.modules() if isinstance(m, LlamaDecoderLayer))
     llama, _ = _tiny_model("llama")
     monkeypatch.setattr(ops, "load_extension", lambda: None)
     use_fast_kernels(llama, True)

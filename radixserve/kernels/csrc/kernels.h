@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <memory>
 #include <vector>
 
 namespace radixserve {
@@ -49,6 +50,25 @@ at::Tensor half_weight_linear(const at::Tensor& x, const at::Tensor& w, const at
 bool half_weight_linear_available();
 int64_t bind_threads(const std::vector<int64_t>& cpus);
 
+// A mixture-of-experts MLP on GGUF expert blocks (moe_layer.cpp): the router (float or GGUF
+// weight [E, H]), softmax top-k routing and the chosen experts, as layers/moe/FusedMoE runs
+// it with the C++ kernels on (the same ATen and kernel calls in the same order: the same bits).
+struct MoEBlock {
+  at::Tensor router;
+  int64_t router_qtype = -1;  // -1: a float weight
+  int64_t top_k = 0;
+  bool renormalize = false;
+  std::vector<at::Tensor> gate_up;  // parts [E, rows, bytes], gate rows first
+  std::vector<int64_t> gate_up_qtypes;
+  at::Tensor down;  // [E, H, bytes]
+  int64_t down_qtype = 0;
+};
+// x [T, H] (the post-attention normed hidden) -> [T, H].
+at::Tensor moe_block_forward(const MoEBlock& moe, const at::Tensor& x);
+// x @ W^T (+ bias) for a float (qtype -1) or GGUF-block weight, as llama_layer projects.
+at::Tensor project_weight(const at::Tensor& x, const at::Tensor& weight, int64_t qtype,
+                          const at::Tensor& bias);
+
 // llama_layer's per-layer constants (norms, weights, rotary table, head shapes) for every
 // decoder layer of a model, held on the C++ side so a forward pass is one call from Python
 // (run) instead of one per layer with ~20 arguments each. run calls llama_layer layer by layer:
@@ -72,6 +92,15 @@ class LlamaLayerChain {
                               const at::Tensor& req_to_token,
                               const std::vector<at::Tensor>& meta) const;
   int64_t size() const { return static_cast<int64_t>(layers_.size()); }
+  // Layer i normalizes each query and key head (Qwen3's q_norm/k_norm, RMSNorm over head_dim)
+  // before RoPE.
+  void set_qk_norm(int64_t layer, const at::Tensor& q_norm, const at::Tensor& k_norm,
+                   double eps);
+  // Layer i's MLP is a mixture of experts (its gate_up/down part counts are 0).
+  void set_moe(int64_t layer, const at::Tensor& router, int64_t router_qtype, int64_t top_k,
+               bool renormalize, const std::vector<at::Tensor>& gate_up,
+               const std::vector<int64_t>& gate_up_qtypes, const at::Tensor& down,
+               int64_t down_qtype);
   // How many runs took the single-token path (run_single_row_chain): for tests and profiling.
   int64_t single_row_runs() const { return single_row_runs_.load(); }
 
@@ -89,6 +118,9 @@ class LlamaLayerChain {
     at::Tensor cos_sin;
     int64_t rot_dim = 0, heads = 0, kv_heads = 0, head_dim = 0;
     bool neox = false;
+    at::Tensor q_norm, k_norm;  // undefined: no per-head q/k norm
+    double qk_eps = 0.0;
+    std::shared_ptr<const MoEBlock> moe;  // null: the dense MLP of parts 2 and 3
   };
 
  private:

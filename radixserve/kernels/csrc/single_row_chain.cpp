@@ -138,6 +138,8 @@ bool single_row_chain_applies(const std::vector<LlamaLayerChain::Layer>& layers,
   const int64_t q_size = first.heads * first.head_dim, kv_size = first.kv_heads * first.head_dim;
   for (size_t i = 0; i < layers.size(); ++i) {
     const LlamaLayerChain::Layer& l = layers[i];
+    // Per-head q/k norms and MoE MLPs are llama_layer's alone (run_layer).
+    if (l.q_norm.defined() || l.moe) return false;
     if (l.heads != first.heads || l.kv_heads != first.kv_heads || l.head_dim != first.head_dim ||
         l.heads % l.kv_heads != 0) {
       return false;

@@ -80,6 +80,12 @@ class FusedMoE(nn.Module):
         target = target.narrow(0, 0 if part == "gate" else inter, inter)
         copy_checked(target, loaded_weight.narrow(0, start, inter))
 
+    def fused_call_allowed(self) -> bool:
+        """Whether the one-call C++ decoder layer may run this layer in its place
+        (layers/moe/fused_call.py): it routes and runs every expert on one rank and records
+        nothing."""
+        return self.tp_size == 1
+
     # Under --enable-torch-compile the data-dependent expert loop runs eagerly between
     # compiled graphs: traced, each new set of chosen experts recompiled the graph until
     # dynamo's recompile limit gave up on it. compiled_decode wraps forward in

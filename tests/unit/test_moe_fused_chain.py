@@ -1,0 +1,98 @@
+"""A Qwen3-MoE model on GGUF blocks (attention, router-free experts, per-head q/k norms) runs
+all its decoder layers in one C++ call (LlamaLayerChain with set_qk_norm/set_moe,
+kernels/csrc/moe_layer.cpp): the same calls as the module-by-module fast path, so the logits
+of prefill, mixed and decode steps, batch 1 (the one-token expert kernel) and batch 2 (tokens
+grouped by expert), are bitwise equal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixserve.kernels import build, ops
+from radixserve.kernels import gguf_types as gt
+from radixserve.layers.attention.cpu_paged import CpuPagedAttnBackend
+from radixserve.layers.fast_path import use_fast_kernels
+from radixserve.layers.moe import moe_call_args
+from radixserve.models.loader import load_model
+from radixserve.utils.cache_dir import CACHE_DIR_ENV
+from tests.helpers.family_check import require_hf_arch
+from tests.helpers.model_driver import ManualDriver
+from tests.helpers.tiny_gguf import write_block_moe_gguf
+from tests.helpers.tiny_models import tiny_hf_config, tiny_hf_model
+
+
+@pytest.fixture
+def moe_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    if build.load_extension() is None:
+        pytest.skip("C++ kernels unavailable")
+    require_hf_arch("qwen3_moe")
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
+    cfg = tiny_hf_config(
+        "qwen3_moe",
+        vocab_size=59,
+        hidden_size=256,
+        moe_intermediate_size=256,
+        head_dim=64,
+        norm_topk_prob=True,
+    )
+    types = {"ffn_gate_exps": gt.Q4_K, "ffn_up_exps": gt.Q8_0, "ffn_down_exps": gt.Q6_K}
+    return write_block_moe_gguf(tmp_path / "moe.gguf", tiny_hf_model(cfg), "qwen3moe", types, gt.Q4_K)
+
+
+def _steps(model: torch.nn.Module, config: object, fused: bool) -> list[torch.Tensor]:
+    driver = ManualDriver(model, config)
+    driver.backend = CpuPagedAttnBackend()
+    use_fast_kernels(model, True)
+    layers = model.model.layers
+    if not fused:
+        for layer in layers:
+            layer.fused_args = None
+    try:
+        return [
+            driver.forward([(0, [5, 6, 7, 8, 9, 10, 11]), (1, [3, 4])], all_logits=True),
+            driver.forward([(1, [12, 13, 14]), (0, [15])], all_logits=True),
+            driver.forward([(0, [16]), (1, [17])], decode=True),  # two rows: grouped experts
+            driver.forward([(0, [18])], decode=True),  # one row: the one-token kernel
+            driver.forward([(0, [19])], decode=True),
+        ]
+    finally:
+        use_fast_kernels(model, False)
+
+
+def test_moe_chain_equals_module_by_module(moe_file: Path) -> None:
+    loaded = load_model(str(moe_file), dtype="float32", gguf_blocks=True)
+    model = loaded.model
+    layers = model.model.layers
+    assert all(moe_call_args(layer.mlp) is not None for layer in layers)
+    chain_calls: list[int] = []
+    real_chain = ops.run_layer_chain
+    with torch.inference_mode():
+        want = _steps(model, loaded.config, fused=False)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ops, "run_layer_chain", lambda *a: chain_calls.append(1) or real_chain(*a))
+            got = _steps(model, loaded.config, fused=True)
+    assert len(chain_calls) == len(got)  # every step in one C++ call
+    assert all(layer.fused_args is None for layer in layers)  # switched off again
+    for w, g in zip(want, got, strict=True):
+        assert torch.equal(g, w)
+
+
+def test_moe_layers_the_chain_cannot_run_stay_module_by_module(moe_file: Path) -> None:
+    """Experts split over ranks, a sigmoid router or a shared expert: no C++ MoE call."""
+    from radixserve.layers.moe import Scoring
+
+    loaded = load_model(str(moe_file), dtype="float32", gguf_blocks=True)
+    block = loaded.model.model.layers[0].mlp
+    experts = block.experts
+    spec = experts.router
+    experts.router = spec._replace(scoring=Scoring.SIGMOID)
+    assert moe_call_args(block) is None
+    experts.router = spec
+    experts.tp_size = 2
+    assert moe_call_args(block) is None
+    experts.tp_size = 1
+    block.shared_expert = torch.nn.Identity()
+    assert moe_call_args(block) is None
