@@ -261,15 +261,19 @@ def test_fused_layer_equals_module_by_module_fast_path(
         assert torch.equal(g, w)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
-def test_single_token_chain_equals_module_by_module(ext: object, kv_dtype: torch.dtype) -> None:
+def test_single_token_chain_equals_module_by_module(
+    ext: object, kv_dtype: torch.dtype, arch: str
+) -> None:
     """One request's single new token (a decode step, a one-token extend, a one-token prompt)
     on GGUF weights runs every layer in one parallel region (single_row_chain.cpp): its logits
-    are bitwise those of the module-by-module fast path, with a float32 or bfloat16 KV cache."""
+    are bitwise those of the module-by-module fast path, with a float32 or bfloat16 KV cache,
+    and with Qwen3's per-head q/k norms."""
     from radixserve.mem_cache.kv_cache import KVCache
     from radixserve.models.llama import LlamaDecoderLayer
 
-    model, config = _tiny_model("llama")
+    model, config = _tiny_model(arch)
     assert _quantize_tiny(model) == 4 * config.num_hidden_layers
     layers = [m for m in model.modules() if isinstance(m, LlamaDecoderLayer)]
 

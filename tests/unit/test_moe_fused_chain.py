@@ -75,6 +75,9 @@ def test_moe_chain_equals_module_by_module(moe_file: Path) -> None:
             mp.setattr(ops, "run_layer_chain", lambda *a: chain_calls.append(1) or real_chain(*a))
             got = _steps(model, loaded.config, fused=True)
     assert len(chain_calls) == len(got)  # every step in one C++ call
+    # The two one-row decode steps ran every layer in the single-row regions (experts
+    # included), not llama_layer's kernel by kernel.
+    assert model.model._layer_chains.current.single_row_runs() == 2
     assert all(layer.fused_args is None for layer in layers)  # switched off again
     for w, g in zip(want, got, strict=True):
         assert torch.equal(g, w)

@@ -65,6 +65,13 @@ struct MoEBlock {
 };
 // x [T, H] (the post-attention normed hidden) -> [T, H].
 at::Tensor moe_block_forward(const MoEBlock& moe, const at::Tensor& x);
+// One float32 token's chosen experts in ascending id and their weights (FusedMoE._one_token's
+// order), from the same router and routing calls as moe_block_forward.
+struct TokenRoute {
+  std::vector<int64_t> experts;
+  std::vector<double> weights;
+};
+TokenRoute route_token(const MoEBlock& moe, const at::Tensor& x);
 // x @ W^T (+ bias) for a float (qtype -1) or GGUF-block weight, as llama_layer projects.
 at::Tensor project_weight(const at::Tensor& x, const at::Tensor& weight, int64_t qtype,
                           const at::Tensor& bias);

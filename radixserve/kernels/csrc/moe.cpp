@@ -47,16 +47,6 @@ void row_columns(const uint8_t* blocks, int64_t row_bytes, int64_t qtype,
   }
 }
 
-// out += y * weight, the product rounded first (no fused multiply-add: the Python loop's
-// `out += y * weight` rounds twice).
-__attribute__((optimize("fp-contract=off"))) void add_weighted(float* out, const float* y,
-                                                                 float weight, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const volatile float product = y[i] * weight;
-    out[i] += product;
-  }
-}
-
 struct Projection {
   const uint8_t* base;  // expert 0's blocks
   int64_t expert_bytes, row_bytes, rows, qtype;
@@ -74,6 +64,16 @@ Projection projection(const at::Tensor& blocks, int64_t qtype, int64_t k, const 
 }
 
 }  // namespace
+
+// out += y * weight, the product rounded first (no fused multiply-add: the Python loop's
+// `out += y * weight` rounds twice).
+__attribute__((optimize("fp-contract=off"))) void add_weighted_f32(float* out, const float* y,
+                                                                     float weight, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const volatile float product = y[i] * weight;
+    out[i] += product;
+  }
+}
 
 // x: [1, H] float32; experts / weights: the token's chosen experts (in the order to add them)
 // and their routing weights; gate_up: parts [E, rows_p, bytes] (rows summing to 2 * I, gate's
@@ -151,7 +151,7 @@ at::Tensor moe_token_gguf(const at::Tensor& x, const std::vector<int64_t>& exper
   auto out = at::zeros({1, hidden}, x.options());
   float* op = out.data_ptr<float>();
   for (int64_t j = 0; j < top_k; ++j) {
-    add_weighted(op, ys.data() + j * hidden, static_cast<float>(weights[j]), hidden);
+    add_weighted_f32(op, ys.data() + j * hidden, static_cast<float>(weights[j]), hidden);
   }
   return out;
 }

@@ -51,30 +51,49 @@ at::Tensor grouped(const MoEBlock& moe, const at::Tensor& x, const at::Tensor& w
 
 }  // namespace
 
-at::Tensor moe_block_forward(const MoEBlock& moe, const at::Tensor& x) {
-  TORCH_CHECK(x.dim() == 2, "x must be [tokens, hidden]");
+namespace {
+
+// layers/moe/router.py: float32 softmax over all experts, top k, optional renormalization,
+// weights back in the activations' dtype. Returns {weights, expert ids}, [T, k] each.
+std::pair<at::Tensor, at::Tensor> route_rows(const MoEBlock& moe, const at::Tensor& x) {
   const at::Tensor none = at::empty({0}, x.options());
   const at::Tensor logits = project_weight(x, moe.router, moe.router_qtype, none);
-  // layers/moe/router.py: float32 softmax over all experts, top k, optional renormalization,
-  // weights back in the activations' dtype.
   auto [top, chosen] = at::topk(at::softmax(logits, -1, at::kFloat), moe.top_k, -1);
   if (moe.renormalize) top = top / top.sum(-1, /*keepdim=*/true);
-  const at::Tensor weights = top.to(x.scalar_type());
+  return {top.to(x.scalar_type()), chosen};
+}
+
+TokenRoute sorted_route(const at::Tensor& weights, const at::Tensor& chosen, int64_t top_k) {
+  const at::Tensor ids = chosen.contiguous(), ws = weights.contiguous();
+  std::vector<std::pair<int64_t, double>> picked;
+  for (int64_t j = 0; j < top_k; ++j) {
+    picked.emplace_back(ids.data_ptr<int64_t>()[j], ws.data_ptr<float>()[j]);
+  }
+  std::sort(picked.begin(), picked.end());
+  TokenRoute route;
+  for (const auto& [e, w] : picked) {
+    route.experts.push_back(e);
+    route.weights.push_back(w);
+  }
+  return route;
+}
+
+}  // namespace
+
+TokenRoute route_token(const MoEBlock& moe, const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.size(0) == 1 && x.scalar_type() == at::kFloat,
+              "route_token takes one float32 row");
+  const auto [weights, chosen] = route_rows(moe, x);
+  return sorted_route(weights, chosen, moe.top_k);
+}
+
+at::Tensor moe_block_forward(const MoEBlock& moe, const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2, "x must be [tokens, hidden]");
+  const auto [weights, chosen] = route_rows(moe, x);
   if (x.size(0) == 1 && x.scalar_type() == at::kFloat && x.is_contiguous()) {
     // One token: its experts in ascending id, in one kernel call (FusedMoE._one_token).
-    const at::Tensor ids = chosen.contiguous(), ws = weights.contiguous();
-    std::vector<std::pair<int64_t, double>> picked;
-    for (int64_t j = 0; j < moe.top_k; ++j) {
-      picked.emplace_back(ids.data_ptr<int64_t>()[j], ws.data_ptr<float>()[j]);
-    }
-    std::sort(picked.begin(), picked.end());
-    std::vector<int64_t> expert_ids;
-    std::vector<double> expert_weights;
-    for (const auto& [e, w] : picked) {
-      expert_ids.push_back(e);
-      expert_weights.push_back(w);
-    }
-    return moe_token_gguf(x, expert_ids, expert_weights, moe.gate_up, moe.gate_up_qtypes,
+    const TokenRoute route = sorted_route(weights, chosen, moe.top_k);
+    return moe_token_gguf(x, route.experts, route.weights, moe.gate_up, moe.gate_up_qtypes,
                           moe.down, moe.down_qtype);
   }
   return grouped(moe, x, weights, chosen);

@@ -13,6 +13,8 @@ void add_rms_norm_row_f32(float* x, float* residual, const float* weight, int64_
 void rms_norm_row_f32(const float* x, const float* weight, float* out, int64_t d, float eps);
 // out[i] = silu(gate[i]) * up[i]; a span starting at a multiple of 8 of its row gives each
 // element what silu_and_mul gives it.
+// out += y * weight with the product rounded first (moe.cpp: the MoE expert sum).
+void add_weighted_f32(float* out, const float* y, float weight, int64_t n);
 void silu_mul_span_f32(const float* gate, const float* up, float* out, int64_t n);
 // One token: RoPE on q [heads * head_dim] and k [kv_heads * head_dim] in place (cos: the
 // token's row of the cos/sin table), then k and v stored into the KV rows given.

@@ -109,14 +109,86 @@ void gemv_parts(const std::vector<Part>& parts, const ChainInput& in, int64_t k,
   }
 }
 
+
+// Whether the region can run this MoE block's experts: GGUF block stacks of the chain's types,
+// gate|up [E, 2I, bytes of K = e], down [E, e, bytes of K = I], I a whole number of the down
+// input's blocks. (The router runs between regions, on any weight project_weight takes.)
+bool moe_applies(const MoEBlock& moe, int64_t e) {
+  const int64_t experts = moe.down.size(0);
+  int64_t rows = 0;
+  for (size_t p = 0; p < moe.gate_up.size(); ++p) {
+    const at::Tensor& w = moe.gate_up[p];
+    if (!is_block_type(moe.gate_up_qtypes[p]) || w.scalar_type() != at::kByte ||
+        !w.is_contiguous() || w.dim() != 3 || w.size(0) != experts ||
+        block_k(w.select(0, 0), moe.gate_up_qtypes[p]) != e) {
+      return false;
+    }
+    rows += w.size(1);
+  }
+  const at::Tensor& d = moe.down;
+  const int64_t inter = rows / 2;
+  const int64_t align = on_q8k(moe.down_qtype) ? 256 : gguf::kBlock;
+  return rows % 2 == 0 && inter > 0 && inter % align == 0 && is_block_type(moe.down_qtype) &&
+         d.scalar_type() == at::kByte && d.is_contiguous() && d.dim() == 3 && d.size(1) == e &&
+         block_k(d.select(0, 0), moe.down_qtype) == inter && moe.top_k >= 1;
+}
+
+// A MoE layer's expert stacks as raw pointers: expert x's part is base + x * expert_bytes.
+struct ExpertStacks {
+  std::vector<Part> gate_up;  // expert 0's parts
+  std::vector<int64_t> gate_up_expert_bytes;
+  Part down;
+  int64_t down_expert_bytes = 0, inter = 0;
+
+  explicit ExpertStacks(const MoEBlock& moe) {
+    for (size_t p = 0; p < moe.gate_up.size(); ++p) {
+      const at::Tensor& w = moe.gate_up[p];
+      gate_up.push_back({w.data_ptr<uint8_t>(), w.size(2), moe.gate_up_qtypes[p], w.size(1)});
+      gate_up_expert_bytes.push_back(w.size(1) * w.size(2));
+      inter += w.size(1);
+    }
+    inter /= 2;
+    const at::Tensor& d = moe.down;
+    down = {d.data_ptr<uint8_t>(), d.size(2), moe.down_qtype, d.size(1)};
+    down_expert_bytes = d.size(1) * d.size(2);
+  }
+  std::vector<Part> gate_up_of(int64_t expert) const {
+    std::vector<Part> parts = gate_up;
+    for (size_t p = 0; p < parts.size(); ++p) {
+      parts[p].weights += expert * gate_up_expert_bytes[p];
+    }
+    return parts;
+  }
+  Part down_of(int64_t expert) const {
+    Part part = down;
+    part.weights += expert * down_expert_bytes;
+    return part;
+  }
+};
+
+// Thread t's share of k experts' `width` columns each (columns j * width + c): each expert's
+// run of them through `run(j, lo, hi)`, lo and hi within the expert.
+template <typename Run>
+void expert_columns(int64_t k, int64_t width, int64_t t, int64_t team, const Run& run) {
+  const auto [b, end] = share(k * width, t, team, 4);
+  for (int64_t c = b; c < end;) {
+    const int64_t j = c / width, lo = c % width, hi = std::min(width, lo + end - c);
+    run(j, lo, hi);
+    c += hi - lo;
+  }
+}
+
 // One layer's raw pointers for the region.
 struct LayerPointers {
   std::vector<Part> parts[4];
   ChainInput inputs[4];  // of qkv (the normed hidden), o (attention), gate_up, down
   const float *norm_in, *norm_post, *cos;
+  const float *q_norm = nullptr, *k_norm = nullptr;  // per-head q/k RMSNorm weights
   void *k_row, *v_row;  // the new token's KV rows
   const void *k_cache, *v_cache;
-  float eps, scale;
+  float eps, scale, qk_eps = 0.0f;
+  int64_t inter = 0;  // the dense MLP's intermediate size (0 for a MoE layer)
+  std::shared_ptr<const ExpertStacks> experts;  // a MoE layer's
 };
 
 }  // namespace
@@ -138,8 +210,11 @@ bool single_row_chain_applies(const std::vector<LlamaLayerChain::Layer>& layers,
   const int64_t q_size = first.heads * first.head_dim, kv_size = first.kv_heads * first.head_dim;
   for (size_t i = 0; i < layers.size(); ++i) {
     const LlamaLayerChain::Layer& l = layers[i];
-    // Per-head q/k norms and MoE MLPs are llama_layer's alone (run_layer).
-    if (l.q_norm.defined() || l.moe) return false;
+    if (l.q_norm.defined() && (!is_float_vector(l.q_norm, l.head_dim) ||
+                               !is_float_vector(l.k_norm, l.head_dim))) {
+      return false;
+    }
+    if (l.moe && !moe_applies(*l.moe, e)) return false;
     if (l.heads != first.heads || l.kv_heads != first.kv_heads || l.head_dim != first.head_dim ||
         l.heads % l.kv_heads != 0) {
       return false;
@@ -167,8 +242,9 @@ bool single_row_chain_applies(const std::vector<LlamaLayerChain::Layer>& layers,
         if (block_k(l.weights[i], l.qtypes[i]) != widths[p]) return false;
       }
     }
-    if (rows[kQKV] != q_size + 2 * kv_size || rows[kO] != e || rows[kGateUp] != 2 * inter ||
-        rows[kDown] != e || inter % (down_int8 ? 256 : gguf::kBlock) != 0) {
+    if (rows[kQKV] != q_size + 2 * kv_size || rows[kO] != e) return false;
+    if (!l.moe && (rows[kGateUp] != 2 * inter || rows[kDown] != e || inter == 0 ||
+                   inter % (down_int8 ? 256 : gguf::kBlock) != 0)) {
       return false;
     }
     if (!is_float_vector(l.norms[0], e) || !is_float_vector(l.norms[1], e) ||
@@ -199,11 +275,6 @@ std::vector<at::Tensor> run_single_row_chain(const std::vector<LlamaLayerChain::
   const int64_t e = hidden.size(1), heads = first.heads, kv_heads = first.kv_heads;
   const int64_t head_dim = first.head_dim, rot_dim = first.rot_dim;
   const int64_t q_size = heads * head_dim, kv_size = kv_heads * head_dim;
-  int64_t gate_up_rows = 0;
-  for (int64_t i = first.first_part(kGateUp); i < first.first_part(kGateUp) + first.part_counts[kGateUp]; ++i) {
-    gate_up_rows += first.weights[i].size(0);
-  }
-  const int64_t inter = gate_up_rows / 2;
   const int64_t n_layers = static_cast<int64_t>(layers.size());
   // Everything that can fail is checked here, before the region (nothing may throw inside it).
   const int64_t pos = first_value(positions), slot = first_value(slots);
@@ -217,6 +288,7 @@ std::vector<at::Tensor> run_single_row_chain(const std::vector<LlamaLayerChain::
   const bool bf16_cache = k_caches[0].scalar_type() == at::kBFloat16;
   const int64_t elem = bf16_cache ? 2 : 4;
   std::vector<LayerPointers> ptrs(n_layers);
+  int64_t max_inter = 0, max_top_k = 0, max_moe_inter = 0;
   for (int64_t i = 0; i < n_layers; ++i) {
     const LlamaLayerChain::Layer& l = layers[i];
     TORCH_CHECK(pos >= 0 && pos < l.cos_sin.size(0), "position out of the RoPE table");
@@ -224,16 +296,33 @@ std::vector<at::Tensor> run_single_row_chain(const std::vector<LlamaLayerChain::
                     k_caches[i].size(0) > slot,
                 "KV caches differ between layers");
     LayerPointers& p = ptrs[i];
-    const int64_t widths[4] = {e, q_size, e, inter};
     for (int w = 0; w < 4; ++w) {
       for (int64_t j = l.first_part(w); j < l.first_part(w) + l.part_counts[w]; ++j) {
         p.parts[w].push_back({l.weights[j].data_ptr<uint8_t>(), l.weights[j].size(1), l.qtypes[j],
                               l.weights[j].size(0)});
       }
-      p.inputs[w].size_for(p.parts[w], widths[w]);
     }
+    if (l.moe) {
+      p.experts = std::make_shared<const ExpertStacks>(*l.moe);
+      p.inputs[kGateUp].size_for(p.experts->gate_up, e);  // each expert's gate|up input
+      max_top_k = std::max(max_top_k, l.moe->top_k);
+      max_moe_inter = std::max(max_moe_inter, p.experts->inter);
+    } else {
+      for (const Part& part : p.parts[kGateUp]) p.inter += part.rows;
+      p.inter /= 2;
+      max_inter = std::max(max_inter, p.inter);
+      p.inputs[kGateUp].size_for(p.parts[kGateUp], e);
+      p.inputs[kDown].size_for(p.parts[kDown], p.inter);
+    }
+    p.inputs[kQKV].size_for(p.parts[kQKV], e);
+    p.inputs[kO].size_for(p.parts[kO], q_size);
     p.norm_in = l.norms[0].data_ptr<float>();
     p.norm_post = l.norms[1].data_ptr<float>();
+    if (l.q_norm.defined()) {
+      p.q_norm = l.q_norm.data_ptr<float>();
+      p.k_norm = l.k_norm.data_ptr<float>();
+      p.qk_eps = static_cast<float>(l.qk_eps);
+    }
     p.cos = l.cos_sin.data_ptr<float>() + pos * rot_dim;
     p.k_cache = k_caches[i].data_ptr();
     p.v_cache = v_caches[i].data_ptr();
@@ -245,80 +334,153 @@ std::vector<at::Tensor> run_single_row_chain(const std::vector<LlamaLayerChain::
   // The residual starts as the embeddings (llama_layer's first layer: residual = hidden).
   at::Tensor residual = hidden.clone();
   at::Tensor out = at::empty({1, e}, hidden.options());  // each layer's MLP output
+  // The post-attention normed hidden: a tensor, as a MoE router reads it between regions
+  // through the same call as run_layer (and so with the same alignment).
+  at::Tensor mid_row = at::empty({1, e}, hidden.options());
   float* res = residual.data_ptr<float>();
   float* h = out.data_ptr<float>();
-  std::vector<float> normed(e), qkv(q_size + 2 * kv_size), attn(q_size), mid(e);
-  std::vector<float> gate_up(2 * inter), act(inter);
+  float* mid = mid_row.data_ptr<float>();
+  std::vector<float> normed(e), qkv(q_size + 2 * kv_size), attn(q_size);
+  std::vector<float> gate_up(std::max(2 * max_inter, max_top_k * 2 * max_moe_inter));
+  std::vector<float> act(std::max(max_inter, max_top_k * max_moe_inter));
+  std::vector<float> expert_out(max_top_k * e);
+  std::vector<ChainInput> expert_in(max_top_k);  // each chosen expert's down input
   // llama_layer's attention items for one token: one per KV head (all heads in one when there
   // is a single KV head).
   const int64_t items = kv_heads > 1 ? kv_heads : 1;
   std::unique_ptr<std::atomic<int64_t>[]> next_item(new std::atomic<int64_t>[n_layers]);
   for (int64_t i = 0; i < n_layers; ++i) next_item[i].store(0);
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+
+  // A MoE layer's router is an ATen call (as in run_layer, for the same bits), which cannot run
+  // inside the region: the region stops after that layer's post-attention norm, the router
+  // runs, and the next region starts with the layer's experts. `start`: the first layer whose
+  // attention the next region runs; `routed`: the MoE layer whose experts it runs first.
+  int64_t start = 0, routed = -1;
+  TokenRoute route;
+  for (;;) {
+    int64_t stop = n_layers;  // the MoE layer this region stopped at, for its router
 #pragma omp parallel num_threads(threads)
-  {
-    const int64_t t = omp_get_thread_num(), team = omp_get_num_threads();
-    for (int64_t i = 0; i < n_layers; ++i) {
-      const LayerPointers& p = ptrs[i];
-      if (t == 0) {  // input norm (with the residual add after the first layer), quantized
-        float* x = normed.data();
-        if (i == 0) {
-          rms_norm_row_f32(res, p.norm_in, x, e, p.eps);
-        } else {
-          add_rms_norm_row_f32(h, res, p.norm_in, e, p.eps);
-          x = h;
+    {
+      const int64_t t = omp_get_thread_num(), team = omp_get_num_threads();
+      if (routed >= 0) {  // the routed layer's experts: moe_token_gguf's arithmetic
+        const ExpertStacks& ex = *ptrs[routed].experts;
+        const ChainInput& x_in = ptrs[routed].inputs[kGateUp];
+        const int64_t k = static_cast<int64_t>(route.experts.size()), inter = ex.inter;
+        expert_columns(k, 2 * inter, t, team, [&](int64_t j, int64_t lo, int64_t hi) {
+          gemv_parts(ex.gate_up_of(route.experts[j]), x_in, e, gate_up.data() + j * 2 * inter,
+                     lo, hi);
+        });
+#pragma omp barrier
+        for (int64_t j = t; j < k; j += team) {
+          float* a = act.data() + j * inter;
+          const float* g = gate_up.data() + j * 2 * inter;
+          silu_mul_span_f32(g, g + inter, a, inter);
+          expert_in[j].quantize(a, inter, 0, inter);
         }
-        ptrs[i].inputs[kQKV].quantize(x, e, 0, e);
+#pragma omp barrier
+        expert_columns(k, e, t, team, [&](int64_t j, int64_t lo, int64_t hi) {
+          gemv_parts({ex.down_of(route.experts[j])}, expert_in[j], inter,
+                     expert_out.data() + j * e, lo, hi);
+        });
+#pragma omp barrier
+        if (t == 0) {
+          std::fill(h, h + e, 0.0f);
+          for (int64_t j = 0; j < k; ++j) {
+            add_weighted_f32(h, expert_out.data() + j * e, static_cast<float>(route.weights[j]),
+                             e);
+          }
+        }
       }
+      for (int64_t i = start; i < n_layers; ++i) {
+        const LayerPointers& p = ptrs[i];
+        if (t == 0) {  // input norm (with the residual add after the first layer), quantized
+          float* x = normed.data();
+          if (i == 0) {
+            rms_norm_row_f32(res, p.norm_in, x, e, p.eps);
+          } else {
+            add_rms_norm_row_f32(h, res, p.norm_in, e, p.eps);
+            x = h;
+          }
+          ptrs[i].inputs[kQKV].quantize(x, e, 0, e);
+        }
 #pragma omp barrier
-      {
-        const auto [b, end] = share(q_size + 2 * kv_size, t, team, 4);
-        gemv_parts(p.parts[kQKV], p.inputs[kQKV], e, qkv.data(), b, end);
+        {
+          const auto [b, end] = share(q_size + 2 * kv_size, t, team, 4);
+          gemv_parts(p.parts[kQKV], p.inputs[kQKV], e, qkv.data(), b, end);
+        }
+#pragma omp barrier
+        if (t == 0) {
+          float* q = qkv.data();
+          if (p.q_norm != nullptr) {  // each head normalized in place (rms_norm's rows)
+            for (int64_t hd = 0; hd < heads; ++hd) {
+              float* row = q + hd * head_dim;
+              rms_norm_row_f32(row, p.q_norm, row, head_dim, p.qk_eps);
+            }
+            for (int64_t hd = 0; hd < kv_heads; ++hd) {
+              float* row = q + q_size + hd * head_dim;
+              rms_norm_row_f32(row, p.k_norm, row, head_dim, p.qk_eps);
+            }
+          }
+          rope_store_token_f32(q, q + q_size, q + q_size + kv_size, p.cos, heads, kv_heads,
+                               head_dim, rot_dim, layers[i].neox, p.k_row, p.v_row, bf16_cache);
+        }
+#pragma omp barrier
+        for (int64_t it = next_item[i].fetch_add(1); it < items; it = next_item[i].fetch_add(1)) {
+          const int64_t h0 = kv_heads > 1 ? it : 0, h1 = kv_heads > 1 ? it + 1 : kv_heads;
+          decode_attention_heads(qkv.data(), p.k_cache, p.v_cache, bf16_cache, kv_heads,
+                                 head_dim, token_row, prefix, heads, h0, h1, p.scale,
+                                 attn.data());
+        }
+#pragma omp barrier
+        if (t == 0) ptrs[i].inputs[kO].quantize(attn.data(), q_size, 0, q_size);
+#pragma omp barrier
+        {
+          const auto [b, end] = share(e, t, team, 4);
+          gemv_parts(p.parts[kO], p.inputs[kO], q_size, mid, b, end);
+        }
+#pragma omp barrier
+        if (t == 0) {  // post-attention norm with the residual add, quantized
+          add_rms_norm_row_f32(mid, res, p.norm_post, e, p.eps);
+          ptrs[i].inputs[kGateUp].quantize(mid, e, 0, e);
+        }
+        if (p.experts) {  // every thread stops here; the region's end is the barrier
+          if (t == 0) stop = i;
+          break;
+        }
+#pragma omp barrier
+        {
+          // Gate and up columns [j0, j1) on the same thread, so it can apply SiLU and quantize
+          // those blocks of the activation itself (j0, j1 multiples of the down input's block).
+          const int64_t inter = p.inter;
+          ChainInput& down_in = ptrs[i].inputs[kDown];
+          const auto [j0, j1] = share(inter, t, team, down_in.align());
+          gemv_parts(p.parts[kGateUp], p.inputs[kGateUp], e, gate_up.data(), j0, j1);
+          gemv_parts(p.parts[kGateUp], p.inputs[kGateUp], e, gate_up.data(), inter + j0,
+                     inter + j1);
+          silu_mul_span_f32(gate_up.data() + j0, gate_up.data() + inter + j0, act.data() + j0,
+                            j1 - j0);
+          down_in.quantize(act.data(), inter, j0, j1);
+        }
+#pragma omp barrier
+        {
+          const auto [b, end] = share(e, t, team, 4);
+          gemv_parts(p.parts[kDown], p.inputs[kDown], p.inter, h, b, end);
+        }
+#pragma omp barrier
       }
-#pragma omp barrier
-      if (t == 0) {
-        float* q = qkv.data();
-        rope_store_token_f32(q, q + q_size, q + q_size + kv_size, p.cos, heads, kv_heads,
-                             head_dim, rot_dim, layers[i].neox, p.k_row, p.v_row, bf16_cache);
-      }
-#pragma omp barrier
-      for (int64_t it = next_item[i].fetch_add(1); it < items; it = next_item[i].fetch_add(1)) {
-        const int64_t h0 = kv_heads > 1 ? it : 0, h1 = kv_heads > 1 ? it + 1 : kv_heads;
-        decode_attention_heads(qkv.data(), p.k_cache, p.v_cache, bf16_cache, kv_heads, head_dim,
-                               token_row, prefix, heads, h0, h1, p.scale, attn.data());
-      }
-#pragma omp barrier
-      if (t == 0) ptrs[i].inputs[kO].quantize(attn.data(), q_size, 0, q_size);
-#pragma omp barrier
-      {
-        const auto [b, end] = share(e, t, team, 4);
-        gemv_parts(p.parts[kO], p.inputs[kO], q_size, mid.data(), b, end);
-      }
-#pragma omp barrier
-      if (t == 0) {  // post-attention norm with the residual add, quantized
-        add_rms_norm_row_f32(mid.data(), res, p.norm_post, e, p.eps);
-        ptrs[i].inputs[kGateUp].quantize(mid.data(), e, 0, e);
-      }
-#pragma omp barrier
-      {
-        // Gate and up columns [j0, j1) on the same thread, so it can apply SiLU and quantize
-        // those blocks of the activation itself (j0, j1 multiples of the down input's block).
-        ChainInput& down_in = ptrs[i].inputs[kDown];
-        const auto [j0, j1] = share(inter, t, team, down_in.align());
-        gemv_parts(p.parts[kGateUp], p.inputs[kGateUp], e, gate_up.data(), j0, j1);
-        gemv_parts(p.parts[kGateUp], p.inputs[kGateUp], e, gate_up.data(), inter + j0,
-                   inter + j1);
-        silu_mul_span_f32(gate_up.data() + j0, gate_up.data() + inter + j0, act.data() + j0,
-                          j1 - j0);
-        down_in.quantize(act.data(), inter, j0, j1);
-      }
-#pragma omp barrier
-      {
-        const auto [b, end] = share(e, t, team, 4);
-        gemv_parts(p.parts[kDown], p.inputs[kDown], inter, h, b, end);
-      }
-#pragma omp barrier
     }
+    if (stop == n_layers) break;
+    route = route_token(*layers[stop].moe, mid_row);
+    const ExpertStacks& ex = *ptrs[stop].experts;
+    for (size_t j = 0; j < route.experts.size(); ++j) {
+      TORCH_CHECK(route.experts[j] >= 0 && route.experts[j] < layers[stop].moe->down.size(0),
+                  "expert id out of range");
+      expert_in[j] = ChainInput{};
+      expert_in[j].size_for({ex.down}, ex.inter);
+    }
+    routed = stop;
+    start = stop + 1;
   }
   return {out, residual};
 }
