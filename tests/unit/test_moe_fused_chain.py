@@ -39,7 +39,9 @@ def moe_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         norm_topk_prob=True,
     )
     types = {"ffn_gate_exps": gt.Q4_K, "ffn_up_exps": gt.Q8_0, "ffn_down_exps": gt.Q6_K}
-    return write_block_moe_gguf(tmp_path / "moe.gguf", tiny_hf_model(cfg), "qwen3moe", types, gt.Q4_K)
+    return write_block_moe_gguf(
+        tmp_path / "moe.gguf", tiny_hf_model(cfg), "qwen3moe", types, gt.Q4_K
+    )
 
 
 def _steps(model: torch.nn.Module, config: object, fused: bool) -> list[torch.Tensor]:
