@@ -298,6 +298,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Model: {cost.params / 1e6:.1f}M parameters, {cost.weight_bytes / 2**20:.1f} MiB of "
         f"weights ({cost.dtype}), KV {cost.kv_bytes_per_token} bytes per token"
     )
+    if cost.expert_layers:  # what one token reads: its top-k experts of each MoE layer
+        print(
+            f"Active per token: {cost.active_params / 1e6:.1f}M parameters, "
+            f"{cost.active_bytes / 2**20:.1f} MiB"
+        )
     rng = np.random.default_rng(server_args.random_seed)
     high = min(runner.model_config.vocab_size, 10000)
     print("Warmup ...")

@@ -45,7 +45,9 @@ def estimate_serving_shares(
     batch = max(float(result["concurrency"]), 1.0)
     mean_in = result["total_input_tokens"] / completed
     mean_out = result["total_output_tokens"] / completed
-    bytes_per_output_token = cost.weight_bytes / batch + cost.kv_bytes_per_token * (
+    # A decode step of `batch` requests reads the weights once (MoE: the experts they chose).
+    step_weights = cost.weights_read(max(round(batch), 1))
+    bytes_per_output_token = step_weights / batch + cost.kv_bytes_per_token * (
         mean_in + mean_out / 2
     )
     compute = ceiling_shares(

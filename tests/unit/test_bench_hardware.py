@@ -168,3 +168,39 @@ def test_model_cost_counts_gguf_blocks_not_freed_float_weights() -> None:
     cost = ModelCost.from_model(model, config, torch.float32)
     assert cost.body_params == 64 * 32 and cost.body_bytes == 64 * 20
     assert cost.lm_head_params == 100 * 32 and cost.lm_head_bytes == 100 * 34
+
+
+def test_model_cost_of_routed_experts() -> None:
+    """A MoE layer's experts count per expert: one token's flops and bytes are its top_k
+    experts', a step's bytes the distinct experts its tokens read (exactly k for one token;
+    never more than all of them)."""
+    from radixserve.layers.moe import FusedMoE, RouterSpec
+
+    model = TinyModel(True)
+    model.experts = FusedMoE(8, 16, 32, RouterSpec(top_k=2))  # 8 experts of 3 x 16 x 32
+    cost = ModelCost.from_model(model, CONFIG, torch.float32)
+    per_expert = 3 * 16 * 32
+    assert cost.body_params == 256  # the experts' stacks are not dense parameters
+    (layer,) = cost.expert_layers
+    assert (layer.params_per_expert, layer.bytes_per_expert) == (per_expert, per_expert * 4)
+    assert cost.params == 256 + 1600 + 8 * per_expert
+    assert cost.active_params == 256 + 1600 + 2 * per_expert
+    assert cost.active_bytes == 4 * cost.active_params
+    one = cost.decode_step([3])
+    assert one.flops == 2 * (256 + 2 * per_expert) + 2 * 1600 + 128 * 4
+    assert one.bytes == (256 + 1600 + 2 * per_expert) * 4 + 4 * 128
+    many = cost.decode_step([3] * 64)
+    experts_read = (many.bytes - (256 + 1600) * 4 - 64 * 4 * 128) / (per_expert * 4)
+    assert 7.9 < experts_read <= 8
+
+
+def test_model_cost_from_config_of_a_moe() -> None:
+    """A MoE config's MLP is its experts: top_k of them per token."""
+    config = SimpleNamespace(
+        **vars(CONFIG), num_experts=8, num_experts_per_tok=2, moe_intermediate_size=8
+    )
+    cost = ModelCost.from_config(config, torch.float32)
+    attn = 16 * 4 * (2 * 4 + 2 * 2)
+    assert cost.body_params == 2 * (attn + 2 * 16) + 16
+    assert len(cost.expert_layers) == 2
+    assert cost.active_params == cost.body_params + cost.lm_head_params + 2 * 2 * 3 * 16 * 8
