@@ -15,6 +15,7 @@ from radixserve.kernels import build, ops
 from radixserve.kernels import gguf_types as gt
 from radixserve.layers.attention.cpu_paged import CpuPagedAttnBackend
 from radixserve.layers.fast_path import use_fast_kernels
+from radixserve.layers.kquant_paths import KQUANT_INT8_ENV
 from radixserve.layers.moe import moe_call_args
 from radixserve.models.loader import load_model
 from radixserve.utils.cache_dir import CACHE_DIR_ENV
@@ -24,12 +25,17 @@ from tests.helpers.tiny_gguf import write_block_moe_gguf
 from tests.helpers.tiny_models import tiny_hf_config, tiny_hf_model
 
 
-@pytest.fixture
-def moe_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+@pytest.fixture(params=["1", "0"], ids=["q8k-activations", "int16-activations"])
+def moe_file(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Path:
     if build.load_extension() is None:
         pytest.skip("C++ kernels unavailable")
     require_hf_arch("qwen3_moe")
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
+    # Pinned: otherwise each use_fast_kernels times both activation formats and may pick
+    # another for the second run.
+    monkeypatch.setenv(KQUANT_INT8_ENV, request.param)
     cfg = tiny_hf_config(
         "qwen3_moe",
         vocab_size=59,

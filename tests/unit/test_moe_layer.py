@@ -275,3 +275,51 @@ def _loop_with_fast_act(moe: FusedMoE, x: torch.Tensor, chosen: list) -> torch.T
         y = method.down(moe, expert, moe.act(method.gate_up(moe, expert, x)))
         out += y * weight
     return out
+
+
+@pytest.mark.skipif(not ops.using_cpp_kernels(), reason="the C++ kernels are not built")
+@pytest.mark.parametrize("int8", [True, False], ids=["int8", "int16"])
+@pytest.mark.parametrize(
+    "types",
+    [(gt.Q4_K, gt.Q4_K, gt.Q8_0), (gt.Q4_K, gt.Q8_0, gt.Q4_K), (gt.Q4_1, gt.Q4_1, gt.Q8_0)],
+    ids=["q4k|q4k-q8_0", "q4k|q8_0-q4k", "q4_1-q8_0"],
+)
+def test_few_rows_kernel_gives_each_row_its_batch_one_bits(
+    types: tuple[int, int, int], int8: bool
+) -> None:
+    """kernels/csrc/moe.cpp's moe_rows_gguf (every chosen expert over its rows, all in two
+    parallel regions) runs the grouped path up to its row limit: each row's output is bitwise
+    what that row gets alone (the one-token kernel), so the batch does not change a token's
+    result, and it stays close to the per-expert loop on the reference activation."""
+    from radixserve.kernels.build import load_extension
+
+    ext = load_extension()
+    before = ext.kquant_int8()
+    ext.set_kquant_int8(int8)
+    try:
+        torch.manual_seed(6)
+        moe = FusedMoE(EXPERTS, HIDDEN, 256, RouterSpec(3))
+        with torch.no_grad():
+            moe.w13_weight.normal_(0, 0.05)
+            moe.w2_weight.normal_(0, 0.05)
+        blocked = _blocked(moe, *types)
+        limit = ext.moe_rows_max_tokens
+        for tokens in (2, 9, limit):
+            x, logits = torch.randn(tokens, HIDDEN), torch.randn(tokens, EXPERTS)
+            weights, experts = route(logits, blocked.router, x.dtype)
+            fused = blocked.quant_method.few_rows(x, experts, weights)
+            assert fused is not None
+            blocked.act.use_fast_kernels = True
+            assert torch.equal(blocked(x, logits), fused)
+            for t in range(tokens):
+                alone = blocked(x[t : t + 1], logits[t : t + 1])
+                assert torch.equal(fused[t : t + 1], alone), (tokens, t)
+            blocked.act.use_fast_kernels = False
+            loop = blocked(x, logits)
+            # Many rows of gguf_linear may take float tiles (no activation quantization).
+            assert torch.allclose(fused, loop, atol=3e-2 * loop.abs().max().item())
+        x = torch.randn(limit + 1, HIDDEN)
+        weights, experts = route(torch.randn(limit + 1, EXPERTS), blocked.router, x.dtype)
+        assert blocked.quant_method.few_rows(x, experts, weights) is None  # many-row GEMMs
+    finally:
+        ext.set_kquant_int8(before)

@@ -41,6 +41,15 @@ at::Tensor moe_token_gguf(const at::Tensor& x, const std::vector<int64_t>& exper
                           const std::vector<at::Tensor>& gate_up,
                           const std::vector<int64_t>& gate_up_qtypes, const at::Tensor& down,
                           int64_t down_qtype);
+// Many tokens through their chosen experts (moe.cpp): the grouped path's sums in two parallel
+// regions; x [T, H] float32, experts/weights [T, k]. Used (by FusedMoE and moe_layer.cpp
+// alike) up to kMoERowsMaxTokens tokens: beyond, each expert has enough rows for the
+// many-row GEMM kernels (panels, AMX) of gguf_linear.
+constexpr int64_t kMoERowsMaxTokens = 32;
+at::Tensor moe_rows_gguf(const at::Tensor& x, const at::Tensor& experts, const at::Tensor& weights,
+                         const std::vector<at::Tensor>& gate_up,
+                         const std::vector<int64_t>& gate_up_qtypes, const at::Tensor& down,
+                         int64_t down_qtype);
 void set_attention_query_rows(int64_t rows);  // 1: batch-invariant attention
 void set_gguf_tiled_enabled(bool enabled);  // false: batch-invariant GGUF matmuls
 int64_t attention_query_rows();

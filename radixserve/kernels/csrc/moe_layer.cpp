@@ -96,6 +96,10 @@ at::Tensor moe_block_forward(const MoEBlock& moe, const at::Tensor& x) {
     return moe_token_gguf(x, route.experts, route.weights, moe.gate_up, moe.gate_up_qtypes,
                           moe.down, moe.down_qtype);
   }
+  if (x.size(0) <= kMoERowsMaxTokens && x.scalar_type() == at::kFloat && x.is_contiguous()) {
+    return moe_rows_gguf(x, chosen, weights, moe.gate_up, moe.gate_up_qtypes, moe.down,
+                         moe.down_qtype);
+  }
   return grouped(moe, x, weights, chosen);
 }
 

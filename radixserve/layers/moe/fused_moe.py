@@ -106,6 +106,10 @@ class FusedMoE(nn.Module):
         self, hidden: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
     ) -> torch.Tensor:
         """Each chosen expert once, over all the rows routed to it."""
+        if getattr(self.act, "use_fast_kernels", False):  # SiLU with the C++ kernels on
+            fused = self.quant_method.few_rows(hidden, experts, weights)
+            if fused is not None:
+                return fused
         top_k = self.router.top_k
         flat = experts.reshape(-1)
         # Every (token, slot) assignment, ordered by expert: each expert's rows are one run.

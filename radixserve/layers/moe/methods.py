@@ -49,6 +49,14 @@ class ExpertsMethod(ABC):
         order given, in one fused call; None where this form has none (the caller loops)."""
         return None
 
+    def few_rows(
+        self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor | None:
+        """A few rows [T, H] through their chosen experts ([T, k] ids and weights, silu
+        gated) in one fused call, the grouped loop's sums; None where this form or this
+        many rows has none (the caller runs the grouped loop)."""
+        return None
+
 
 class UnquantizedExpertsMethod(ExpertsMethod):
     """Float stacked weights `w13_weight` and `w2_weight`, multiplied with F.linear per expert
@@ -105,13 +113,8 @@ class GGUFExpertsMethod(ExpertsMethod):
     ) -> torch.Tensor | None:
         """kernels/csrc/moe.cpp where every part has a C++ kernel: both projections of all
         chosen experts in two parallel regions, the same bits as the per-expert loop."""
-        if x.dtype != torch.float32 or not x.is_contiguous():
-            return None
-        parts = (*self.gate_up_parts, self.down_part)
-        if not all(ops.gguf_kernel_type(p.qtype) for p in parts):
-            return None
-        ext = load_extension()
-        if ext is None or not hasattr(ext, "moe_token_gguf"):
+        ext = self._extension(x)
+        if ext is None:
             return None
         return ext.moe_token_gguf(
             x,
@@ -122,6 +125,37 @@ class GGUFExpertsMethod(ExpertsMethod):
             self.down_part.blocks,
             self.down_part.qtype,
         )
+
+    def few_rows(
+        self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor | None:
+        """kernels/csrc/moe.cpp's moe_rows_gguf up to its row limit (the one-call C++ layer
+        takes it for the same batches, moe_layer.cpp, so both give the same bits)."""
+        ext = self._extension(x)
+        if ext is None or x.shape[0] > ext.moe_rows_max_tokens or weights.dtype != x.dtype:
+            return None
+        return ext.moe_rows_gguf(
+            x,
+            experts,
+            weights,
+            [p.blocks for p in self.gate_up_parts],
+            [p.qtype for p in self.gate_up_parts],
+            self.down_part.blocks,
+            self.down_part.qtype,
+        )
+
+    def _extension(self, x: torch.Tensor) -> object | None:
+        """The C++ extension where its MoE kernels run this layer and x: float32 rows, every
+        part a type with a kernel."""
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            return None
+        parts = (*self.gate_up_parts, self.down_part)
+        if not all(ops.gguf_kernel_type(p.qtype) for p in parts):
+            return None
+        ext = load_extension()
+        if ext is None or not hasattr(ext, "moe_rows_gguf"):
+            return None
+        return ext
 
 
 def use_gguf_experts(
