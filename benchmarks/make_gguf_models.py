@@ -310,6 +310,25 @@ def write_random_f16(path: Path, shape: Shape, tokenizer_source: Path, seed: int
     return path
 
 
+def write_direct(path: Path, shape: Shape, tokenizer_source: Path, seed: int) -> Path:
+    """`shape` as a random Q4_K_M file written block by block (random_block_gguf.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import gguf
+    from random_block_gguf import write_random_q4_k_m
+
+    vocab = len(gguf.GGUFReader(tokenizer_source).fields["tokenizer.ggml.tokens"].data)
+
+    def add_metadata(writer: object) -> None:
+        add_llama_metadata(writer, shape)
+        copy_tokenizer(writer, tokenizer_source)
+        writer.add_vocab_size(vocab)  # type: ignore[attr-defined]
+
+    specs = tensor_specs(shape, vocab)
+    return write_random_q4_k_m(
+        path, shape.arch, shape.tied, shape.layers, specs, add_metadata, seed
+    )
+
+
 def find_llama_quantize(explicit: Path | None) -> Path:
     """--llama-quantize, $LLAMA_QUANTIZE, or the cached (or freshly built) llama.cpp build."""
     if explicit is not None:
@@ -419,6 +438,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="requantize the default model (default: yes)",
     )
     parser.add_argument("--keep-f16", action="store_true", help="keep the random F16 files")
+    parser.add_argument(
+        "--direct-blocks",
+        action="store_true",
+        help="random shapes in Q4_K_M: write the blocks directly (random_block_gguf.py), with "
+        "no F16 file and no llama-quantize (for shapes whose F16 file does not fit the disk)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="random weights' seed")
     parser.add_argument(
         "--threads", type=int, default=os.cpu_count() or 1, help="llama-quantize threads"
@@ -448,6 +473,10 @@ def main(argv: list[str] | None = None) -> int:
     for model, qtype, target in todo:
         if target.is_file():
             report(target, made=False)
+            continue
+        if args.direct_blocks and model != "smollm2" and qtype == "Q4_K_M":
+            write_direct(target, SHAPES[model], default_gguf, args.seed)
+            report(target, made=True)
             continue
         if binary is None:
             binary = find_llama_quantize(args.llama_quantize)
