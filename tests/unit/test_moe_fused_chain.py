@@ -107,3 +107,53 @@ def test_moe_layers_the_chain_cannot_run_stay_module_by_module(moe_file: Path) -
     experts.tp_size = 1
     block.shared_expert = torch.nn.Identity()
     assert moe_call_args(block) is None
+
+
+def test_batch_one_decode_reads_only_the_chosen_experts(moe_file: Path) -> None:
+    """The single-row chain's decode step touches no expert but the router's choices: with
+    every other expert's blocks overwritten by NaN scales, its logits are unchanged."""
+    from radixserve.layers.moe import fused_moe
+
+    loaded = load_model(str(moe_file), dtype="float32", gguf_blocks=True)
+    model = loaded.model
+    prompt, token = [5, 6, 7, 8, 9, 10, 11], 12
+    chosen: list[set[int]] = []
+    real_route = fused_moe.route
+
+    def recording(*args: object, **kwargs: object) -> object:
+        routing = real_route(*args, **kwargs)
+        chosen.append(set(routing.experts.reshape(-1).tolist()))
+        return routing
+
+    def prefilled() -> ManualDriver:
+        driver = ManualDriver(model, loaded.config)
+        driver.backend = CpuPagedAttnBackend()
+        driver.forward([(0, prompt)])
+        return driver
+
+    use_fast_kernels(model, True)
+    try:
+        with torch.inference_mode():
+            # Both requests' prompts first: the prefill reads most experts.
+            module_driver, chain_driver = prefilled(), prefilled()
+            args = [layer.fused_args for layer in model.model.layers]
+            for layer in model.model.layers:
+                layer.fused_args = None
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(fused_moe, "route", recording)
+                want = module_driver.forward([(0, [token])], decode=True)
+            layers = model.model.layers
+            assert len(chosen) == len(layers)
+            for layer, picked, fused_args in zip(layers, chosen, args, strict=True):
+                layer.fused_args = fused_args
+                method = layer.mlp.experts.quant_method
+                for part in (*method.gate_up_parts, method.down_part):
+                    for e in range(part.blocks.shape[0]):
+                        if e not in picked:
+                            part.blocks[e].fill_(0xFF)  # fp16 scales of all ones: NaN
+            runs = model.model._layer_chains.current.single_row_runs()
+            got = chain_driver.forward([(0, [token])], decode=True)
+    finally:
+        use_fast_kernels(model, False)
+    assert model.model._layer_chains.current.single_row_runs() == runs + 1
+    assert torch.isfinite(got).all() and torch.equal(got, want)
