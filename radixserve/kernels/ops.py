@@ -129,12 +129,16 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
     logit_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its KV (see RadixAttention for
-    `sliding_window` and `logit_cap`). The C++ kernel has neither: soft-capped scores take the
-    PyTorch reference, and so does a window, except where the kernel sees exactly the window
-    anyway (window_table: decode steps, and prompts no longer than the window)."""
-    ext = _ext(q)
+    `sliding_window`, `logit_cap` and `sinks`). The C++ kernel has none of them: soft-capped
+    scores and sinks take the PyTorch reference, and so does a window, except where the kernel
+    sees exactly the window anyway (window_table: decode steps, and prompts no longer than the
+    window)."""
+    # csrc/attention.cpp's online softmax has no sink term, so sink layers (gpt-oss) always
+    # run the reference: correct, and per layer one gather of the keys the queries can see.
+    ext = _ext(q) if sinks is None else None
     if ext is not None and logit_cap is None and sliding_window is not None:
         windowed = window_table(req_to_token, meta, sliding_window)
         if windowed is not None:
@@ -166,6 +170,7 @@ def paged_attention(
         scale,
         sliding_window,
         logit_cap,
+        sinks,
     )
 
 
