@@ -9,7 +9,9 @@ A gpt-oss checkpoint keeps each layer's experts fused, in one of two forms:
   `experts.gate_up_proj_blocks` / `_scales` and `experts.down_proj_blocks` / `_scales`, which
   decode to [experts, out, in] (the transpose of the float form; gate_up's rows alternate),
   beside the same float biases.
-Both become `experts.{e}.{gate,up,down}_proj.{weight,bias}` as [out, in] matrices with gate and
+A converted GGUF (models/gguf.py) stacks them with gate and up apart:
+`experts.{gate,up,down}_proj.{weight,bias}` [experts, out, in] / [experts, out].
+All become `experts.{e}.{gate,up,down}_proj.{weight,bias}` as [out, in] matrices with gate and
 up de-interleaved into their own halves, so FusedMoE stacks gate rows first like every other
 family and the activation (ClampedSwiGLU) reads halves. MXFP4 experts are decoded one expert
 at a time into the model dtype: the float copy of a whole layer never exists at once.
@@ -33,6 +35,9 @@ logger = logging.getLogger(__name__)
 
 _FLOAT = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)(_bias)?$")
 _MXFP4 = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)_(blocks|scales)$")
+# A converted GGUF's experts: ffn_{gate,up,down}_exps stacked [experts, out, in] with gate and
+# up already apart, and their biases [experts, out].
+_STACKED = re.compile(r"^(.*\.experts)\.(gate_proj|up_proj|down_proj)\.(weight|bias)$")
 _SINKS = ".self_attn.sinks"
 
 
@@ -55,6 +60,12 @@ def gpt_oss_tensors(
             if len(parts) == 2:  # a file may list scales and blocks in either order
                 del pending[key]
                 yield from _mxfp4_experts(key[0], key[1], parts["blocks"], parts["scales"])
+            continue
+        stacked = _STACKED.match(name)
+        if stacked is not None:
+            prefix, proj, kind = stacked[1], stacked[2], stacked[3]
+            for e in range(tensor.shape[0]):
+                yield f"{prefix}.{e}.{proj}.{kind}", tensor[e]
             continue
         fused = _FLOAT.match(name)
         if fused is None:
