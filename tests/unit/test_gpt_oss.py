@@ -406,3 +406,13 @@ def test_compiled_attention_op_keeps_sinks() -> None:
         sinks,
     )
     torch.testing.assert_close(got, _dense_with_sinks(*batch, None), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow  # compiles the decode graph (~8 s on 2 cores)
+def test_compiled_decode_equals_transformers(gpt_oss: tuple) -> None:
+    """--enable-torch-compile: the opaque attention op keeps the sinks and the window."""
+    folder, hf = gpt_oss
+    got = engine_greedy(
+        folder, PROMPTS, "intel_amx", enable_torch_compile=True, torch_compile_max_bs=4
+    )
+    assert got == transformers_greedy(hf, PROMPTS)
