@@ -39,6 +39,7 @@ from tests.helpers.family_check import (
     require_hf_arch,
     transformers_greedy,
 )
+from tests.helpers.hf_reference import hf_logits
 from tests.helpers.tiny_models import tiny_hf_config, tiny_hf_model
 from tests.helpers.window_check import (
     cached_chunked_greedy,
@@ -133,6 +134,25 @@ def test_layers_run_module_by_module(gpt_oss: tuple) -> None:
     """Neither the one-call C++ layer nor its MoE kernels have sinks or expert biases."""
     folder, _ = gpt_oss
     assert fused_layers(folder) == [False, False]
+
+
+def test_two_tensor_parallel_ranks_match_transformers(tmp_path: Path) -> None:
+    """Each rank holds half the heads (and their sinks) and half of every expert's
+    intermediate dimension (and of its gate/up biases); the down bias is counted once."""
+    import torch.multiprocessing as mp
+
+    from tests.unit.test_moe_tp import PROMPT as TP_PROMPT
+    from tests.unit.test_moe_tp import _tp_worker
+
+    hf = _gpt_oss_model(seed=4)
+    hf.save_pretrained(tmp_path / "model")
+    args = (2, str(tmp_path / "rendezvous"), [str(tmp_path / "model")])
+    mp.spawn(_tp_worker, args=args, nprocs=2, join=True)
+    reference = hf_logits(hf, [*TP_PROMPT, 9])
+    for rank in range(2):
+        prefill, decode = torch.load(tmp_path / "model" / f"logits-{rank}.pt")
+        assert torch.allclose(prefill, reference[:-1], atol=1e-4), rank
+        assert torch.allclose(decode[0], reference[-1], atol=1e-4), rank
 
 
 # --- MXFP4 ---
