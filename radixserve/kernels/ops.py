@@ -132,20 +132,20 @@ def paged_attention(
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its KV (see RadixAttention for
-    `sliding_window`, `logit_cap` and `sinks`). The C++ kernel has none of them: soft-capped
-    scores and sinks take the PyTorch reference, and so does a window, except where the kernel
-    sees exactly the window anyway (window_table: decode steps, and prompts no longer than the
-    window)."""
-    # csrc/attention.cpp's online softmax has no sink term, so sink layers (gpt-oss) always
-    # run the reference: correct, and per layer one gather of the keys the queries can see.
-    ext = _ext(q) if sinks is None else None
+    `sliding_window`, `logit_cap` and `sinks`). The C++ kernel has no soft-capping: those
+    layers take the PyTorch reference, and so does a window, except where the kernel sees
+    exactly the window anyway (window_table: decode steps, and prompts no longer than the
+    window). Sinks (gpt-oss) it adds to the softmax denominator (paged_attention_sinks)."""
+    ext = _ext(q)
+    if sinks is not None and not hasattr(ext, "paged_attention_sinks"):
+        ext = None  # a build from before the sink term: the reference
     if ext is not None and logit_cap is None and sliding_window is not None:
         windowed = window_table(req_to_token, meta, sliding_window)
         if windowed is not None:
             req_to_token, meta = windowed
             sliding_window = None
     if ext is not None and sliding_window is None and logit_cap is None:
-        return ext.paged_attention(
+        args = (
             q,
             k_cache,
             v_cache,
@@ -157,6 +157,9 @@ def paged_attention(
             heads,
             scale,
         )
+        if sinks is None:
+            return ext.paged_attention(*args)
+        return ext.paged_attention_sinks(*args, sinks.to(torch.float32).contiguous())
     return reference.paged_attention(
         q,
         k_cache,

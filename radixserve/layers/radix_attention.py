@@ -29,8 +29,9 @@ class RadixAttention(nn.Module):
 
     `sinks` (gpt-oss): a learned logit per head that joins each query's softmax denominator
     (an "attention sink" that takes probability mass but adds no value), held as the parameter
-    `sinks` [this rank's heads] in float32. Every backend honours it; those whose C++ kernel
-    has no sink term run sink layers on the PyTorch reference (kernels/reference.attention).
+    `sinks` [this rank's heads] in float32. Every backend honours it: torch_native on the
+    PyTorch reference (kernels/reference.attention, SDPA has no sink term), intel_amx in the C++
+    kernel (ops.paged_attention), which adds it to the online softmax's denominator.
     """
 
     def __init__(
@@ -60,7 +61,9 @@ class RadixAttention(nn.Module):
         if sinks:
             # float32 whatever the model dtype: a 16-bit checkpoint's values widen exactly,
             # and the softmax they join runs in float32.
-            self.sinks = nn.Parameter(torch.zeros(num_heads), requires_grad=False)
+            self.sinks = nn.Parameter(
+                torch.zeros(num_heads, dtype=torch.float32), requires_grad=False
+            )
             self.sinks.weight_loader = self._load_sinks
 
     def _load_sinks(

@@ -6,9 +6,10 @@ over those only, and whose experts (with biases) apply a clamped SwiGLU:
 (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit).
 
 Checkpoints: transformers' float form or the published MXFP4 experts, decoded to the model
-dtype on load (models/gpt_oss_checkpoint.py). The layers run module by module: the one-call C++
-layer and the C++ attention kernel have no sinks, so attention runs on the PyTorch reference
-(kernels/reference.attention) on every backend.
+dtype on load (models/gpt_oss_checkpoint.py). The layers run module by module (the one-call C++
+layer has no sinks, biased experts or clamped SwiGLU); attention runs the C++ kernel with its
+sink term on intel_amx (PyTorch where the C++ kernels are not built, or a window or batch the
+kernel cannot see exactly) and the PyTorch reference on torch_native.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from radixserve.kernels import ops, reference
+from radixserve.kernels.build import load_extension
 from radixserve.layers.activation import ClampedSwiGLU
 from radixserve.layers.attention.cpu_paged import CpuPagedAttnBackend
 from radixserve.layers.attention.torch_native import TorchNativeAttnBackend
@@ -348,8 +349,10 @@ def _lists(meta: ops.PagedMeta) -> tuple[list[int], ...]:
 def test_ops_paged_attention_sinks_equal_dense(
     prefixes: list[int], news: list[int], window: int | None
 ) -> None:
-    """The dispatcher the fast backend calls (with the C++ kernels built where they are): sink
-    layers never take the kernel, which has no sink term."""
+    """The dispatcher the fast backend calls: the C++ kernel's sink term where the kernels are
+    built (windowed decode steps through window_table), else the reference."""
+    if ops.using_cpp_kernels():
+        assert hasattr(load_extension(), "paged_attention_sinks")
     batch = _batch(prefixes, news)
     q, k_cache, v_cache, req_to_token, meta, sinks = batch
     got = ops.paged_attention(
