@@ -184,6 +184,17 @@ def test_mxfp4_decodes_a_hand_computed_block() -> None:
     assert torch.equal(dequantize_mxfp4(blocks, scales, torch.bfloat16), want.bfloat16())
 
 
+def test_mxfp4_layout_equals_transformers_dequantizer() -> None:
+    """The published checkpoints' [experts, out, blocks, 16] form decodes to the [experts, out,
+    in] matrices transformers' own dequantizer gives (it returns them transposed)."""
+    mxfp4 = pytest.importorskip("transformers.integrations.mxfp4")
+    gen = torch.Generator().manual_seed(5)
+    blocks = torch.randint(0, 256, (3, 6, 4, 16), generator=gen, dtype=torch.uint8)
+    scales = torch.randint(110, 140, (3, 6, 4), generator=gen, dtype=torch.uint8)
+    theirs = mxfp4.convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+    assert torch.equal(dequantize_mxfp4(blocks, scales), theirs.transpose(1, 2))
+
+
 def _mxfp4_encode(rows: int, cols: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
     """Random MXFP4 blocks [rows, cols / 32, 16] and scales [rows, cols / 32] with the float
     matrix [rows, cols] they stand for, computed element by element from the codes."""
