@@ -173,6 +173,21 @@ def _iq4_xs(b: torch.Tensor) -> torch.Tensor:
     return (dl * q).reshape(n, 256)
 
 
+# FP4 E2M1 values doubled, as ggml tabulates them (kvalues_mxfp4); the scale is halved to match.
+_MXFP4_DOUBLED = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+
+
+def _mxfp4(b: torch.Tensor) -> torch.Tensor:
+    """ggml's block_mxfp4: the E8M0 byte e, then 16 bytes whose low nibbles are elements 0-15
+    and high nibbles 16-31 (unlike the safetensors checkpoints' pairs, layers/quantization/
+    mxfp4.py). value = doubled E2M1 * 2 ** (e - 128): every product exact in float32, the
+    subnormal scales of e < 2 included, so equal to gguf-py's bit for bit."""
+    half_scale = torch.pow(2.0, b[:, :1].to(torch.float64) - 128).to(torch.float32)
+    table = torch.tensor(_MXFP4_DOUBLED, dtype=torch.float32)
+    codes = _nibbles(b[:, 1:], 16).reshape(b.shape[0], 32)
+    return half_scale * table[codes.to(torch.int64)]
+
+
 def _f32(b: torch.Tensor) -> torch.Tensor:
     return b.contiguous().view(torch.float32)
 
@@ -201,6 +216,7 @@ _DEQUANTIZERS: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
     gt.Q6_K: _q6_k,
     gt.IQ4_NL: _iq4_nl,
     gt.IQ4_XS: _iq4_xs,
+    gt.MXFP4: _mxfp4,
 }
 
 

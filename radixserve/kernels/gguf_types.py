@@ -18,6 +18,7 @@ class BlockFormat(NamedTuple):
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
 IQ4_NL, IQ4_XS, BF16 = 20, 23, 30
+MXFP4 = 39  # gpt-oss experts: an E8M0 scale byte, then 32 FP4 E2M1 codes
 
 FORMATS: dict[int, BlockFormat] = {
     F32: BlockFormat("F32", 1, 4),
@@ -35,10 +36,12 @@ FORMATS: dict[int, BlockFormat] = {
     Q6_K: BlockFormat("Q6_K", 256, 210),
     IQ4_NL: BlockFormat("IQ4_NL", 32, 18),
     IQ4_XS: BlockFormat("IQ4_XS", 256, 136),
+    MXFP4: BlockFormat("MXFP4", 32, 17),
 }
 
 # Byte offsets of each block type's fp16 fields (the scale d, and dmin or m where the type has
 # one): random bytes with these fields set to finite values make valid blocks (tests, probes).
+# MXFP4 has none: its scale is a power-of-two byte (E8M0_FIELDS).
 FP16_FIELDS: dict[int, tuple[int, ...]] = {
     Q4_0: (0,),
     Q4_1: (0, 2),
@@ -53,6 +56,9 @@ FP16_FIELDS: dict[int, tuple[int, ...]] = {
     IQ4_NL: (0,),
     IQ4_XS: (0,),
 }
+
+# Byte offsets of the E8M0 (power of two) scale bytes of the types that have them.
+E8M0_FIELDS: dict[int, tuple[int, ...]] = {MXFP4: (0,)}
 
 # Block types a linear layer keeps as blocks (--quantization gguf): every quantized format
 # above. The C++ integer kernels run NATIVE_TYPES directly; the others are dequantized a tile of

@@ -129,19 +129,23 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
     logit_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its KV (see RadixAttention for
-    `sliding_window` and `logit_cap`). The C++ kernel has neither: soft-capped scores take the
-    PyTorch reference, and so does a window, except where the kernel sees exactly the window
-    anyway (window_table: decode steps, and prompts no longer than the window)."""
+    `sliding_window`, `logit_cap` and `sinks`). The C++ kernel has no soft-capping: those
+    layers take the PyTorch reference, and so does a window, except where the kernel sees
+    exactly the window anyway (window_table: decode steps, and prompts no longer than the
+    window). Sinks (gpt-oss) it adds to the softmax denominator (paged_attention_sinks)."""
     ext = _ext(q)
+    if sinks is not None and not hasattr(ext, "paged_attention_sinks"):
+        ext = None  # a build from before the sink term: the reference
     if ext is not None and logit_cap is None and sliding_window is not None:
         windowed = window_table(req_to_token, meta, sliding_window)
         if windowed is not None:
             req_to_token, meta = windowed
             sliding_window = None
     if ext is not None and sliding_window is None and logit_cap is None:
-        return ext.paged_attention(
+        args = (
             q,
             k_cache,
             v_cache,
@@ -153,6 +157,9 @@ def paged_attention(
             heads,
             scale,
         )
+        if sinks is None:
+            return ext.paged_attention(*args)
+        return ext.paged_attention_sinks(*args, sinks.to(torch.float32).contiguous())
     return reference.paged_attention(
         q,
         k_cache,
@@ -166,6 +173,7 @@ def paged_attention(
         scale,
         sliding_window,
         logit_cap,
+        sinks,
     )
 
 

@@ -84,10 +84,11 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
     logit_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its prefix and themselves; with
-    `sliding_window` or `logit_cap`, windowed_attention's."""
-    if sliding_window is not None or logit_cap is not None:
+    `sliding_window`, `logit_cap` or `sinks`, windowed_attention's."""
+    if sliding_window is not None or logit_cap is not None or sinks is not None:
         return windowed_attention(
             q,
             k_cache,
@@ -101,6 +102,7 @@ def paged_attention(
             scale,
             sliding_window,
             logit_cap,
+            sinks,
         )
     kv_heads, dim = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty(q.shape[0], heads * dim, dtype=q.dtype)
@@ -149,12 +151,15 @@ def attention(
     mask: torch.Tensor,
     scale: float,
     logit_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [B, H, n, D], k and v [B, Hkv, L, D], mask bool broadcastable to [B, H, n, L] (every
     query sees at least one key) -> [B, H, n, D]. With `logit_cap`, the scaled scores become
-    cap * tanh(score / cap) before masking and softmax: SDPA has no such step, so the product is
-    spelled out as transformers' eager attention does (softmax in float32)."""
-    if logit_cap is None:
+    cap * tanh(score / cap) before masking and softmax; with `sinks` [H] (gpt-oss), each head's
+    sink logit joins the softmax denominator as one more column that is dropped afterwards
+    (it weighs no value). SDPA has neither step, so the product is spelled out as
+    transformers' eager attention does (softmax in float32)."""
+    if logit_cap is None and sinks is None:
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
         )
@@ -162,10 +167,23 @@ def attention(
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / logit_cap) * logit_cap
+    if logit_cap is not None:
+        scores = torch.tanh(scores / logit_cap) * logit_cap
     scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    else:
+        probs = softmax_with_sinks(scores, sinks).to(q.dtype)
     return torch.matmul(probs, v)
+
+
+def softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """scores [B, H, n, L] -> float32 probabilities over the keys of a softmax whose
+    denominator also holds exp(sinks[h]): the rows sum to less than 1."""
+    b, h, n, _ = scores.shape
+    sink_column = sinks.to(torch.float32).view(1, h, 1, 1).expand(b, h, n, 1)
+    combined = torch.cat([scores.to(torch.float32), sink_column], dim=-1)
+    return torch.softmax(combined, dim=-1)[..., :-1]
 
 
 def windowed_attention(
@@ -181,8 +199,9 @@ def windowed_attention(
     scale: float,
     sliding_window: int | None,
     logit_cap: float | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """paged_attention with a sliding window and/or soft-capped scores (see attention), in
+    """paged_attention with a sliding window, soft-capped scores and/or sinks (see attention), in
     blocks of QUERY_BLOCK query rows, each reading only the keys its rows can see: under a
     window a long prefill costs rows x window, not rows x context."""
     dim = k_cache.shape[2]
@@ -203,7 +222,7 @@ def windowed_attention(
                 torch.arange(key_start, end, device=q.device),
                 sliding_window,
             )
-            o = attention(rows[None], k[None], v[None], mask, scale, logit_cap)
+            o = attention(rows[None], k[None], v[None], mask, scale, logit_cap, sinks)
             out[start + r0 : start + r0 + n] = o[0].transpose(0, 1).reshape(n, heads * dim)
     return out
 

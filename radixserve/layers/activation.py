@@ -35,6 +35,24 @@ class GeluTanhAndMul(nn.Module):
         return F.gelu(x[..., :d], approximate="tanh") * x[..., d:]
 
 
+class ClampedSwiGLU(nn.Module):
+    """gpt-oss's expert activation on [gate | up] halves (the loader de-interleaves the
+    checkpoint's alternating gate/up columns into halves): gate clamped above at `limit`, up
+    clamped to [-limit, limit], then (up + 1) * gate * sigmoid(alpha * gate). Plain PyTorch:
+    no fused kernel has the clamps or the +1, so FusedMoE's SiLU fast paths leave it alone."""
+
+    def __init__(self, alpha: float = 1.702, limit: float = 7.0) -> None:
+        super().__init__()
+        self.alpha = alpha
+        self.limit = limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        gate = x[..., :d].clamp(max=self.limit)
+        up = x[..., d:].clamp(min=-self.limit, max=self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "silu": SiluAndMul,
     "gelu_pytorch_tanh": GeluTanhAndMul,

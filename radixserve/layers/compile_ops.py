@@ -46,17 +46,18 @@ def rope_paged_attention(
     scale: float,
     sliding_window: int | None,
     logit_cap: float | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [T, H*D], k and v [T, Hkv*D] -> attention output [T, H*D]. Stores the rotated k and v
     at `slots`; q and k are not modified (the eager kernel rotates in place, so it gets copies:
-    a custom op may not mutate its non-declared inputs). A sliding window and soft-capped scores
-    are honoured as in eager mode (ops.paged_attention)."""
+    a custom op may not mutate its non-declared inputs). A sliding window, soft-capped scores
+    and sinks are honoured as in eager mode (ops.paged_attention)."""
     q = q.clone()
     k = k.clone()
     ops.rope_store_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots, head_dim, rot_dim, neox)
     meta = _paged_meta(req_pool_indices, prefix_lens, extend_lens, q_starts)
     return ops.paged_attention(
-        q, k_cache, v_cache, req_to_token, meta, heads, scale, sliding_window, logit_cap
+        q, k_cache, v_cache, req_to_token, meta, heads, scale, sliding_window, logit_cap, sinks
     )
 
 
@@ -101,6 +102,7 @@ def store_paged_attention(
     scale: float,
     sliding_window: int | None,
     logit_cap: float | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """rope_paged_attention without the RoPE, for layers that apply none (SmolLM3's NoPE
     layers): stores k and v at `slots`, then attends."""
@@ -109,7 +111,7 @@ def store_paged_attention(
     v_cache[slots] = v.reshape(-1, kv_heads, head_dim).to(v_cache.dtype)
     meta = _paged_meta(req_pool_indices, prefix_lens, extend_lens, q_starts)
     return ops.paged_attention(
-        q, k_cache, v_cache, req_to_token, meta, heads, scale, sliding_window, logit_cap
+        q, k_cache, v_cache, req_to_token, meta, heads, scale, sliding_window, logit_cap, sinks
     )
 
 

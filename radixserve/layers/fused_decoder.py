@@ -71,6 +71,8 @@ def fusable(layer: LlamaDecoderLayer) -> bool:
         # The C++ layer's attention has no soft-capping; a sliding window it runs only for
         # batches that the window does not mask (FusedLayerArgs.window).
         and attn.attn.logit_cap is None
+        # Nor a softmax sink (gpt-oss): sink layers run module by module.
+        and attn.attn.sinks is None
         and layer.residual_multiplier == 1.0
         # A dense SiLU MLP, or a MoE block the C++ layer runs (layers/moe/fused_call.py).
         and (

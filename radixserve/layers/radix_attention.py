@@ -7,6 +7,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from radixserve.distributed import parallel_state as ps
+from radixserve.layers.linear import copy_checked
+
 if TYPE_CHECKING:
     from radixserve.layers.rotary_embedding import RotaryEmbedding
     from radixserve.model_executor.forward_batch import ForwardBatch
@@ -23,6 +26,12 @@ class RadixAttention(nn.Module):
     `sliding_window` (Gemma's local layers): a token sees only the last that many positions, its
     own included (transformers' `sliding_window`); None sees them all. `logit_cap` (Gemma 2):
     scores become cap * tanh(score / cap) before the softmax. Every backend honours both.
+
+    `sinks` (gpt-oss): a learned logit per head that joins each query's softmax denominator
+    (an "attention sink" that takes probability mass but adds no value), held as the parameter
+    `sinks` [this rank's heads] in float32. Every backend honours it: torch_native on the
+    PyTorch reference (kernels/reference.attention, SDPA has no sink term), intel_amx in the C++
+    kernel (ops.paged_attention), which adds it to the online softmax's denominator.
     """
 
     def __init__(
@@ -34,6 +43,7 @@ class RadixAttention(nn.Module):
         scaling: float,
         sliding_window: int | None = None,
         logit_cap: float | None = None,
+        sinks: bool = False,
     ) -> None:
         super().__init__()
         if sliding_window is not None and sliding_window < 1:
@@ -47,6 +57,21 @@ class RadixAttention(nn.Module):
         self.scaling = scaling
         self.sliding_window = sliding_window
         self.logit_cap = logit_cap
+        self.sinks: nn.Parameter | None = None
+        if sinks:
+            # float32 whatever the model dtype: a 16-bit checkpoint's values widen exactly,
+            # and the softmax they join runs in float32.
+            self.sinks = nn.Parameter(
+                torch.zeros(num_heads, dtype=torch.float32), requires_grad=False
+            )
+            self.sinks.weight_loader = self._load_sinks
+
+    def _load_sinks(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+    ) -> None:
+        """This rank's heads of the checkpoint's sinks [all heads] (heads split as q's are)."""
+        start = ps.get_tp_rank() * self.num_heads
+        copy_checked(param.data, loaded_weight.narrow(0, start, self.num_heads))
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward_batch: ForwardBatch

@@ -53,6 +53,7 @@ _GGUF_ARCHITECTURES = (
     "qwen2moe",
     "qwen3moe",
     "olmoe",
+    "gpt-oss",
 )
 # transformers' model_type for a GGUF -> the HF architecture written to config.json.
 _HF_ARCHITECTURES = {
@@ -66,6 +67,7 @@ _HF_ARCHITECTURES = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "olmoe": "OlmoeForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 # model_type -> general.architecture, where they differ.
 _GGUF_ARCHITECTURE_OF = {
@@ -74,11 +76,12 @@ _GGUF_ARCHITECTURE_OF = {
     "gemma3_text": "gemma3",
     "qwen2_moe": "qwen2moe",
     "qwen3_moe": "qwen3moe",
+    "gpt_oss": "gpt-oss",
 }
 _MOE_ARCHITECTURES = ("qwen2moe", "qwen3moe")
 # Architectures transformers' GGUF readers do not know: their config is built from the metadata
 # here (gguf_config.py), their tokenizer by the fast tokenizer's own GGUF reading.
-_OWN_CONFIG_ARCHITECTURES = ("olmoe",)
+_OWN_CONFIG_ARCHITECTURES = ("olmoe", "gpt-oss")
 # Architectures whose q/k rows llama.cpp's converter permuted (for its rope kernel).
 _PERMUTED_QK = {"llama"}
 _GEMMA_ARCHITECTURES = ("gemma2", "gemma3")
@@ -122,7 +125,19 @@ _GEMMA_BLOCK_NAMES = {
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
-_BLOCK_NAMES_OF = dict.fromkeys(_GEMMA_ARCHITECTURES, _GEMMA_BLOCK_NAMES)
+# gpt-oss: llama.cpp names its pre-MLP norm post_attention_norm; the router (with a bias) is
+# transformers' mlp.router; the per-head sinks attn_sinks. Its experts carry biases
+# (ffn_*_exps.bias, [experts, rows]), split per expert on load like the weights.
+_GPT_OSS_BLOCK_NAMES = {
+    **_BLOCK_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_gate_inp": "mlp.router",
+    "attn_sinks": "self_attn.sinks",
+}
+_BLOCK_NAMES_OF = {
+    **dict.fromkeys(_GEMMA_ARCHITECTURES, _GEMMA_BLOCK_NAMES),
+    "gpt-oss": _GPT_OSS_BLOCK_NAMES,
+}
 # Present in some GGUFs but derived from the config on our side.
 _IGNORED_NAMES = {"rope_freqs"}
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
@@ -276,9 +291,9 @@ def _write_config(reader: object, arch: str, gguf_path: Path, out_dir: Path) -> 
 
     try:
         if arch in _OWN_CONFIG_ARCHITECTURES:
-            from radixserve.models.gguf_config import olmoe_config
+            from radixserve.models.gguf_config import gpt_oss_config, olmoe_config
 
-            config = olmoe_config(reader)
+            config = gpt_oss_config(reader) if arch == "gpt-oss" else olmoe_config(reader)
         else:
             config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     except Exception as e:
@@ -338,7 +353,10 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
     names = _BLOCK_NAMES_OF.get(arch, _BLOCK_NAMES)
     match = _BLOCK_RE.match(base)
     if match and match.group(2) in names:
-        return f"model.layers.{match.group(1)}.{names[match.group(2)]}.{suffix}"
+        module = names[match.group(2)]
+        if module.endswith(".sinks"):  # a bare parameter in transformers (gpt-oss)
+            return f"model.layers.{match.group(1)}.{module}"
+        return f"model.layers.{match.group(1)}.{module}.{suffix}"
     expert = _OLD_EXPERT_RE.match(match.group(2)) if match else None
     if match and expert:
         proj = _OLD_EXPERT_NAMES[expert.group(1)]

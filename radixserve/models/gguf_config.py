@@ -211,3 +211,61 @@ def gemma_stop_ids(reader: object) -> list[int]:
                 ids.append(i)
                 break
     return ids
+
+
+def gpt_oss_config(reader: object) -> Any:
+    """A gpt-oss config from a `gpt-oss` GGUF's metadata, as llama.cpp reads the file: every
+    other layer sliding from layer 0 (its swa pattern of 2), the experts' size
+    expert_feed_forward_length, YaRN from rope.scaling.*. What GGUF does not store is
+    transformers' gpt-oss default (swiglu alpha 1.702 and limit 7.0, YaRN betas 32 and 1
+    without truncating the correction range: the original model's RoPE)."""
+    from transformers import GptOssConfig
+
+    def key(name: str, default: Any = None) -> Any:
+        value = _value(reader, f"gpt-oss.{name}")
+        if value is None and default is None:
+            raise ValueError(f"a gpt-oss GGUF needs gpt-oss.{name}")
+        return default if value is None else value
+
+    heads = int(key("attention.head_count"))
+    layers = int(key("block_count"))
+    tokens = reader.fields.get("tokenizer.ggml.tokens")  # type: ignore[attr-defined]
+    names = {t.name for t in reader.tensors}  # type: ignore[attr-defined]
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(key("rope.freq_base"))}
+    if _value(reader, "gpt-oss.rope.scaling.type") == "yarn":
+        rope.update(
+            rope_type="yarn",
+            factor=float(key("rope.scaling.factor")),
+            original_max_position_embeddings=int(key("rope.scaling.original_context_length")),
+            beta_fast=32.0,
+            beta_slow=1.0,
+            truncate=False,
+        )
+    window = _value(reader, "gpt-oss.attention.sliding_window")
+    ids = {
+        name: _value(reader, f"tokenizer.ggml.{key_name}")
+        for name, key_name in (
+            ("bos_token_id", "bos_token_id"),
+            ("eos_token_id", "eos_token_id"),
+            ("pad_token_id", "padding_token_id"),
+        )
+    }
+    return GptOssConfig(
+        vocab_size=len(tokens.data) if tokens is not None else int(key("vocab_size")),
+        hidden_size=int(key("embedding_length")),
+        intermediate_size=int(key("expert_feed_forward_length", key("feed_forward_length", 0))),
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=int(key("attention.head_count_kv", heads)),
+        head_dim=int(key("attention.key_length")),
+        max_position_embeddings=int(key("context_length")),
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+        rope_parameters=rope,
+        sliding_window=None if window is None else int(window),
+        layer_types=[SLIDING if i % 2 == 0 else FULL for i in range(layers)],
+        num_local_experts=int(key("expert_count")),
+        num_experts_per_tok=int(key("expert_used_count")),
+        attention_bias="blk.0.attn_q.bias" in names,
+        tie_word_embeddings="output.weight" not in names,
+        **{name: None if value is None else int(value) for name, value in ids.items()},
+    )

@@ -60,6 +60,7 @@ class AttentionOptions(NamedTuple):
     scaling: float | None = None  # softmax scale; None: head_dim ** -0.5 (Granite sets its own)
     sliding_window: int | None = None  # keys a token sees, its own included; None: all (Gemma)
     logit_cap: float | None = None  # scores soft-capped to cap * tanh(score / cap) (Gemma 2)
+    sinks: bool = False  # a learned per-head logit in the softmax denominator (gpt-oss)
 
 
 # (config, layer index, the model's shared RoPE) -> a decoder layer
@@ -132,6 +133,7 @@ class LlamaAttention(nn.Module):
             scaling,
             sliding_window=options.sliding_window,
             logit_cap=options.logit_cap,
+            sinks=options.sinks,
         )
 
     def _norm_heads(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:

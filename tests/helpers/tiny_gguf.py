@@ -192,13 +192,16 @@ def random_blocks(qtype: int, rows: int, k: int, std: float = 0.08, seed: int = 
     fmt = gguf_types.FORMATS[qtype]
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=(rows, k // fmt.weights, fmt.bytes), dtype=np.uint8)
-    for offset in gguf_types.FP16_FIELDS[qtype]:
+    for offset in gguf_types.FP16_FIELDS.get(qtype, ()):
         scale = rng.uniform(0.5, 1.5, size=raw.shape[:2]).astype(np.float16)
         raw[..., offset : offset + 2] = scale.view(np.uint8).reshape(*raw.shape[:2], 2)
+    for offset in gguf_types.E8M0_FIELDS.get(qtype, ()):
+        # A power-of-two scale byte near 2 ** -5 (MXFP4's largest code is 6).
+        raw[..., offset] = rng.integers(118, 124, size=raw.shape[:2], dtype=np.uint8)
     blocks = torch.from_numpy(raw.reshape(rows, -1).copy())
     actual = gguf_dequant.dequantize_rows(blocks, qtype, rows).std().item()
     factor = std / actual
-    for offset in gguf_types.FP16_FIELDS[qtype]:
+    for offset in gguf_types.FP16_FIELDS.get(qtype, ()):
         scale = raw[..., offset : offset + 2].copy().view(np.float16) * factor
         raw[..., offset : offset + 2] = scale.astype(np.float16).view(np.uint8)
     return torch.from_numpy(raw.reshape(rows, -1).copy())

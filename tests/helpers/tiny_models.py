@@ -39,6 +39,7 @@ _CONFIG_CLASSES = {
     "mixtral": "MixtralConfig",
     "qwen2_moe": "Qwen2MoeConfig",
     "olmoe": "OlmoeConfig",
+    "gpt_oss": "GptOssConfig",
 }
 # Mixture-of-experts shapes: 8 tiny experts, 2 per token (tested in their own files).
 _MOE: dict[str, dict[str, Any]] = {
@@ -51,6 +52,24 @@ _MOE: dict[str, dict[str, Any]] = {
         "shared_expert_intermediate_size": 64,
     },
     "olmoe": {"num_experts": 8, "num_experts_per_tok": 2, "pad_token_id": 0},
+    # An 8-token window on every other layer, and YaRN stretching a 128-token pretraining
+    # length 4x, so both act within a test's sequences.
+    "gpt_oss": {
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 32,
+        "head_dim": 16,
+        "sliding_window": 8,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 4.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 128,
+        },
+    },
 }
 
 

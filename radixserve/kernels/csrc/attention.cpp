@@ -7,6 +7,7 @@
 // in blocks with an online softmax, so memory use is independent of the context length.
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <vector>
 
 #include "common.h"
@@ -418,7 +419,7 @@ template <typename T, typename C>
 void attend_item(const WorkItem& item, const T* q, int64_t q_stride, const C* k_cache,
                  const C* v_cache, const int64_t* token_row, int64_t prefix, int64_t n_new,
                  int64_t q_start, int64_t heads, int64_t kv_heads, int64_t dim, float scale,
-                 T* out) {
+                 T* out, const float* sinks = nullptr) {
   const int64_t group = heads / kv_heads;
   const int64_t rows = std::min(g_query_rows.load(std::memory_order_relaxed), n_new - item.row0);
   const int64_t m_count = rows * group;  // query vectors per KV head
@@ -478,7 +479,10 @@ void attend_item(const WorkItem& item, const T* q, int64_t q_stride, const C* k_
       T* orow = out + (q_start + item.row0 + r) * heads * dim;
       for (int64_t g = 0; g < group; ++g) {
         const int64_t i = (h - item.h0) * m_count + r * group + g;
-        const float inv = 1.0f / run_sum[i];
+        // A sink (gpt-oss) is one more term of the denominator, exp(sink - max) in the running
+        // softmax's scale, and none of the numerator: only the normalization changes.
+        const float sink = sinks ? std::exp(sinks[h * group + g] - run_max[i]) : 0.0f;
+        const float inv = 1.0f / (run_sum[i] + sink);
         T* dst = orow + (h * group + g) * dim;
         for (int64_t d = 0; d < dim; ++d) dst[d] = from_float<T>(acc[i * dim + d] * inv);
       }
@@ -517,11 +521,14 @@ int64_t attention_query_rows() { return g_query_rows.load(); }
 // q: [T, H*D] (rows may be strided); k_cache, v_cache: [S, Hkv, D]; req_to_token: [R, L] int64;
 // per request b: req_pool_indices[b], prefix_lens[b], extend_lens[b], and q_starts[b], the row
 // of its first new token in q. Returns out [T, H*D].
-at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
-                           const at::Tensor& v_cache, const at::Tensor& req_to_token,
-                           const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
-                           const at::Tensor& extend_lens, const at::Tensor& q_starts,
-                           int64_t heads, double scale) {
+namespace {
+
+at::Tensor paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
+                                const at::Tensor& v_cache, const at::Tensor& req_to_token,
+                                const at::Tensor& req_pool_indices,
+                                const at::Tensor& prefix_lens, const at::Tensor& extend_lens,
+                                const at::Tensor& q_starts, int64_t heads, double scale,
+                                const float* sinks) {
   check_cpu(q, "q");
   TORCH_CHECK(q.dim() == 2 && q.stride(1) == 1, "q must be [tokens, heads * dim], unit stride");
   TORCH_CHECK(k_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous(),
@@ -587,12 +594,37 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
               const WorkItem& it = items[w];
               attend_item<T, C>(it, qp, q.stride(0), kc, vc, r2t + rp[it.req] * max_len,
                                 pp[it.req], ep[it.req], sp[it.req], heads, kv_heads, dim,
-                                static_cast<float>(scale), op);
+                                static_cast<float>(scale), op, sinks);
             }
           });
         });
   });
   return out;
+}
+
+}  // namespace
+
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                           const at::Tensor& v_cache, const at::Tensor& req_to_token,
+                           const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
+                           const at::Tensor& extend_lens, const at::Tensor& q_starts,
+                           int64_t heads, double scale) {
+  return paged_attention_impl(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens,
+                              extend_lens, q_starts, heads, scale, nullptr);
+}
+
+// paged_attention with a learned sink logit per query head (gpt-oss): sinks float32 [heads].
+at::Tensor paged_attention_sinks(const at::Tensor& q, const at::Tensor& k_cache,
+                                 const at::Tensor& v_cache, const at::Tensor& req_to_token,
+                                 const at::Tensor& req_pool_indices,
+                                 const at::Tensor& prefix_lens, const at::Tensor& extend_lens,
+                                 const at::Tensor& q_starts, int64_t heads, double scale,
+                                 const at::Tensor& sinks) {
+  TORCH_CHECK(sinks.scalar_type() == at::kFloat && sinks.is_contiguous() &&
+                  sinks.numel() == heads,
+              "sinks must be a contiguous float32 [heads]");
+  return paged_attention_impl(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens,
+                              extend_lens, q_starts, heads, scale, sinks.data_ptr<float>());
 }
 
 }  // namespace radixserve

@@ -14,6 +14,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &radixserve::silu_and_mul);
   m.def("rope_store_kv", &radixserve::rope_store_kv);
   m.def("paged_attention", &radixserve::paged_attention);
+  m.def("paged_attention_sinks", &radixserve::paged_attention_sinks);
   m.def("gguf_linear", &radixserve::gguf_linear);
   m.def("llama_layer", &radixserve::llama_layer);
   m.def("bind_threads", &radixserve::bind_threads);

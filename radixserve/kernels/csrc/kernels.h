@@ -19,6 +19,12 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
                            const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
                            const at::Tensor& extend_lens, const at::Tensor& q_starts,
                            int64_t heads, double scale);
+at::Tensor paged_attention_sinks(const at::Tensor& q, const at::Tensor& k_cache,
+                                 const at::Tensor& v_cache, const at::Tensor& req_to_token,
+                                 const at::Tensor& req_pool_indices,
+                                 const at::Tensor& prefix_lens, const at::Tensor& extend_lens,
+                                 const at::Tensor& q_starts, int64_t heads, double scale,
+                                 const at::Tensor& sinks);
 at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
                        int64_t out_features);
 std::vector<at::Tensor> llama_layer(

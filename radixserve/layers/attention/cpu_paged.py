@@ -3,7 +3,8 @@
 Attention reads K/V through the request-to-token table inside one kernel call per layer
 (radixserve.kernels: C++ where built, PyTorch otherwise), for decode, extend and mixed batches
 alike; RoPE and the KV store are fused into one more call. No per-request Python work per layer.
-Layers with soft-capped scores, and sliding-window layers in batches where the kernel cannot see
+Attention sinks (gpt-oss) the kernel adds to the softmax denominator. Layers with soft-capped
+scores, and sliding-window layers in batches where the kernel cannot see
 exactly the window, take the PyTorch reference (kernels/ops.paged_attention says which).
 """
 
@@ -70,6 +71,7 @@ class CpuPagedAttnBackend(AttentionBackend):
                 layer.scaling,
                 layer.sliding_window,
                 layer.logit_cap,
+                layer.sinks,
             )
         ops.rope_store_kv(
             q,
@@ -119,6 +121,7 @@ class CpuPagedAttnBackend(AttentionBackend):
             layer.scaling,
             layer.sliding_window,
             layer.logit_cap,
+            layer.sinks,
         )
 
     def _attend(
@@ -135,6 +138,7 @@ class CpuPagedAttnBackend(AttentionBackend):
             layer.scaling,
             layer.sliding_window,
             layer.logit_cap,
+            layer.sinks,
         )
 
     def forward_extend(

@@ -20,8 +20,9 @@ class TorchNativeAttnBackend(AttentionBackend):
 
     Extend runs one SDPA per request (prefix + new tokens, causal with the prefix offset); decode
     pads the batch to its longest sequence and masks, so it is a single SDPA call. Layers with
-    a sliding window or soft-capped scores run the plain-PyTorch windowed_attention instead (the
-    same gather through req_to_token, with those masks and the capped softmax spelled out).
+    a sliding window, soft-capped scores or sinks run the plain-PyTorch windowed_attention instead
+    (the same gather through req_to_token, with those masks, the capped softmax and the sink
+    column spelled out: SDPA has no way to add a logit to the softmax denominator).
     """
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
@@ -68,13 +69,14 @@ class TorchNativeAttnBackend(AttentionBackend):
             layer.scaling,
             layer.sliding_window,
             layer.logit_cap,
+            layer.sinks,
         )
         return out.view_as(q)
 
     def forward_extend(
         self, q: torch.Tensor, layer: RadixAttention, forward_batch: ForwardBatch
     ) -> torch.Tensor:
-        if layer.sliding_window is not None or layer.logit_cap is not None:
+        if _needs_windowed(layer):
             return self._windowed(q, layer, forward_batch)
         k_buf, v_buf = forward_batch.kv_cache.get_kv(layer.layer_id)
         out = torch.empty_like(q)
@@ -99,7 +101,7 @@ class TorchNativeAttnBackend(AttentionBackend):
     def forward_decode(
         self, q: torch.Tensor, layer: RadixAttention, forward_batch: ForwardBatch
     ) -> torch.Tensor:
-        if layer.sliding_window is not None or layer.logit_cap is not None:
+        if _needs_windowed(layer):
             return self._windowed(q, layer, forward_batch)
         k_buf, v_buf = forward_batch.kv_cache.get_kv(layer.layer_id)
         k = k_buf[self._decode_slots].to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
@@ -113,6 +115,13 @@ class TorchNativeAttnBackend(AttentionBackend):
             enable_gqa=layer.num_heads != layer.num_kv_heads,
         )
         return o.squeeze(2)
+
+
+def _needs_windowed(layer: RadixAttention) -> bool:
+    """Whether the layer needs more than SDPA's causal softmax."""
+    return (
+        layer.sliding_window is not None or layer.logit_cap is not None or layer.sinks is not None
+    )
 
 
 def _causal_mask_with_prefix(prefix_len: int, new_len: int, device: torch.device) -> torch.Tensor:

@@ -21,21 +21,24 @@ import torch
 # A FusedMoE parameter's shard: (expert, "gate" | "up" | "down").
 ExpertShard = tuple[int, str]
 
-_PER_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
+_PER_EXPERT = re.compile(
+    r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.(weight|bias)$"
+)
 _STACKED = re.compile(r"^(.*\.experts)\.(gate_up_proj|gate_proj|up_proj|down_proj)(?:\.weight)?$")
 _PART = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up"}
 
 
 def expert_shard(name: str) -> tuple[str, ExpertShard] | None:
-    """(FusedMoE parameter name, shard) for a per-expert checkpoint tensor, else None."""
+    """(FusedMoE parameter name, shard) for a per-expert checkpoint tensor (a weight, or a
+    bias where the family has them: gpt-oss), else None."""
     match = _PER_EXPERT.match(name)
     if match is None:
         return None
-    prefix, expert, proj = match.group(1), int(match.group(2)), match.group(3)
+    prefix, expert, proj, kind = match.group(1), int(match.group(2)), match.group(3), match[4]
     part = _PART.get(proj)
     if part is None:  # down_proj / w2
-        return f"{prefix}.w2_weight", (expert, "down")
-    return f"{prefix}.w13_weight", (expert, part)
+        return f"{prefix}.w2_{kind}", (expert, "down")
+    return f"{prefix}.w13_{kind}", (expert, part)
 
 
 def per_expert_tensors(

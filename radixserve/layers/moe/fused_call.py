@@ -32,7 +32,7 @@ class MoECallArgs(NamedTuple):
 def moe_call_args(block: nn.Module) -> MoECallArgs | None:
     """The C++ layer's view of a sparse MLP block (models/moe_common.SparseMoeBlock: `gate`,
     `experts`, `shared_expert`), or None where it cannot run it: a shared expert, float or
-    non-native expert weights, a sigmoid router, a SiLU-less activation, experts split over
+    non-native expert weights, expert biases, a sigmoid or top-k-softmax router, a SiLU-less activation, experts split over
     ranks, a router that is not one plain weight (LoRA, bias, packed)."""
     experts = getattr(block, "experts", None)
     gate = getattr(block, "gate", None)
@@ -42,6 +42,8 @@ def moe_call_args(block: nn.Module) -> MoECallArgs | None:
         return None
     method = experts.quant_method
     if not isinstance(method, GGUFExpertsMethod) or not isinstance(experts.act, SiluAndMul):
+        return None
+    if experts.w13_bias is not None:  # the C++ kernels have no expert biases (gpt-oss)
         return None
     parts = (*method.gate_up_parts, method.down_part)
     if not all(ops.gguf_kernel_type(p.qtype) for p in parts):

@@ -10,6 +10,10 @@ Under --tp-size N each rank holds every expert's slice of the intermediate dimen
 up rows, down columns: the dense MLP's column/row split applied per expert), routes the same
 tokens to the same experts (the router is replicated), and the partial outputs are summed
 across ranks at the end, as a row-parallel layer's are.
+
+Experts may carry biases (gpt-oss): `w13_bias` [experts, 2 * inter] (gate first, sliced per rank
+like the rows) and `w2_bias` [experts, hidden], added after each projection. The down bias is
+added on rank 0 only, so the all-reduce counts it once.
 """
 
 from __future__ import annotations
@@ -35,7 +39,11 @@ class FusedMoE(nn.Module):
         intermediate_size: int,
         router: RouterSpec,
         hidden_act: str = "silu",
+        bias: bool = False,
+        act: nn.Module | None = None,
     ) -> None:
+        """`act` replaces the activation `hidden_act` names (gpt-oss's clamped SwiGLU);
+        `bias`: per-expert biases on gate|up and down."""
         super().__init__()
         if not 0 < router.top_k <= num_experts:
             raise ValueError(f"top_k {router.top_k} is not within 1..{num_experts} experts")
@@ -46,7 +54,7 @@ class FusedMoE(nn.Module):
         # This rank's slice of each expert's intermediate dimension.
         self.intermediate_size = ps.divide(intermediate_size, self.tp_size, "expert size")
         self.router = router
-        self.act = get_act_and_mul(hidden_act)
+        self.act = get_act_and_mul(hidden_act) if act is None else act
         self.quant_method: ExpertsMethod = UnquantizedExpertsMethod()
         self.quant_method.create_weights(self, num_experts, hidden_size, self.intermediate_size)
         experts = range(num_experts)
@@ -54,14 +62,30 @@ class FusedMoE(nn.Module):
         self.w2_weight.shard_ids = tuple((e, "down") for e in experts)
         self.w13_weight.weight_loader = self.weight_loader
         self.w2_weight.weight_loader = self.weight_loader
+        self.w13_bias: nn.Parameter | None = None
+        self.w2_bias: nn.Parameter | None = None
+        if bias:
+            dtype = self.w13_weight.dtype
+            inter2 = 2 * self.intermediate_size
+            self.w13_bias = nn.Parameter(
+                torch.empty(num_experts, inter2, dtype=dtype), requires_grad=False
+            )
+            self.w2_bias = nn.Parameter(
+                torch.empty(num_experts, hidden_size, dtype=dtype), requires_grad=False
+            )
+            self.w13_bias.shard_ids = self.w13_weight.shard_ids
+            self.w2_bias.shard_ids = self.w2_weight.shard_ids
+            self.w13_bias.weight_loader = self.weight_loader
+            self.w2_bias.weight_loader = self.weight_loader
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
     ) -> None:
-        """Copy this rank's slice of one expert's gate, up (rows) or down (columns) matrix into
-        its place in the stack."""
+        """Copy this rank's slice of one expert's gate, up (rows) or down (columns) matrix, or
+        of its bias, into its place in the stack."""
         # Checked directly, not by a scan of param.shard_ids (2 x experts entries, per tensor).
-        parts = ("down",) if param is self.w2_weight else ("gate", "up")
+        is_down = param is self.w2_weight or param is self.w2_bias
+        parts = ("down",) if is_down else ("gate", "up")
         if not (
             isinstance(shard_id, tuple)
             and len(shard_id) == 2
@@ -75,7 +99,10 @@ class FusedMoE(nn.Module):
         inter = self.intermediate_size
         start = self.tp_rank * inter
         if part == "down":
-            copy_checked(target, loaded_weight.narrow(1, start, inter))
+            if loaded_weight.dim() == 1:  # the down bias: whole on every rank
+                copy_checked(target, loaded_weight)
+            else:
+                copy_checked(target, loaded_weight.narrow(1, start, inter))
             return
         target = target.narrow(0, 0 if part == "gate" else inter, inter)
         copy_checked(target, loaded_weight.narrow(0, start, inter))
@@ -117,7 +144,6 @@ class FusedMoE(nn.Module):
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         flat_weights = weights.reshape(-1)
         out = torch.zeros_like(hidden)
-        method = self.quant_method
         start = 0
         for expert, count in enumerate(counts):
             if count == 0:
@@ -125,8 +151,7 @@ class FusedMoE(nn.Module):
             picks = order[start : start + count]
             start += count
             tokens = picks // top_k
-            x = hidden[tokens]
-            y = method.down(self, expert, self.act(method.gate_up(self, expert, x)))
+            y = self._expert(expert, hidden[tokens])
             out.index_add_(0, tokens, y * flat_weights[picks, None])
         return out
 
@@ -138,12 +163,23 @@ class FusedMoE(nn.Module):
         the grouped path over one row, so the same bits."""
         method = self.quant_method
         chosen = sorted(zip(experts.tolist(), weights.tolist(), strict=True))
-        if getattr(self.act, "use_fast_kernels", False):  # SiLU with the C++ kernels on
+        # SiLU with the C++ kernels on; the fused kernel has no biases.
+        if getattr(self.act, "use_fast_kernels", False) and self.w13_bias is None:
             fused = method.one_token(hidden, [e for e, _ in chosen], [w for _, w in chosen])
             if fused is not None:
                 return fused
         out = torch.zeros_like(hidden)
         for expert, weight in chosen:
-            y = method.down(self, expert, self.act(method.gate_up(self, expert, hidden)))
-            out += y * weight
+            out += self._expert(expert, hidden) * weight
         return out
+
+    def _expert(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        """One expert over its rows: gate|up, activation, down, with the biases if any."""
+        method = self.quant_method
+        gate_up = method.gate_up(self, expert, x)
+        if self.w13_bias is not None:
+            gate_up = gate_up + self.w13_bias[expert].to(gate_up.dtype)
+        y = method.down(self, expert, self.act(gate_up))
+        if self.w2_bias is not None and self.tp_rank == 0:
+            y = y + self.w2_bias[expert].to(y.dtype)
+        return y

@@ -3,7 +3,8 @@
 The arithmetic follows transformers' routers so float32 results match bit for bit: the scores
 are computed in float32 (softmax over all experts, or a sigmoid per expert), the top k are
 taken, optionally divided by their sum (`norm_topk_prob`; Mixtral always does), and the weights
-are cast back to the activations' dtype before they scale the experts' outputs.
+are cast back to the activations' dtype before they scale the experts' outputs. gpt-oss takes
+the top k of the raw logits first and softmaxes over those k only (TOPK_SOFTMAX).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 class Scoring(enum.Enum):
     SOFTMAX = "softmax"  # Mixtral, Qwen2/3-MoE, OLMoE
     SIGMOID = "sigmoid"  # DeepSeek-V3-style routers
+    TOPK_SOFTMAX = "topk_softmax"  # gpt-oss: softmax over the k largest logits only
 
 
 class RouterSpec(NamedTuple):
@@ -34,6 +36,11 @@ class Routing(NamedTuple):
 
 def route(logits: torch.Tensor, spec: RouterSpec, out_dtype: torch.dtype) -> Routing:
     """logits [tokens, experts] -> each token's top-k experts and their weights."""
+    if spec.scoring is Scoring.TOPK_SOFTMAX:
+        # The same experts as a full softmax would pick (it is monotonic); the weights are a
+        # softmax over the k chosen logits, which already sum to 1 (renormalize is moot).
+        chosen, experts = torch.topk(logits.float(), spec.top_k, dim=-1)
+        return Routing(torch.softmax(chosen, dim=-1).to(out_dtype), experts)
     if spec.scoring is Scoring.SOFTMAX:
         scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
     else:
