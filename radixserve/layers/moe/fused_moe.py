@@ -109,9 +109,9 @@ class FusedMoE(nn.Module):
 
     def fused_call_allowed(self) -> bool:
         """Whether the one-call C++ decoder layer may run this layer in its place
-        (layers/moe/fused_call.py): it routes and runs every expert on one rank and records
-        nothing."""
-        return self.tp_size == 1
+        (layers/moe/fused_call.py): it routes and runs every expert on one rank, without
+        expert biases, and records nothing."""
+        return self.tp_size == 1 and self.w13_bias is None and self.w2_bias is None
 
     # Under --enable-torch-compile the data-dependent expert loop runs eagerly between
     # compiled graphs: traced, each new set of chosen experts recompiled the graph until
@@ -133,7 +133,8 @@ class FusedMoE(nn.Module):
         self, hidden: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
     ) -> torch.Tensor:
         """Each chosen expert once, over all the rows routed to it."""
-        if getattr(self.act, "use_fast_kernels", False):  # SiLU with the C++ kernels on
+        # SiLU with the C++ kernels on; the fused kernel has no biases.
+        if getattr(self.act, "use_fast_kernels", False) and self.w13_bias is None:
             fused = self.quant_method.few_rows(hidden, experts, weights)
             if fused is not None:
                 return fused
