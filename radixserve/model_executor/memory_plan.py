@@ -6,6 +6,11 @@ a few dozen requests at a time. So when neither --max-total-tokens nor --mem-fra
 given, the CPU pool is capped at CPU_KV_CAP_CONTEXTS full contexts (at least CPU_KV_CAP_MIN
 tokens). The pool is allocated uninitialised either way, so the OS commits its pages only as
 they are used.
+
+The default fraction on a CPU (half the RAM for weights and KV) would refuse a model whose
+weights alone take more than that though it fits the machine (a 30B-A3B MoE in Q4_K_M is 17 GiB
+on a 24 GiB host). So when nothing was asked for, a CPU pool may also use what
+CPU_LARGE_MODEL_FRACTION of the RAM leaves after the weights, whichever is more.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ logger = logging.getLogger(__name__)
 
 CPU_KV_CAP_CONTEXTS = 4
 CPU_KV_CAP_MIN = 65_536
+CPU_LARGE_MODEL_FRACTION = 0.9
 
 
 class KvPoolSize(NamedTuple):
@@ -51,6 +57,15 @@ def plan_kv_pool(
     else:
         tokens = from_memory
         reason = f"--mem-fraction-static {mem_fraction_static} of {memory_bytes / 2**30:.1f} GiB"
+        if device == "cpu" and sized_by_default:
+            large = int(memory_bytes * CPU_LARGE_MODEL_FRACTION) - weight_bytes
+            if large // bytes_per_token > tokens:
+                tokens = large // bytes_per_token
+                reason = (
+                    f"{CPU_LARGE_MODEL_FRACTION} of {memory_bytes / 2**30:.1f} GiB less the "
+                    f"{weight_bytes / 2**30:.1f} GiB of weights (they exceed the default "
+                    "--mem-fraction-static)"
+                )
         cap = max(CPU_KV_CAP_CONTEXTS * context_len, CPU_KV_CAP_MIN)
         if device == "cpu" and sized_by_default and tokens > cap:
             tokens = cap

@@ -56,3 +56,16 @@ def test_server_args_record_whether_the_pool_was_sized_by_default() -> None:
     assert ServerArgs(device="cpu").kv_pool_sized_by_default
     assert not ServerArgs(device="cpu", mem_fraction_static=0.3).kv_pool_sized_by_default
     assert not ServerArgs(device="cpu", max_total_tokens=4096).kv_pool_sized_by_default
+
+
+def test_a_cpu_model_larger_than_the_default_fraction_still_gets_a_pool() -> None:
+    """17 GiB of weights on a 24 GiB host: half the RAM leaves nothing, 90% leaves a pool; an
+    explicit fraction is still honoured (and refused when it leaves nothing)."""
+    big = {**BASE, "weight_bytes": 17 * GIB, "bytes_per_token": 98_304, "context_len": 4096}
+    pool = plan_kv_pool(**big)
+    assert pool.tokens == (int(24 * GIB * 0.9) - 17 * GIB) // 98_304
+    assert "exceed the default --mem-fraction-static" in pool.reason
+    with pytest.raises(ValueError, match="raise --mem-fraction-static"):
+        plan_kv_pool(**{**big, "sized_by_default": False})
+    small = plan_kv_pool(**BASE)  # a small model keeps the capped default
+    assert "capped on CPU" in small.reason
