@@ -151,3 +151,34 @@ def test_pipeline_stages_load_only_their_experts(
             seen.add(name)
     assert seen == set(whole)
     assert any(".experts.w13_weight" in name for name in seen)
+
+
+def test_retraction_keeps_transformers_tokens(qwen3_moe: tuple) -> None:
+    """A KV pool too small for every request at once: requests are retracted and re-prefilled
+    (their experts rerun over the recomputed rows) and still end with transformers' tokens,
+    each exactly once, with the pool empty afterwards."""
+    from radixserve import Engine
+
+    folder, hf = qwen3_moe
+    prompts = [[3 + i, *range(10 + i, 40 + i)] for i in range(6)]
+    expected = transformers_greedy(hf, prompts, new_tokens=24)
+    with Engine(
+        model_path=str(folder),
+        runtime="thread",
+        dtype="float32",
+        skip_tokenizer_init=True,
+        skip_server_warmup=True,
+        max_total_tokens=160,
+        page_size=4,
+        attention_backend="intel_amx",
+    ) as engine:
+        outs = engine.generate(
+            input_ids=prompts,
+            sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True},
+        )
+        assert [o["output_ids"] for o in outs] == expected
+        assert sum(o["meta_info"]["num_retractions"] for o in outs) > 0
+        assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)
+        info = engine.get_server_info()  # every request's KV given back
+        assert info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0
+        assert info["available_kv_tokens"] + info["cached_tokens"] == info["max_total_num_tokens"]
