@@ -122,9 +122,6 @@ class LoRAManager:
             segments.append(LoRASegment(placement.slot, index))
         self.state.segments = segments
 
-    def finish_step(self) -> None:
-        self.state.segments = []
-
     def _fill_slot(self, slot: int, adapter: LoRAAdapter) -> None:
         for key, hook in self.hooks.items():
             weights = adapter.weights.get(key)

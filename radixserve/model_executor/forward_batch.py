@@ -28,10 +28,6 @@ class ForwardMode(enum.Enum):
     def is_decode(self) -> bool:
         return self is ForwardMode.DECODE
 
-    @property
-    def is_extend(self) -> bool:
-        return self is ForwardMode.EXTEND
-
 
 @dataclass
 class ForwardBatch:
