@@ -233,8 +233,9 @@ def _blocked(moe: FusedMoE, gate_t: int, up_t: int, down_t: int) -> FusedMoE:
 def test_fused_one_token_kernel_equals_the_expert_loop(
     types: tuple[int, int, int], int8: bool
 ) -> None:
-    """kernels/csrc/moe.cpp (both projections of every chosen expert in two parallel regions)
-    gives the per-expert loop's bits, whatever the block types and activation format."""
+    """kernels/csrc/moe.cpp on one row (both projections of every chosen expert in two parallel
+    regions) gives the per-expert loop's bits, whatever the block types and activation
+    format."""
     from radixserve.kernels.build import load_extension
 
     ext = load_extension()
@@ -256,9 +257,7 @@ def test_fused_one_token_kernel_equals_the_expert_loop(
             fused = blocked(x, logits)
             weights, experts = route(logits, blocked.router, x.dtype)
             chosen = sorted(zip(experts[0].tolist(), weights[0].tolist(), strict=True))
-            direct = blocked.quant_method.one_token(
-                x, [e for e, _ in chosen], [w for _, w in chosen]
-            )
+            direct = blocked.quant_method.few_rows(x, experts, weights)
             assert direct is not None
             assert torch.equal(direct, fused)
             # The loop's silu_and_mul on the fast path is the C++ one: compare with it on.
@@ -289,8 +288,8 @@ def test_few_rows_kernel_gives_each_row_its_batch_one_bits(
 ) -> None:
     """kernels/csrc/moe.cpp's moe_rows_gguf (every chosen expert over its rows, all in two
     parallel regions) runs the grouped path up to its row limit: each row's output is bitwise
-    what that row gets alone (the one-token kernel), so the batch does not change a token's
-    result, and it stays close to the per-expert loop on the reference activation."""
+    what that row gets alone, so the batch does not change a token's result, and it stays
+    close to the per-expert loop on the reference activation."""
     from radixserve.kernels.build import load_extension
 
     ext = load_extension()

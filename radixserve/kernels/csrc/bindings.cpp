@@ -39,7 +39,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("float_linear_packed", &radixserve::float_linear_packed);
   m.def("float_linear", &radixserve::float_linear);
   m.def("set_float_packed_min_rows", &radixserve::set_float_packed_min_rows);
-  m.def("moe_token_gguf", &radixserve::moe_token_gguf);
   m.def("moe_rows_gguf", &radixserve::moe_rows_gguf);
   m.attr("moe_rows_max_tokens") = radixserve::kMoERowsMaxTokens;
   m.def("set_attention_query_rows", &radixserve::set_attention_query_rows);

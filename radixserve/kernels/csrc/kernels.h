@@ -41,13 +41,7 @@ bool gguf_tiled_available();
 at::Tensor float_linear_packed(const at::Tensor& x, const at::Tensor& w);
 at::Tensor float_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias);
 void set_float_packed_min_rows(int64_t rows);
-// One token through its chosen experts' GGUF blocks (moe.cpp).
-at::Tensor moe_token_gguf(const at::Tensor& x, const std::vector<int64_t>& experts,
-                          const std::vector<double>& weights,
-                          const std::vector<at::Tensor>& gate_up,
-                          const std::vector<int64_t>& gate_up_qtypes, const at::Tensor& down,
-                          int64_t down_qtype);
-// Many tokens through their chosen experts (moe.cpp): the grouped path's sums in two parallel
+// Tokens through their chosen experts (moe.cpp): the grouped path's sums in two parallel
 // regions; x [T, H] float32, experts/weights [T, k]. Used (by FusedMoE and moe_layer.cpp
 // alike) up to kMoERowsMaxTokens tokens: beyond, each expert has enough rows for the
 // many-row GEMM kernels (panels, AMX) of gguf_linear.
@@ -80,8 +74,8 @@ struct MoEBlock {
 };
 // x [T, H] (the post-attention normed hidden) -> [T, H].
 at::Tensor moe_block_forward(const MoEBlock& moe, const at::Tensor& x);
-// One float32 token's chosen experts in ascending id and their weights (FusedMoE._one_token's
-// order), from the same router and routing calls as moe_block_forward.
+// One float32 token's chosen experts in ascending id and their weights (the order the experts'
+// outputs are added in), from the same router and routing calls as moe_block_forward.
 struct TokenRoute {
   std::vector<int64_t> experts;
   std::vector<double> weights;

@@ -1,10 +1,10 @@
-// One token through its k chosen experts on GGUF blocks (a batch-1 MoE decode step), in two
-// parallel regions instead of one kernel call per projection and expert: every chosen expert's
-// gate|up columns split over the threads at once, then every expert's down columns. Each
-// expert's row is quantized and multiplied exactly as gguf_linear does it for one row (its own
-// activation buffer, the same column kernels), silu(gate) * up is silu_and_mul's, and the
-// weighted sum adds the experts in the order given, y * weight rounded before the add, as
-// FusedMoE's Python loop does: the same bits as that loop (layers/moe/fused_moe.py).
+// Tokens through their chosen experts on GGUF blocks (MoE decode steps and verify rows): every
+// chosen expert runs once over the rows routed to it, all experts' gate|up columns split over
+// the threads in one parallel region, then all their down columns in another, instead of a few
+// kernel calls and regions per chosen expert. Rows are quantized and multiplied as gguf_linear
+// does for a few rows (the same column kernels), silu(gate) * up is silu_and_mul's, and each
+// token's experts are added in ascending id, y * weight rounded before the add, as FusedMoE's
+// grouped loop does (layers/moe/fused_moe.py). A row's result does not depend on the other rows.
 #include <vector>
 
 #include "common.h"
@@ -16,36 +16,6 @@
 
 namespace radixserve {
 namespace {
-
-// One activation row in the format gguf_linear would quantize it to for `qtype` at one row.
-struct RowActivations {
-  QuantizedRows q16;
-  Q8KRows q8;
-  bool int8 = false;
-};
-
-bool uses_int8(int64_t qtype) { return kquant_int8() && q8k_type(qtype); }
-
-void quantize_row(const float* x, int64_t k, bool int8, RowActivations& out) {
-  out.int8 = int8;
-  if (int8) {
-    size_q8k_row(k, out.q8);
-    quantize_q8k_row_blocks(x, k, 0, k / 256, out.q8);
-  } else {
-    size_quantized_row(k, out.q16);
-    quantize_row_blocks(x, k, 0, k / 32, out.q16);
-  }
-}
-
-// Columns [begin, end) of one row times blocks W [N, K]: gguf_linear's single-row kernels.
-void row_columns(const uint8_t* blocks, int64_t row_bytes, int64_t qtype,
-                 const RowActivations& x, int64_t k, float* out, int64_t begin, int64_t end) {
-  if (x.int8) {
-    q8k_dot_columns(blocks, row_bytes, qtype, x.q8, k, 0, 1, out, 0, begin, end);
-  } else {
-    gguf_gemv_columns(blocks, row_bytes, qtype, x.q16, k, out, begin, end);
-  }
-}
 
 struct Projection {
   const uint8_t* base;  // expert 0's blocks
@@ -63,6 +33,8 @@ Projection projection(const at::Tensor& blocks, int64_t qtype, int64_t k, const 
           blocks.size(1), qtype};
 }
 
+bool uses_int8(int64_t qtype) { return kquant_int8() && q8k_type(qtype); }
+
 }  // namespace
 
 // out += y * weight, the product rounded first (no fused multiply-add: the Python loop's
@@ -75,90 +47,6 @@ __attribute__((optimize("fp-contract=off"))) void add_weighted_f32(float* out, c
   }
 }
 
-// x: [1, H] float32; experts / weights: the token's chosen experts (in the order to add them)
-// and their routing weights; gate_up: parts [E, rows_p, bytes] (rows summing to 2 * I, gate's
-// first) with their GGML types; down: [E, H, bytes]. Returns [1, H] float32.
-at::Tensor moe_token_gguf(const at::Tensor& x, const std::vector<int64_t>& experts,
-                          const std::vector<double>& weights,
-                          const std::vector<at::Tensor>& gate_up,
-                          const std::vector<int64_t>& gate_up_qtypes, const at::Tensor& down,
-                          int64_t down_qtype) {
-  check_cpu(x, "x");
-  TORCH_CHECK(x.dim() == 2 && x.size(0) == 1 && x.scalar_type() == at::kFloat && x.is_contiguous(),
-              "x must be one contiguous float32 row");
-  TORCH_CHECK(experts.size() == weights.size() && !experts.empty(), "one weight per expert");
-  TORCH_CHECK(gate_up.size() == gate_up_qtypes.size() && !gate_up.empty(), "gate|up parts");
-  const int64_t hidden = x.size(1), top_k = static_cast<int64_t>(experts.size());
-  std::vector<Projection> parts;
-  int64_t inter2 = 0;
-  for (size_t p = 0; p < gate_up.size(); ++p) {
-    parts.push_back(projection(gate_up[p], gate_up_qtypes[p], hidden, "gate_up"));
-    inter2 += parts.back().rows;
-  }
-  TORCH_CHECK(inter2 % 2 == 0, "gate|up must have an even number of rows");
-  const int64_t inter = inter2 / 2;
-  const Projection dn = projection(down, down_qtype, inter, "down");
-  TORCH_CHECK(dn.rows == hidden, "down must have H rows");
-  const int64_t num_experts = gate_up[0].size(0);
-  for (const at::Tensor& t : gate_up) TORCH_CHECK(t.size(0) == num_experts, "expert counts");
-  TORCH_CHECK(down.size(0) == num_experts, "expert counts");
-  for (int64_t e : experts) TORCH_CHECK(e >= 0 && e < num_experts, "expert id out of range");
-
-  // x once per activation format its gate|up parts take.
-  RowActivations x16, x8;
-  bool need16 = false, need8 = false;
-  for (const Projection& p : parts) (uses_int8(p.qtype) ? need8 : need16) = true;
-  if (need16) quantize_row(x.data_ptr<float>(), hidden, false, x16);
-  if (need8) quantize_row(x.data_ptr<float>(), hidden, true, x8);
-
-  std::vector<float> gu(top_k * inter2);
-  at::parallel_for(0, top_k * inter2, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end;) {  // one run of columns within one expert's one part
-      const int64_t j = c / inter2;
-      int64_t col = c % inter2, offset = 0;
-      size_t p = 0;
-      while (col >= offset + parts[p].rows) offset += parts[p++].rows;
-      const int64_t stop = std::min(end - c + col, offset + parts[p].rows);
-      const Projection& proj = parts[p];
-      row_columns(proj.base + experts[j] * proj.expert_bytes, proj.row_bytes, proj.qtype,
-                  uses_int8(proj.qtype) ? x8 : x16, hidden, gu.data() + j * inter2 + offset,
-                  col - offset, stop - offset);
-      c += stop - col;
-    }
-  });
-
-  // silu(gate) * up per expert, then each expert's row quantized for down on its own.
-  std::vector<float> act(top_k * inter);
-  std::vector<RowActivations> acts(top_k);
-  const bool int8_down = uses_int8(down_qtype);
-  for (int64_t j = 0; j < top_k; ++j) {
-    silu_mul_span_f32(gu.data() + j * inter2, gu.data() + j * inter2 + inter,
-                      act.data() + j * inter, inter);
-    quantize_row(act.data() + j * inter, inter, int8_down, acts[j]);
-  }
-
-  std::vector<float> ys(top_k * hidden);
-  at::parallel_for(0, top_k * hidden, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end;) {
-      const int64_t j = c / hidden, col = c % hidden;
-      const int64_t stop = std::min(end - c + col, hidden);
-      row_columns(dn.base + experts[j] * dn.expert_bytes, dn.row_bytes, dn.qtype, acts[j],
-                  inter, ys.data() + j * hidden, col, stop);
-      c += stop - col;
-    }
-  });
-
-  auto out = at::zeros({1, hidden}, x.options());
-  float* op = out.data_ptr<float>();
-  for (int64_t j = 0; j < top_k; ++j) {
-    add_weighted_f32(op, ys.data() + j * hidden, static_cast<float>(weights[j]), hidden);
-  }
-  return out;
-}
-
-}  // namespace radixserve
-
-namespace radixserve {
 namespace {
 
 // A few activation rows (gathered, one per (token, expert) assignment) in the formats the

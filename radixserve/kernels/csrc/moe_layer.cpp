@@ -90,12 +90,6 @@ TokenRoute route_token(const MoEBlock& moe, const at::Tensor& x) {
 at::Tensor moe_block_forward(const MoEBlock& moe, const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2, "x must be [tokens, hidden]");
   const auto [weights, chosen] = route_rows(moe, x);
-  if (x.size(0) == 1 && x.scalar_type() == at::kFloat && x.is_contiguous()) {
-    // One token: its experts in ascending id, in one kernel call (FusedMoE._one_token).
-    const TokenRoute route = sorted_route(weights, chosen, moe.top_k);
-    return moe_token_gguf(x, route.experts, route.weights, moe.gate_up, moe.gate_up_qtypes,
-                          moe.down, moe.down_qtype);
-  }
   if (x.size(0) <= kMoERowsMaxTokens && x.scalar_type() == at::kFloat && x.is_contiguous()) {
     return moe_rows_gguf(x, chosen, weights, moe.gate_up, moe.gate_up_qtypes, moe.down,
                          moe.down_qtype);

@@ -363,7 +363,7 @@ std::vector<at::Tensor> run_single_row_chain(const std::vector<LlamaLayerChain::
 #pragma omp parallel num_threads(threads)
     {
       const int64_t t = omp_get_thread_num(), team = omp_get_num_threads();
-      if (routed >= 0) {  // the routed layer's experts: moe_token_gguf's arithmetic
+      if (routed >= 0) {  // the routed layer's experts: moe_rows_gguf's arithmetic for one row
         const ExpertStacks& ex = *ptrs[routed].experts;
         const ChainInput& x_in = ptrs[routed].inputs[kGateUp];
         const int64_t k = static_cast<int64_t>(route.experts.size()), inter = ex.inter;

@@ -122,22 +122,29 @@ class FusedMoE(nn.Module):
 
     def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, experts = route(router_logits, self.router, hidden.dtype)
-        if hidden.shape[0] == 1:
-            out = self._one_token(hidden, weights[0], experts[0])
-        else:
-            out = self._grouped(hidden, weights, experts)
+        out = self._fused(hidden, weights, experts)
+        if out is None:
+            out = (
+                self._one_token(hidden, weights[0], experts[0])
+                if hidden.shape[0] == 1
+                else self._grouped(hidden, weights, experts)
+            )
         # Each rank summed its slice of the intermediate dimension.
         return out if self.tp_size == 1 else ps.tensor_model_parallel_all_reduce(out)
+
+    def _fused(
+        self, hidden: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
+    ) -> torch.Tensor | None:
+        """The experts' one C++ call for a few rows (kernels/csrc/moe.cpp: the grouped loop's
+        sums), where the method has one: SiLU on the C++ kernels, no expert biases."""
+        if not getattr(self.act, "use_fast_kernels", False) or self.w13_bias is not None:
+            return None
+        return self.quant_method.few_rows(hidden, experts, weights)
 
     def _grouped(
         self, hidden: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
     ) -> torch.Tensor:
         """Each chosen expert once, over all the rows routed to it."""
-        # SiLU with the C++ kernels on; the fused kernel has no biases.
-        if getattr(self.act, "use_fast_kernels", False) and self.w13_bias is None:
-            fused = self.quant_method.few_rows(hidden, experts, weights)
-            if fused is not None:
-                return fused
         top_k = self.router.top_k
         flat = experts.reshape(-1)
         # Every (token, slot) assignment, ordered by expert: each expert's rows are one run.
@@ -162,13 +169,7 @@ class FusedMoE(nn.Module):
         """A batch-1 decode step: the token's k experts in ascending id, without the grouping's
         index work (a third of a layer's time at batch 1). The same sums in the same order as
         the grouped path over one row, so the same bits."""
-        method = self.quant_method
         chosen = sorted(zip(experts.tolist(), weights.tolist(), strict=True))
-        # SiLU with the C++ kernels on; the fused kernel has no biases.
-        if getattr(self.act, "use_fast_kernels", False) and self.w13_bias is None:
-            fused = method.one_token(hidden, [e for e, _ in chosen], [w for _, w in chosen])
-            if fused is not None:
-                return fused
         out = torch.zeros_like(hidden)
         for expert, weight in chosen:
             out += self._expert(expert, hidden) * weight

@@ -42,13 +42,6 @@ class ExpertsMethod(ABC):
         """Bytes of GGUF blocks the experts are held as (0 for float weights)."""
         return 0
 
-    def one_token(
-        self, x: torch.Tensor, experts: list[int], weights: list[float]
-    ) -> torch.Tensor | None:
-        """One row through the chosen experts (silu gated), summed with the weights in the
-        order given, in one fused call; None where this form has none (the caller loops)."""
-        return None
-
     def few_rows(
         self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor | None:
@@ -107,24 +100,6 @@ class GGUFExpertsMethod(ExpertsMethod):
 
     def block_bytes(self) -> int:
         return sum(p.blocks.numel() for p in (*self.gate_up_parts, self.down_part))
-
-    def one_token(
-        self, x: torch.Tensor, experts: list[int], weights: list[float]
-    ) -> torch.Tensor | None:
-        """kernels/csrc/moe.cpp where every part has a C++ kernel: both projections of all
-        chosen experts in two parallel regions, the same bits as the per-expert loop."""
-        ext = self._extension(x)
-        if ext is None:
-            return None
-        return ext.moe_token_gguf(
-            x,
-            experts,
-            weights,
-            [p.blocks for p in self.gate_up_parts],
-            [p.qtype for p in self.gate_up_parts],
-            self.down_part.blocks,
-            self.down_part.qtype,
-        )
 
     def few_rows(
         self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
