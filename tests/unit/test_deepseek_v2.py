@@ -129,6 +129,14 @@ def test_chunked_prefill(checkpoint: tuple) -> None:
     assert engine_greedy(folder, prompts, "torch_native", chunked_prefill_size=8) == expected
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_paged_kv(checkpoint: tuple, backend: str) -> None:
+    """Pages of 4 latent rows (--page-size 4): the same tokens."""
+    folder, hf = checkpoint
+    got = engine_greedy(folder, PROMPTS, backend, page_size=4)
+    assert got == transformers_greedy(hf, PROMPTS)
+
+
 def test_stacked_expert_checkpoint(tmp_path: Path) -> None:
     """transformers' in-memory layout (mlp.experts.gate_up_proj [E, 2I, H], down_proj
     [E, H, I]) saved as is loads as well as the per-expert one save_pretrained writes."""
