@@ -123,6 +123,21 @@ class DeepseekV2ForCausalLM(MoEWeights, LlamaForCausalLM):
     # transformers names the shared MLP mlp.shared_experts; SparseMoeBlock's is shared_expert.
     module_renames = ((".mlp.shared_experts.", ".mlp.shared_expert."),)
 
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        hf = config.hf_config
+        row = int(hf.kv_lora_rank) + int(hf.qk_rope_head_dim)
+        heads = int(hf.num_attention_heads)
+        expanded = heads * (
+            int(hf.qk_nope_head_dim) + int(hf.qk_rope_head_dim) + int(hf.v_head_dim)
+        )
+        logger.info(
+            "DeepSeek-V2 MLA: the KV cache holds %d values per token and layer (the expanded "
+            "per-head K and V would take %d)",
+            row,
+            expanded,
+        )
+
     @classmethod
     def make_layer(
         cls, config: ModelConfig, layer_id: int, rotary_emb: RotaryEmbedding

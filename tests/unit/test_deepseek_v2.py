@@ -137,6 +137,22 @@ def test_paged_kv(checkpoint: tuple, backend: str) -> None:
     assert got == transformers_greedy(hf, PROMPTS)
 
 
+def test_ngram_speculative_decoding(checkpoint: tuple) -> None:
+    """NGRAM drafts verified in one forward, the accepted branch's latent rows moved by
+    copy_slots (K and V one buffer): still transformers' greedy tokens."""
+    folder, hf = checkpoint
+    prompts = [[5, 6, 7, 8] * 6, [9, 10, 11] * 8]
+    got = engine_greedy(
+        folder,
+        prompts,
+        "intel_amx",
+        new_tokens=16,
+        speculative_algorithm="NGRAM",
+        speculative_num_draft_tokens=4,
+    )
+    assert got == transformers_greedy(hf, prompts, new_tokens=16)
+
+
 def test_stacked_expert_checkpoint(tmp_path: Path) -> None:
     """transformers' in-memory layout (mlp.experts.gate_up_proj [E, 2I, H], down_proj
     [E, H, I]) saved as is loads as well as the per-expert one save_pretrained writes."""
