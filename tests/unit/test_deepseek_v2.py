@@ -196,3 +196,35 @@ def test_group_limited_greedy_router() -> None:
     # Grouping changes the choice for some tokens: a plain top-3 picks outside the groups.
     plain = route(logits, RouterSpec(3), torch.float32).experts
     assert not torch.equal(plain.sort(dim=-1).values, experts.sort(dim=-1).values)
+
+
+def test_hierarchical_cache(tmp_path: Path) -> None:
+    """Latent rows pushed off a 512-token device pool come back from the host tier: the same
+    tokens as without it, 288 of each prompt's tokens read from the host."""
+    import random
+
+    make_tiny_checkpoint(tmp_path, "deepseek_v2", **V2_LITE)
+    rng = random.Random(0)
+    docs = [[rng.randrange(3, 256) for _ in range(300)] for _ in range(3)]
+    params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+
+    def ask_each_twice(**engine_args: Any) -> list[dict[str, Any]]:
+        with Engine(
+            model_path=str(tmp_path),
+            runtime="thread",
+            dtype="float32",
+            skip_tokenizer_init=True,
+            skip_server_warmup=True,
+            max_total_tokens=512,
+            **engine_args,
+        ) as engine:
+            return [
+                engine.generate(input_ids=[*doc, 10 + rnd, 20 + i], sampling_params=params)
+                for rnd in range(2)
+                for i, doc in enumerate(docs)
+            ]
+
+    plain = ask_each_twice()
+    tiered = ask_each_twice(enable_hierarchical_cache=True, hicache_write_policy="write_through")
+    assert [r["output_ids"] for r in tiered] == [r["output_ids"] for r in plain]
+    assert [r["meta_info"]["cached_tokens_details"]["host"] for r in tiered[3:]] == [288] * 3
