@@ -15,9 +15,9 @@ logger = logging.getLogger(__name__)
 class KVCache:
     """K and V for `size` token slots in each of `num_layers` layers, layout [slot, head, dim].
 
-    `v_shares_k` (multi-head latent attention, DeepSeek-V2): the model's values are read from
-    its keys (a token's cache row is one latent "head", and the value is its leading part), so
-    V is the very same buffer as K: stored once, and `get_kv` returns it twice."""
+    `v_shares_k` (multi-head latent attention, DeepSeek-V2): a token's cache row is one latent
+    "head" that serves as both its key and its value (the model keeps the latent part of the
+    output), so V is the very same buffer as K: stored once, and `get_kv` returns it twice."""
 
     def __init__(
         self,
