@@ -13,7 +13,11 @@ logger = logging.getLogger(__name__)
 
 
 class KVCache:
-    """K and V for `size` token slots in each of `num_layers` layers, layout [slot, head, dim]."""
+    """K and V for `size` token slots in each of `num_layers` layers, layout [slot, head, dim].
+
+    `v_shares_k` (multi-head latent attention, DeepSeek-V2): a token's cache row is one latent
+    "head" that serves as both its key and its value (the model keeps the latent part of the
+    output), so V is the very same buffer as K: stored once, and `get_kv` returns it twice."""
 
     def __init__(
         self,
@@ -24,12 +28,14 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device | str,
         owned_layers: range | None = None,
+        v_shares_k: bool = False,
     ) -> None:
         self.size = size
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
+        self.v_shares_k = v_shares_k
         self.device = torch.device(device)
         # One extra slot, kept at zero, that padded reads point at. The rest is left
         # uninitialised: every slot is written before it is read, and not touching a large pool
@@ -45,21 +51,33 @@ class KVCache:
             return torch.empty(rows, dtype=dtype, device=device)
 
         self.k_buffers = [buffer(i) for i in range(num_layers)]
-        self.v_buffers = [buffer(i) for i in range(num_layers)]
-        for buf in (*self.k_buffers, *self.v_buffers):
+        self.v_buffers = self.k_buffers if v_shares_k else [buffer(i) for i in range(num_layers)]
+        for buf in self._distinct_buffers():
             if len(buf):
                 buf[size].zero_()
 
+    def _distinct_buffers(self) -> list[torch.Tensor]:
+        """Every buffer once (K alone when V shares it)."""
+        return self.k_buffers if self.v_shares_k else [*self.k_buffers, *self.v_buffers]
+
     @staticmethod
     def bytes_per_token(
-        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        v_shares_k: bool = False,
     ) -> int:
         element_size = torch.empty((), dtype=dtype).element_size()
-        return 2 * num_layers * num_kv_heads * head_dim * element_size
+        tensors = 1 if v_shares_k else 2
+        return tensors * num_layers * num_kv_heads * head_dim * element_size
 
     def set_kv(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v: [num_tokens, num_kv_heads, head_dim] for the tokens stored at `slots`."""
+        """k, v: [num_tokens, num_kv_heads, head_dim] for the tokens stored at `slots` (v is
+        ignored when it shares K's buffer: the model passes k for it)."""
         self.k_buffers[layer_id][slots] = k.to(self.dtype)
+        if self.v_shares_k:
+            return
         self.v_buffers[layer_id][slots] = v.to(self.dtype)
 
     def get_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,6 +87,6 @@ class KVCache:
         """K and V of slots `src` copied to slots `dst`, in every layer this process holds
         (speculative decoding moves the accepted branch of a draft tree to its positions).
         Reads all sources before writing, so the two may overlap."""
-        for buf in (*self.k_buffers, *self.v_buffers):
+        for buf in self._distinct_buffers():
             if len(buf):
                 buf[dst] = buf[src]

@@ -21,6 +21,7 @@ from radixserve.layers.fast_path import use_fast_kernels
 from radixserve.mem_cache.kv_cache import KVCache
 from radixserve.model_executor.forward_batch import ForwardBatch, ForwardMode
 from radixserve.model_executor.memory_plan import plan_kv_pool
+from radixserve.models.kv_layout import kv_layout
 from radixserve.options.hardware import device_memory_bytes
 from radixserve.sampling.sampler import set_batch_invariant
 
@@ -118,14 +119,16 @@ class ModelRunner:
         self.plan = plan
         cfg = self.model_config
         self.compiled_decode = self._init_compile()
+        layout = kv_layout(cfg, ps.kv_heads_per_rank(cfg.num_key_value_heads))
         self.kv_cache = KVCache(
             size=self.kv_cache_size,
             num_layers=cfg.num_hidden_layers,
-            num_kv_heads=ps.kv_heads_per_rank(cfg.num_key_value_heads),
-            head_dim=cfg.head_dim,
+            num_kv_heads=layout.num_kv_heads,
+            head_dim=layout.head_dim,
             dtype=self._kv_dtype(),
             device=self.device,
             owned_layers=self.model.model.stage.layers,
+            v_shares_k=layout.v_shares_k,
         )
         if ps.get_pp_size() > 1:
             from radixserve.model_executor.pipeline import PipelineExecutor
@@ -240,11 +243,13 @@ class ModelRunner:
     def _plan_memory(self) -> MemoryPlan:
         cfg = self.model_config
         args = self.server_args
+        layout = kv_layout(cfg, ps.kv_heads_per_rank(cfg.num_key_value_heads))
         per_token = KVCache.bytes_per_token(
             len(self.model.model.stage.layers),  # this pipeline stage's layers (all without pp)
-            ps.kv_heads_per_rank(cfg.num_key_value_heads),
-            cfg.head_dim,
+            layout.num_kv_heads,
+            layout.head_dim,
             self._kv_dtype(),
+            layout.v_shares_k,
         )
         memory = device_memory_bytes(self.device.type) or 0
         ranks = ps.get_world_size() * args.dp_size

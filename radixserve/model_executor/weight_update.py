@@ -18,6 +18,7 @@ from radixserve.errors import InvalidRequestError
 from radixserve.layers.attention.registry import FAST_KERNEL_BACKENDS
 from radixserve.layers.fast_path import use_fast_kernels
 from radixserve.mem_cache.kv_cache import KVCache
+from radixserve.models.kv_layout import kv_layout
 
 if TYPE_CHECKING:
     from radixserve.model_executor.model_runner import ModelRunner
@@ -222,13 +223,15 @@ def release_memory(runner: ModelRunner, tags: tuple[str, ...]) -> None:
 def resume_memory(runner: ModelRunner, tags: tuple[str, ...]) -> None:
     if "kv_cache" in tags and runner.kv_cache is None:
         cfg = runner.model_config
+        layout = kv_layout(cfg, cfg.num_key_value_heads)
         runner.kv_cache = KVCache(
             size=runner.kv_cache_size,
             num_layers=cfg.num_hidden_layers,
-            num_kv_heads=cfg.num_key_value_heads,
-            head_dim=cfg.head_dim,
+            num_kv_heads=layout.num_kv_heads,
+            head_dim=layout.head_dim,
             dtype=runner._kv_dtype(),
             device=runner.device,
+            v_shares_k=layout.v_shares_k,
         )
     if "weights" in tags and runner.model is None:
         path, fmt = weights_source(runner)

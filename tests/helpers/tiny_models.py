@@ -40,6 +40,7 @@ _CONFIG_CLASSES = {
     "qwen2_moe": "Qwen2MoeConfig",
     "olmoe": "OlmoeConfig",
     "gpt_oss": "GptOssConfig",
+    "deepseek_v2": "DeepseekV2Config",
 }
 # Mixture-of-experts shapes: 8 tiny experts, 2 per token (tested in their own files).
 _MOE: dict[str, dict[str, Any]] = {
@@ -52,6 +53,25 @@ _MOE: dict[str, dict[str, Any]] = {
         "shared_expert_intermediate_size": 64,
     },
     "olmoe": {"num_experts": 8, "num_experts_per_tok": 2, "pad_token_id": 0},
+    # MLA with a 32-dim latent and 8 rotated dims; layer 0 dense, 8 experts in 4 groups.
+    "deepseek_v2": {
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "n_shared_experts": 2,
+        "first_k_dense_replace": 1,
+        "kv_lora_rank": 32,
+        "q_lora_rank": 48,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 12,
+        "num_key_value_heads": 4,
+        "topk_method": "group_limited_greedy",
+        "n_group": 4,
+        "topk_group": 2,
+        "routed_scaling_factor": 1.5,
+        "norm_topk_prob": False,
+    },
     # An 8-token window on every other layer, and YaRN stretching a 128-token pretraining
     # length 4x, so both act within a test's sequences.
     "gpt_oss": {

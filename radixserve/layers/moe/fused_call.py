@@ -50,6 +50,9 @@ def moe_call_args(block: nn.Module) -> MoECallArgs | None:
         return None
     if experts.router.scoring is not Scoring.SOFTMAX:
         return None
+    # The C++ router knows plain top-k only (no expert groups, no scaling factor).
+    if experts.router.num_groups > 1 or experts.router.scaling_factor != 1.0:
+        return None
     if getattr(gate, "tp_size", 1) != 1 or getattr(gate, "lora", None) is not None:
         return None
     operands = gate.quant_method.fused_operands(gate)

@@ -55,7 +55,7 @@ class HiCacheController:
         self.block = config.block_tokens
         per_token = KVCache.bytes_per_token(
             kv_cache.num_layers, kv_cache.num_kv_heads, kv_cache.head_dim, kv_cache.dtype
-        )
+        )  # V shares K's buffer under MLA, but the host tier copies both (twice the latent)
         num_blocks = config.host_blocks(kv_cache.size, per_token)
         check_host_tier_fits(
             num_blocks * self.block * per_token,
