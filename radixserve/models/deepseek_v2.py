@@ -13,6 +13,7 @@ never renormalizes; the two agree on every published V2 / V2-Lite config (norm_t
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -22,6 +23,7 @@ from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.moe import RouterSpec
 from radixserve.layers.rotary_embedding import RotaryEmbedding, get_rope
 from radixserve.models.deepseek_v2_attention import MultiHeadLatentAttention
+from radixserve.models.deepseek_v2_checkpoint import with_joined_kv_b
 from radixserve.models.llama import LlamaForCausalLM, LlamaMLP, LlamaModel, input_norm
 from radixserve.models.moe_common import MoEWeights, SparseMoeBlock
 from radixserve.models.weight_utils import StackedParam
@@ -137,6 +139,12 @@ class DeepseekV2ForCausalLM(MoEWeights, LlamaForCausalLM):
             row,
             expanded,
         )
+
+    def checkpoint_tensors(
+        self, weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterable[tuple[str, torch.Tensor]]:
+        # A GGUF's kv_b_proj may come as two halves (models/deepseek_v2_checkpoint.py).
+        return super().checkpoint_tensors(with_joined_kv_b(weights))
 
     @classmethod
     def make_layer(

@@ -54,6 +54,7 @@ _GGUF_ARCHITECTURES = (
     "qwen3moe",
     "olmoe",
     "gpt-oss",
+    "deepseek2",
 )
 # transformers' model_type for a GGUF -> the HF architecture written to config.json.
 _HF_ARCHITECTURES = {
@@ -68,6 +69,7 @@ _HF_ARCHITECTURES = {
     "mixtral": "MixtralForCausalLM",
     "olmoe": "OlmoeForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
 }
 # model_type -> general.architecture, where they differ.
 _GGUF_ARCHITECTURE_OF = {
@@ -77,11 +79,12 @@ _GGUF_ARCHITECTURE_OF = {
     "qwen2_moe": "qwen2moe",
     "qwen3_moe": "qwen3moe",
     "gpt_oss": "gpt-oss",
+    "deepseek_v2": "deepseek2",
 }
 _MOE_ARCHITECTURES = ("qwen2moe", "qwen3moe")
 # Architectures transformers' GGUF readers do not know: their config is built from the metadata
 # here (gguf_config.py), their tokenizer by the fast tokenizer's own GGUF reading.
-_OWN_CONFIG_ARCHITECTURES = ("olmoe", "gpt-oss")
+_OWN_CONFIG_ARCHITECTURES = ("olmoe", "gpt-oss", "deepseek2")
 # Architectures whose q/k rows llama.cpp's converter permuted (for its rope kernel).
 _PERMUTED_QK = {"llama"}
 _GEMMA_ARCHITECTURES = ("gemma2", "gemma3")
@@ -134,9 +137,24 @@ _GPT_OSS_BLOCK_NAMES = {
     "ffn_gate_inp": "mlp.router",
     "attn_sinks": "self_attn.sinks",
 }
+# DeepSeek-V2's multi-head latent attention. Newer llama.cpp files split kv_b_proj into
+# attn_k_b (its key half, transposed per head) and attn_v_b; they load under llama.cpp's
+# converter's names k_b_proj / v_b_proj, which the model joins back (deepseek_v2_checkpoint.py).
+_DEEPSEEK2_BLOCK_NAMES = {
+    **_BLOCK_NAMES,
+    "attn_q_a": "self_attn.q_a_proj",
+    "attn_q_a_norm": "self_attn.q_a_layernorm",
+    "attn_q_b": "self_attn.q_b_proj",
+    "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+    "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+    "attn_kv_b": "self_attn.kv_b_proj",
+    "attn_k_b": "self_attn.k_b_proj",
+    "attn_v_b": "self_attn.v_b_proj",
+}
 _BLOCK_NAMES_OF = {
     **dict.fromkeys(_GEMMA_ARCHITECTURES, _GEMMA_BLOCK_NAMES),
     "gpt-oss": _GPT_OSS_BLOCK_NAMES,
+    "deepseek2": _DEEPSEEK2_BLOCK_NAMES,
 }
 # Present in some GGUFs but derived from the config on our side.
 _IGNORED_NAMES = {"rope_freqs"}
@@ -291,9 +309,9 @@ def _write_config(reader: object, arch: str, gguf_path: Path, out_dir: Path) -> 
 
     try:
         if arch in _OWN_CONFIG_ARCHITECTURES:
-            from radixserve.models.gguf_config import gpt_oss_config, olmoe_config
+            from radixserve.models.gguf_config import own_config
 
-            config = gpt_oss_config(reader) if arch == "gpt-oss" else olmoe_config(reader)
+            config = own_config(reader, arch)
         else:
             config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     except Exception as e:
@@ -308,7 +326,8 @@ def _write_config(reader: object, arch: str, gguf_path: Path, out_dir: Path) -> 
     config.architectures = [hf_arch]
     # transformers does not map the per-head size; without it Qwen3 falls back to a default.
     key_length = reader.fields.get(f"{arch}.attention.key_length")  # type: ignore[attr-defined]
-    if key_length is not None:
+    # (DeepSeek-V2's key_length is MLA's cached row or q/k head; its config sets head_dim.)
+    if key_length is not None and arch != "deepseek2":
         config.head_dim = int(key_length.contents())
     if arch in _GEMMA_ARCHITECTURES:
         from radixserve.models.gguf_config import fill_gemma_config

@@ -269,3 +269,14 @@ def gpt_oss_config(reader: object) -> Any:
         tie_word_embeddings="output.weight" not in names,
         **{name: None if value is None else int(value) for name, value in ids.items()},
     )
+
+
+def own_config(reader: object, arch: str) -> Any:
+    """The config of a GGUF architecture transformers' readers do not know."""
+    if arch == "gpt-oss":
+        return gpt_oss_config(reader)
+    if arch == "deepseek2":
+        from radixserve.models.gguf_deepseek2 import deepseek2_config
+
+        return deepseek2_config(reader)
+    return olmoe_config(reader)

@@ -16,6 +16,7 @@ from radixserve.layers.attention.torch_native import TorchNativeAttnBackend
 from radixserve.mem_cache.kv_cache import KVCache
 from radixserve.model_executor.forward_batch import ForwardBatch, ForwardMode
 from radixserve.models.config import ModelConfig
+from radixserve.models.kv_layout import kv_layout
 
 
 class ManualDriver:
@@ -39,13 +40,16 @@ class ManualDriver:
         self.device = torch.device(device)
         # Each tensor-parallel rank caches only its own kv heads (replicated when too few).
         local_kv_heads = max(1, config.num_key_value_heads // parallel_state.get_tp_size())
+        # The model's cache rows (one latent head for multi-head latent attention).
+        layout = kv_layout(config, local_kv_heads)
         self.kv_cache = KVCache(
             max_tokens,
             config.num_hidden_layers,
-            local_kv_heads,
-            config.head_dim,
+            layout.num_kv_heads,
+            layout.head_dim,
             config.dtype,
             self.device,
+            v_shares_k=layout.v_shares_k,
         )
         self.req_to_token = torch.zeros(
             (max_requests, config.context_len), dtype=torch.int64, device=self.device
