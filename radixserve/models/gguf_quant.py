@@ -43,6 +43,14 @@ _SHARED_EXPERT_PARTS = {
     "mlp.shared_expert.gate_up_proj": ("ffn_gate_shexp", "ffn_up_shexp"),
     "mlp.shared_expert.down_proj": ("ffn_down_shexp",),
 }
+# Multi-head latent attention's own projections (DeepSeek-V2), each a linear layer of its own;
+# kv_b_proj is not one (attention folds it into the query and output) and stays float.
+_MLA_PARTS = {
+    "self_attn.q_proj": ("attn_q",),
+    "self_attn.q_a_proj": ("attn_q_a",),
+    "self_attn.q_b_proj": ("attn_q_b",),
+    "self_attn.kv_a_proj_with_mqa": ("attn_kv_a_mqa",),
+}
 # A MoE layer's routed experts, each tensor [experts, rows, row bytes] of blocks.
 _EXPERT_PARTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 # The same, one tensor per expert (Mixtral files converted before llama.cpp stacked experts).
@@ -193,9 +201,13 @@ def _load(
 
 def _layer_parts(layer: nn.Module) -> dict[str, tuple[str, ...]]:
     """The fused projections `layer` has (module path -> GGUF parts): a MoE layer's MLP has no
-    dense gate|up and down, but may have a shared expert."""
+    dense gate|up and down, but may have a shared expert; an MLA layer has its own q and kv
+    projections."""
     found = {}
-    for path, parts in {**_FUSED_PARTS, **_SHARED_EXPERT_PARTS}.items():
+    candidates = {**_FUSED_PARTS, **_SHARED_EXPERT_PARTS}
+    if hasattr(getattr(layer, "self_attn", None), "kv_a_proj_with_mqa"):
+        candidates.update(_MLA_PARTS)  # only MLA: elsewhere a q_proj's rows are fused q|k|v
+    for path, parts in candidates.items():
         try:
             layer.get_submodule(path)
         except AttributeError:

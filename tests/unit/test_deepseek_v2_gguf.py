@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from radixserve import Engine
+from radixserve.layers.quantization import GGUFLinearMethod
 from radixserve.models import gguf
 from radixserve.models.deepseek_v2_checkpoint import join_kv_b
 from radixserve.models.loader import load_model
@@ -54,8 +55,8 @@ def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
 
 
-def _model(shape: str) -> torch.nn.Module:
-    overrides = V2 if shape == "v2" else V2_LITE
+def _model(shape: str, **extra: Any) -> torch.nn.Module:
+    overrides = {**(V2 if shape == "v2" else V2_LITE), **extra}
     return tiny_hf_model(tiny_hf_config("deepseek_v2", vocab_size=VOCAB, **overrides))
 
 
@@ -107,8 +108,14 @@ def test_gguf_reproduces_the_model(
 
 
 def test_q8_0_blocks_equal_the_conversion(tmp_path: Path) -> None:
-    """A Q8_0 file: the layers kept on blocks give the conversion's logits (same weights)."""
-    path = write_deepseek2_gguf(tmp_path / "ds.gguf", _model("v2"), True, quantize=True)
+    """A Q8_0 file (every projection's input a whole number of blocks): MLA's linear layers
+    stay on the file's blocks (kv_b_proj, folded into attention, is dequantized) and give the
+    conversion's logits (the same weights)."""
+    hf = _model("v2", q_lora_rank=64, v_head_dim=16)
+    path = write_deepseek2_gguf(tmp_path / "ds.gguf", hf, True, quantize=True)
+    attn = load_model(str(path), dtype="float32", gguf_blocks=True).model.model.layers[1].self_attn
+    for name in ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj"):
+        assert isinstance(getattr(attn, name).quant_method, GGUFLinearMethod), name
     converted = _logits(path)
     on_blocks = _logits(path, gguf_blocks=True)
     assert float((converted - on_blocks).abs().max()) < 1e-3
