@@ -52,10 +52,15 @@ def _tensors(hf_model: torch.nn.Module, split_kv_b: bool) -> list[tuple[str, np.
 
 
 def write_deepseek2_gguf(
-    path: Path, hf_model: torch.nn.Module, split_kv_b: bool, quantize: bool = False
+    path: Path,
+    hf_model: torch.nn.Module,
+    split_kv_b: bool,
+    quantize: bool = False,
+    sigmoid_gating: bool = False,
 ) -> Path:
     """Write `hf_model` (vocab of at most 59) as a deepseek2 GGUF; with `quantize`, 2-D weights
-    whose rows are whole Q8_0 blocks (not the embedding or the router) are stored Q8_0."""
+    whose rows are whole Q8_0 blocks (not the embedding or the router) are stored Q8_0;
+    `sigmoid_gating` marks the router sigmoid, as a DeepSeek-V3 file's is."""
     import gguf
 
     cfg = hf_model.config
@@ -90,7 +95,8 @@ def write_deepseek2_gguf(
     writer.add_expert_shared_count(cfg.n_shared_experts)
     writer.add_expert_weights_scale(cfg.routed_scaling_factor)
     writer.add_expert_weights_norm(bool(cfg.norm_topk_prob))
-    writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SOFTMAX)
+    gating = gguf.ExpertGatingFuncType
+    writer.add_expert_gating_func(gating.SIGMOID if sigmoid_gating else gating.SOFTMAX)
     if cfg.topk_method == "group_limited_greedy":
         writer.add_expert_group_count(cfg.n_group)
         writer.add_expert_group_used_count(cfg.topk_group)

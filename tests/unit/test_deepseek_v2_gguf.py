@@ -121,6 +121,12 @@ def test_q8_0_blocks_equal_the_conversion(tmp_path: Path) -> None:
     assert float((converted - on_blocks).abs().max()) < 1e-3
 
 
+def test_sigmoid_router_refused(tmp_path: Path) -> None:
+    path = write_deepseek2_gguf(tmp_path / "v3.gguf", _model("v2"), True, sigmoid_gating=True)
+    with pytest.raises(ValueError, match="DeepSeek-V3"):
+        load_model(str(path), dtype="float32")
+
+
 def test_engine_equals_transformers(tmp_path: Path) -> None:
     hf = _model("v2")
     path = write_deepseek2_gguf(tmp_path / "ds.gguf", hf, split_kv_b=True)
