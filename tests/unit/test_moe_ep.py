@@ -21,7 +21,7 @@ PROMPT = [5, 17, 42, 99, 3, 250, 7]
 NUM_EXPERTS = 8  # tests/helpers/tiny_models.py's MoE families
 
 
-def _ep_worker(rank: int, world: int, init_file: str, folders: list[str]) -> None:
+def _ep_worker(rank: int, world: int, ep: int, init_file: str, folders: list[str]) -> None:
     import torch.distributed as dist
 
     from radixserve.distributed import parallel_state as ps
@@ -29,16 +29,18 @@ def _ep_worker(rank: int, world: int, init_file: str, folders: list[str]) -> Non
     from tests.helpers.model_driver import ManualDriver
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    ps.set_ep_size(world)
+    ps.set_ep_size(ep)
+    moe_tp = world // ep
     try:
         for folder in folders:
             loaded = load_model(folder, dtype="float32")
             experts = loaded.model.model.layers[-1].mlp.experts
-            # Whole experts, half of them: the intermediate dimension is not split.
-            assert experts.num_local_experts == NUM_EXPERTS // world
-            assert experts.expert_start == rank * NUM_EXPERTS // world
-            assert experts.w13_weight.shape[0] == NUM_EXPERTS // world
-            assert experts.moe_tp_size == 1 and not experts.fused_call_allowed()
+            # 1/ep of the experts, whole along the expert axis; each split over moe_tp ranks.
+            local = NUM_EXPERTS // ep
+            assert (experts.num_local_experts, experts.w13_weight.shape[0]) == (local, local)
+            assert experts.expert_start == (rank // moe_tp) * local
+            assert (experts.moe_tp_size, experts.moe_tp_rank) == (moe_tp, rank % moe_tp)
+            assert not experts.fused_call_allowed()
             driver = ManualDriver(loaded.model, loaded.config, max_tokens=64)
             prefill = driver.forward([(0, PROMPT)], all_logits=True)
             decode = driver.forward([(0, [9])], decode=True)
@@ -48,15 +50,23 @@ def _ep_worker(rank: int, world: int, init_file: str, folders: list[str]) -> Non
         dist.destroy_process_group()
 
 
-def test_two_expert_parallel_ranks_match_transformers(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("world", "ep", "families"),
+    [(2, 2, FAMILIES), (4, 2, ("qwen3_moe",))],
+    ids=["tp2-ep2", "tp4-ep2"],
+)
+def test_expert_parallel_ranks_match_transformers(
+    tmp_path: Path, world: int, ep: int, families: tuple[str, ...]
+) -> None:
     import torch.multiprocessing as mp
 
-    models = {tmp_path / f: make_tiny_checkpoint(tmp_path / f, f) for f in FAMILIES}
+    models = {tmp_path / f: make_tiny_checkpoint(tmp_path / f, f) for f in families}
     folders = [str(folder) for folder in models]
-    mp.spawn(_ep_worker, args=(2, str(tmp_path / "rendezvous"), folders), nprocs=2, join=True)
+    rendezvous = str(tmp_path / "rendezvous")
+    mp.spawn(_ep_worker, args=(world, ep, rendezvous, folders), nprocs=world, join=True)
     for folder, hf in models.items():
         reference = hf_logits(hf, [*PROMPT, 9])
-        for rank in range(2):
+        for rank in range(world):
             prefill, decode = torch.load(folder / f"logits-{rank}.pt")
             assert torch.allclose(prefill, reference[:-1], atol=1e-4), (folder.name, rank)
             assert torch.allclose(decode[0], reference[-1], atol=1e-4), (folder.name, rank)

@@ -25,7 +25,8 @@ class ExpertCounts:
         self._counts: dict[int, torch.Tensor] = {}
 
     def add(self, layer_id: int, experts: torch.Tensor, num_experts: int) -> None:
-        counts = torch.bincount(experts.reshape(-1).to(torch.int64).cpu(), minlength=num_experts)
+        # Counted where the ids are (one small copy back, not the ids themselves).
+        counts = torch.bincount(experts.reshape(-1), minlength=num_experts).cpu()
         with self._lock:
             held = self._counts.get(layer_id)
             self._counts[layer_id] = counts if held is None else held + counts
