@@ -134,3 +134,23 @@ def test_engine_tp2_ep2_greedy_equals_one_rank(tmp_path: Path) -> None:
     with Engine(tp_size=2, ep_size=2, dist_timeout=20, **kwargs) as engine:
         got = [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=greedy)]
     assert got == expected
+
+
+def test_gguf_expert_blocks_keep_only_the_local_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GGUF file's stacks hold every expert; rank 1 of ep 2 keeps experts 3..5 of 6."""
+    from radixserve.distributed import parallel_state as ps
+    from radixserve.layers.moe import ExpertBlocks, FusedMoE, use_gguf_experts
+    from radixserve.layers.moe.router import RouterSpec
+
+    monkeypatch.setattr(ps, "get_tp_size", lambda: 2)
+    monkeypatch.setattr(ps, "get_tp_rank", lambda: 1)
+    monkeypatch.setattr(ps, "_EP_SIZE", 2)
+    layer = FusedMoE(6, 16, 32, RouterSpec(top_k=2))
+    assert (layer.expert_start, layer.num_local_experts, layer.intermediate_size) == (3, 3, 32)
+    experts = torch.arange(6, dtype=torch.uint8)[:, None, None]
+    gate, up = (ExpertBlocks(experts.expand(6, 32, 8).clone(), 8, 32) for _ in range(2))
+    down = ExpertBlocks(experts.expand(6, 16, 8).clone(), 8, 16)
+    method = use_gguf_experts(layer, [gate, up], down)
+    assert method.gate_up_parts[0].blocks.shape == (3, 64, 8)
+    assert method.gate_up_parts[0].blocks[:, 0, 0].tolist() == [3, 4, 5]
+    assert method.down_part.blocks[:, 0, 0].tolist() == [3, 4, 5]
