@@ -41,6 +41,13 @@ class FlushCacheReq:
 
 
 @dataclass
+class ExpertDistributionReq:
+    """Start, stop or dump the MoE routing counts (layers/moe/expert_record.py)."""
+
+    action: str  # "start" | "stop" | "dump"
+
+
+@dataclass
 class GetInfoReq:
     """Ask the scheduler for its live state (queue lengths, KV usage, counters)."""
 

@@ -98,6 +98,11 @@ class ServerArgs:
     pp_size: int = 1
     pp_max_micro_batch_size: int | None = None
     dp_size: int = 1
+    # Mixture of experts (options/moe.py)
+    ep_size: int = 1
+    moe_a2a_backend: str = "none"
+    moe_runner_backend: str = "auto"
+    expert_distribution_recorder_mode: str | None = None
     load_balance_method: str = "auto"
     dist_init_addr: str | None = None
     dist_timeout: int | None = None

@@ -234,7 +234,9 @@ def _expert_layers(model: torch.nn.Module) -> tuple[tuple[ExpertLayerCost, ...],
         stacks = [module.w13_weight, module.w2_weight]
         tensors += stacks
         nbytes = block_bytes or sum(t.numel() * t.element_size() for t in stacks)
-        layers.append(ExpertLayerCost(params, nbytes // n, n, module.router.top_k))
+        # --ep-size: the stacks hold this rank's experts only.
+        per_expert = nbytes // module.num_local_experts
+        layers.append(ExpertLayerCost(params, per_expert, n, module.router.top_k))
     return tuple(layers), tensors
 
 

@@ -23,6 +23,9 @@ _TP_GROUP: dist.ProcessGroup | None = None
 # This rank's pipeline stage and the number of stages (0 and 1 without pipeline parallelism).
 _PP_RANK = 0
 _PP_SIZE = 1
+# --ep-size: the TP group is ep_size expert-parallel ranks of tp_size / ep_size MoE-TP ranks each
+# (SGLang's layout: EP rank = tp_rank // moe_tp_size). Only MoE layers read it.
+_EP_SIZE = 1
 
 
 def set_tp_group(group: dist.ProcessGroup | None) -> None:
@@ -39,6 +42,32 @@ def set_pp(rank: int, size: int) -> None:
     """This process is pipeline stage `rank` of `size` (distributed/pipeline_groups.py)."""
     global _PP_RANK, _PP_SIZE
     _PP_RANK, _PP_SIZE = rank, size
+
+
+def set_ep_size(size: int) -> None:
+    """Split MoE experts over `size` groups of the TP ranks (1: every rank holds every expert)."""
+    global _EP_SIZE
+    _EP_SIZE = size
+
+
+def get_ep_size() -> int:
+    """The expert-parallel size, capped at 1 when not distributed (a single rank holds all)."""
+    return _EP_SIZE if get_tp_size() > 1 else 1
+
+
+def get_moe_tp_size() -> int:
+    """Ranks that split one expert's intermediate dimension: tp_size / ep_size."""
+    return divide(get_tp_size(), get_ep_size(), "tensor parallel size")
+
+
+def get_ep_rank() -> int:
+    """This rank's expert-parallel group: which contiguous run of experts it holds."""
+    return get_tp_rank() // get_moe_tp_size()
+
+
+def get_moe_tp_rank() -> int:
+    """This rank's place within its expert-parallel group (its slice of each local expert)."""
+    return get_tp_rank() % get_moe_tp_size()
 
 
 def get_pp_rank() -> int:

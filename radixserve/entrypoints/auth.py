@@ -47,6 +47,9 @@ ADMIN_ROUTES = frozenset(
         "/release_memory_occupation",
         "/resume_memory_occupation",
         "/slow_down",
+        "/start_expert_distribution_record",
+        "/stop_expert_distribution_record",
+        "/dump_expert_distribution_record",
     }
 )
 OPEN_PREFIXES = ("/health", "/metrics")

@@ -26,6 +26,7 @@ from radixserve.managers.tokenizer_manager import RequestError, RequestState, To
 from radixserve.messages import (
     CloseSessionReq,
     ContinueGenerationReq,
+    ExpertDistributionReq,
     FlushCacheReq,
     GetInfoReq,
     GetWeightsByNameReq,
@@ -259,6 +260,18 @@ class Engine:
 
     def flush_cache(self) -> bool:
         return bool(self.runtime.call(FlushCacheReq()))
+
+    def start_expert_distribution_record(self) -> None:
+        """Count each MoE layer's routings per expert from zero (needs
+        --expert-distribution-recorder-mode stat)."""
+        self.runtime.call(ExpertDistributionReq("start"))
+
+    def stop_expert_distribution_record(self) -> None:
+        self.runtime.call(ExpertDistributionReq("stop"))
+
+    def dump_expert_distribution_record(self) -> str:
+        """Save the counts (layers/moe/expert_record.py); the file's path."""
+        return str(self.runtime.call(ExpertDistributionReq("dump")))
 
     def pause_generation(self, mode: str = "abort") -> None:
         """SGLang's modes: "abort" (end every request), "retract" (running requests give their

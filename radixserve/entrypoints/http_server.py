@@ -25,7 +25,7 @@ from fastapi.responses import Response
 from starlette.requests import Request
 
 from radixserve import __version__
-from radixserve.entrypoints import control_api, lora_api, native_api
+from radixserve.entrypoints import control_api, expert_api, lora_api, native_api
 from radixserve.entrypoints.auth import ApiKeyMiddleware
 from radixserve.entrypoints.engine_start import start_engine
 from radixserve.entrypoints.generation import GenerationRunner, call_engine
@@ -162,6 +162,7 @@ def create_app(engine: Any, server_args: Any) -> FastAPI:
     install_error_handlers(app)
     app.include_router(native_api.build_router())
     app.include_router(control_api.build_router())
+    app.include_router(expert_api.build_router())
     app.include_router(openai_routes.build_router())
     if lora_api.lora_enabled(engine):
         app.include_router(lora_api.build_router())

@@ -27,7 +27,7 @@ from radixserve.layers.activation import SiluAndMul
 from radixserve.layers.attention.cpu_paged import CpuPagedAttnBackend
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.linear import LinearBase
-from radixserve.layers.moe import MoECallArgs, moe_call_args
+from radixserve.layers.moe import MoECallArgs, expert_stats, moe_call_args
 
 if TYPE_CHECKING:
     from radixserve.model_executor.forward_batch import ForwardBatch
@@ -321,6 +321,9 @@ def run_fused_layers(
     if not layer_args or not _can_run_fused(
         hidden, None, forward_batch, _smallest_window(layer_args)
     ):
+        return None
+    if expert_stats.recording() and any(args.moe is not None for args in layer_args):
+        # The chain routes inside C++ and reports nothing: module by module while counting.
         return None
     meta = _paged_meta_list(forward_batch)
     chain = chains.get(layer_args) if chains is not None else None

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from radixserve.errors import InvalidRequestError
+from radixserve.layers.moe import expert_record
 from radixserve.managers.crash_dump import CrashDumper
 from radixserve.managers.decode_logger import DecodeLogger
 from radixserve.managers.finish_checker import FinishChecker
@@ -368,6 +369,7 @@ class Scheduler:
             **load_fields(self),
             **self._tier_info(),
             **self._spec_info(),
+            **expert_record.info_fields(self.args.expert_distribution_recorder_mode),
         }
 
     def _tier_info(self) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from radixserve.messages import (
     ContinueGenerationReq,
     ControlCall,
     ControlReply,
+    ExpertDistributionReq,
     FinishReason,
     FlushCacheReq,
     GetInfoReq,
@@ -113,6 +114,11 @@ class SchedulerLoop:
             return self.scheduler.flush_cache()
         if isinstance(request, GetInfoReq):
             return self.scheduler.info()
+        if isinstance(request, ExpertDistributionReq):
+            from radixserve.layers.moe import expert_record
+
+            mode = self.scheduler.args.expert_distribution_recorder_mode
+            return expert_record.handle(request.action, mode)
         if isinstance(request, RadixTreeReq):
             return self.scheduler.radix_tree(request.max_nodes)
         if isinstance(request, LoadLoRAReq):

@@ -18,6 +18,7 @@ from radixserve.distributed.launch import RankLostError
 from radixserve.kernels.describe import describe_kernels, kernel_summary
 from radixserve.layers.attention.registry import FAST_KERNEL_BACKENDS, create_attention_backend
 from radixserve.layers.fast_path import use_fast_kernels
+from radixserve.layers.moe import expert_stats
 from radixserve.mem_cache.kv_cache import KVCache
 from radixserve.model_executor.forward_batch import ForwardBatch, ForwardMode
 from radixserve.model_executor.memory_plan import plan_kv_pool
@@ -94,6 +95,8 @@ class ModelRunner:
         self.device = torch.device(server_args.device)
         # --random-seed: unseeded sampling and dummy weights are reproducible run to run.
         torch.manual_seed(server_args.random_seed)
+        # --ep-size: MoE layers read the expert-parallel split as they are built.
+        ps.set_ep_size(server_args.ep_size)
         loaded = load_model(
             server_args.model_path,
             load_format=server_args.load_format,
@@ -110,6 +113,7 @@ class ModelRunner:
             quantization=self._on_load_quantization(),
         )
         self.model = loaded.model
+        expert_stats.attach(self.model)  # MoE layers report routings under their layer index
         self.model_config: ModelConfig = loaded.config
         self.model_dir = loaded.model_dir
         self.dtype = self.model_config.dtype

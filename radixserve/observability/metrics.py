@@ -17,6 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from radixserve.observability.expert_metrics import expert_families
+
 logger = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -85,6 +87,7 @@ class _EngineGauges(Collector):
         else:
             yield from self._gauges(engine_gauges(snapshot, self.metrics.cache_hit_rate()))
         yield from self._tiers(snapshot)
+        yield from expert_families(snapshot, self.metrics.model_name)
 
     def _gauges(self, gauges: Mapping[str, float]) -> Iterator[GaugeMetricFamily]:
         for name, value in gauges.items():

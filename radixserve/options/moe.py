@@ -3,22 +3,30 @@
 from __future__ import annotations
 
 from radixserve.options.choices import MOE_A2A_BACKEND_CHOICES, MOE_RUNNER_BACKEND_CHOICES
-from radixserve.options.spec import NOT_APPLICABLE, OptionSpec, flag, value
+from radixserve.options.spec import IMPLEMENTED, NOT_APPLICABLE, OptionSpec, flag, value
 from radixserve.options.value_types import FLOAT, INT, STR
 
 AREA = "Expert parallelism and MoE"
 
 OPTIONS: tuple[OptionSpec, ...] = (
     value(
-        "--ep-size", INT, 1, "Expert parallelism size.", aliases=("--expert-parallel-size", "--ep")
+        "--ep-size",
+        INT,
+        1,
+        "Expert parallelism size: each of ep-size groups of the TP ranks holds 1/ep-size of the "
+        "experts whole (must divide --tp-size and the expert count).",
+        support=IMPLEMENTED,
+        aliases=("--expert-parallel-size", "--ep"),
     ),
     value(
         "--moe-a2a-backend",
         STR,
         "none",
-        "Backend for MoE all-to-all.",
-        support=NOT_APPLICABLE,
+        "Backend for MoE all-to-all. Only none: every rank sees every token and the TP "
+        "all-reduce sums the expert-parallel groups' outputs.",
+        support=IMPLEMENTED,
         choices=MOE_A2A_BACKEND_CHOICES,
+        supported_choices=("none",),
     ),
     flag("--enable-w4a4-mxfp4-megamoe", "W4A4 MXFP4 MegaMoE path."),
     value(
@@ -33,9 +41,10 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--moe-runner-backend",
         STR,
         "auto",
-        "MoE kernels.",
-        support=NOT_APPLICABLE,
+        "MoE kernels. Only auto: radixserve's own expert loop and C++ kernels.",
+        support=IMPLEMENTED,
         choices=MOE_RUNNER_BACKEND_CHOICES,
+        supported_choices=("auto",),
     ),
     value(
         "--flashinfer-mxfp4-moe-precision",
@@ -90,8 +99,11 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--expert-distribution-recorder-mode",
         STR,
         None,
-        "Mode of the expert distribution recorder.",
+        "Mode of the expert distribution recorder. Only stat: per-layer, per-expert routing "
+        "counts between /start_expert_distribution_record and /stop_…, saved by /dump_….",
+        support=IMPLEMENTED,
         choices=("stat", "stat_approx", "per_pass", "per_token"),
+        supported_choices=("stat",),
     ),
     value(
         "--expert-distribution-recorder-buffer-size",

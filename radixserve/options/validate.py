@@ -87,6 +87,10 @@ def _check_parallel(v: Mapping[str, Any]) -> None:
             f"{tp} cannot be combined with --quantization {v['quantization']} (its blocks are "
             "not sharded); use --tp-size 1, or leave out --quantization",
         )
+    ep = v.get("ep_size", 1)
+    if ep < 1 or tp % ep:
+        # SGLang's layout: ep groups of tp / ep ranks, each group holding whole experts.
+        raise _fail("ep_size", f"{ep} must divide --tp-size {tp}; use a divisor of {tp}")
     check_nodes(v)
     check_pipeline(v)
     timeout = v.get("dist_timeout")

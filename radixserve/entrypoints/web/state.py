@@ -12,6 +12,7 @@ from starlette.requests import Request
 
 from radixserve.entrypoints.generation import call_engine
 from radixserve.entrypoints.serving_context import get_ctx
+from radixserve.observability.expert_metrics import dashboard_rows
 from radixserve.observability.metrics import engine_gauges
 
 logger = logging.getLogger(__name__)
@@ -40,5 +41,7 @@ async def dashboard_state(request: Request) -> JSONResponse:
         "totals": ctx.metrics.totals() if ctx.metrics else {},
         # None when the radix cache is off (--disable-radix-cache) or the engine is unreachable.
         "radix_tree": tree,
+        # None unless --expert-distribution-recorder-mode is set.
+        "expert_load": dashboard_rows(info),
     }
     return JSONResponse(body)

@@ -13,7 +13,14 @@ across ranks at the end, as a row-parallel layer's are.
 
 Experts may carry biases (gpt-oss): `w13_bias` [experts, 2 * inter] (gate first, sliced per rank
 like the rows) and `w2_bias` [experts, hidden], added after each projection. The down bias is
-added on rank 0 only, so the all-reduce counts it once.
+added on one rank per expert (MoE-TP rank 0 of the EP group holding it), so the all-reduce
+counts it once.
+
+Under --ep-size E (dividing --tp-size N) the TP ranks form E expert-parallel groups of N / E
+ranks: EP group g holds experts [g * X / E, (g + 1) * X / E) whole along the expert axis, and
+within a group the intermediate dimension is split as above. Every rank still sees every token
+(--moe-a2a-backend none): it runs its own experts over the rows routed to them, rows routed
+elsewhere add nothing here, and the TP all-reduce sums the groups' partial outputs.
 """
 
 from __future__ import annotations
@@ -24,8 +31,10 @@ from torch import nn
 from radixserve.distributed import parallel_state as ps
 from radixserve.layers.activation import get_act_and_mul
 from radixserve.layers.linear import copy_checked
+from radixserve.layers.moe import expert_stats
 from radixserve.layers.moe.methods import ExpertsMethod, UnquantizedExpertsMethod
 from radixserve.layers.moe.router import RouterSpec, route
+from radixserve.options.errors import ServerArgsError
 
 
 class FusedMoE(nn.Module):
@@ -49,14 +58,30 @@ class FusedMoE(nn.Module):
             raise ValueError(f"top_k {router.top_k} is not within 1..{num_experts} experts")
         self.tp_rank = ps.get_tp_rank()
         self.tp_size = ps.get_tp_size()
+        self.ep_size = ps.get_ep_size()
+        self.moe_tp_rank = ps.get_moe_tp_rank()
+        self.moe_tp_size = ps.get_moe_tp_size()
         self.num_experts = num_experts
+        if num_experts % self.ep_size:
+            raise ServerArgsError(
+                "--ep-size",
+                f"{self.ep_size} does not divide the model's {num_experts} experts; use an "
+                "--ep-size that divides both the expert count and --tp-size",
+            )
+        # The global ids of the experts this rank holds: one contiguous run.
+        self.num_local_experts = num_experts // self.ep_size
+        self.expert_start = ps.get_ep_rank() * self.num_local_experts
         self.hidden_size = hidden_size
-        # This rank's slice of each expert's intermediate dimension.
-        self.intermediate_size = ps.divide(intermediate_size, self.tp_size, "expert size")
+        # This rank's slice of each local expert's intermediate dimension.
+        self.intermediate_size = ps.divide(intermediate_size, self.moe_tp_size, "expert size")
         self.router = router
         self.act = get_act_and_mul(hidden_act) if act is None else act
+        # Called where the routing is known (expert_stats.py: --expert-distribution-recorder-mode).
+        self.layer_id: int | None = None
         self.quant_method: ExpertsMethod = UnquantizedExpertsMethod()
-        self.quant_method.create_weights(self, num_experts, hidden_size, self.intermediate_size)
+        self.quant_method.create_weights(
+            self, self.num_local_experts, hidden_size, self.intermediate_size
+        )
         experts = range(num_experts)
         self.w13_weight.shard_ids = tuple((e, p) for e in experts for p in ("gate", "up"))
         self.w2_weight.shard_ids = tuple((e, "down") for e in experts)
@@ -68,10 +93,10 @@ class FusedMoE(nn.Module):
             dtype = self.w13_weight.dtype
             inter2 = 2 * self.intermediate_size
             self.w13_bias = nn.Parameter(
-                torch.empty(num_experts, inter2, dtype=dtype), requires_grad=False
+                torch.empty(self.num_local_experts, inter2, dtype=dtype), requires_grad=False
             )
             self.w2_bias = nn.Parameter(
-                torch.empty(num_experts, hidden_size, dtype=dtype), requires_grad=False
+                torch.empty(self.num_local_experts, hidden_size, dtype=dtype), requires_grad=False
             )
             self.w13_bias.shard_ids = self.w13_weight.shard_ids
             self.w2_bias.shard_ids = self.w2_weight.shard_ids
@@ -95,9 +120,12 @@ class FusedMoE(nn.Module):
         ):
             raise ValueError(f"not an expert shard of this layer: {shard_id!r}")
         expert, part = shard_id
-        target = param.data[expert]
+        local = self.local_index(expert)
+        if local is None:
+            return  # another EP rank's expert: this rank never reads it
+        target = param.data[local]
         inter = self.intermediate_size
-        start = self.tp_rank * inter
+        start = self.moe_tp_rank * inter
         if part == "down":
             if loaded_weight.dim() == 1:  # the down bias: whole on every rank
                 copy_checked(target, loaded_weight)
@@ -107,11 +135,25 @@ class FusedMoE(nn.Module):
         target = target.narrow(0, 0 if part == "gate" else inter, inter)
         copy_checked(target, loaded_weight.narrow(0, start, inter))
 
+    def local_index(self, expert: int) -> int | None:
+        """Where global expert `expert` sits in this rank's stacks; None if another rank holds it."""
+        local = expert - self.expert_start
+        return local if 0 <= local < self.num_local_experts else None
+
+    def holds_all_experts(self) -> bool:
+        return self.num_local_experts == self.num_experts
+
     def fused_call_allowed(self) -> bool:
         """Whether the one-call C++ decoder layer may run this layer in its place
         (layers/moe/fused_call.py): it routes and runs every expert on one rank, without
-        expert biases, and records nothing."""
-        return self.tp_size == 1 and self.w13_bias is None and self.w2_bias is None
+        expert biases, and records nothing (so not while expert counts are recorded)."""
+        return (
+            self.tp_size == 1
+            and self.holds_all_experts()
+            and self.w13_bias is None
+            and self.w2_bias is None
+            and not expert_stats.recording()
+        )
 
     # Under --enable-torch-compile the data-dependent expert loop runs eagerly between
     # compiled graphs: traced, each new set of chosen experts recompiled the graph until
@@ -122,6 +164,8 @@ class FusedMoE(nn.Module):
 
     def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         weights, experts = route(router_logits, self.router, hidden.dtype)
+        if self.layer_id is not None:
+            expert_stats.observe(self.layer_id, experts, self.num_experts)
         out = self._fused(hidden, weights, experts)
         if out is None:
             out = (
@@ -138,6 +182,8 @@ class FusedMoE(nn.Module):
         """The experts' one C++ call for a few rows (kernels/csrc/moe.cpp: the grouped loop's
         sums), where the method has one: SiLU on the C++ kernels, no expert biases."""
         if not getattr(self.act, "use_fast_kernels", False) or self.w13_bias is not None:
+            return None
+        if not self.holds_all_experts():  # the kernel indexes the stacks by global id
             return None
         return self.quant_method.few_rows(hidden, experts, weights)
 
@@ -158,8 +204,11 @@ class FusedMoE(nn.Module):
                 continue  # never touches that expert's weights
             picks = order[start : start + count]
             start += count
+            local = self.local_index(expert)
+            if local is None:
+                continue  # another EP rank adds this expert's share
             tokens = picks // top_k
-            y = self._expert(expert, hidden[tokens])
+            y = self._expert(local, hidden[tokens])
             out.index_add_(0, tokens, y * flat_weights[picks, None])
         return out
 
@@ -172,16 +221,19 @@ class FusedMoE(nn.Module):
         chosen = sorted(zip(experts.tolist(), weights.tolist(), strict=True))
         out = torch.zeros_like(hidden)
         for expert, weight in chosen:
-            out += self._expert(expert, hidden) * weight
+            local = self.local_index(expert)
+            if local is not None:  # else another EP rank adds it
+                out += self._expert(local, hidden) * weight
         return out
 
     def _expert(self, expert: int, x: torch.Tensor) -> torch.Tensor:
-        """One expert over its rows: gate|up, activation, down, with the biases if any."""
+        """One local expert (its index in this rank's stacks) over its rows: gate|up,
+        activation, down, with the biases if any."""
         method = self.quant_method
         gate_up = method.gate_up(self, expert, x)
         if self.w13_bias is not None:
             gate_up = gate_up + self.w13_bias[expert].to(gate_up.dtype)
         y = method.down(self, expert, self.act(gate_up))
-        if self.w2_bias is not None and self.tp_rank == 0:
+        if self.w2_bias is not None and self.moe_tp_rank == 0:
             y = y + self.w2_bias[expert].to(y.dtype)
         return y
