@@ -22,6 +22,7 @@ llama.cpp stops at by its name, while a GGUF's eos_token_id is usually <eos>.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -38,6 +39,32 @@ LOCAL_ROPE_THETA = 10000.0
 def _value(reader: object, key: str) -> Any:
     field = reader.fields.get(key)  # type: ignore[attr-defined]
     return None if field is None else field.contents()
+
+
+def arch_key(reader: object, arch: str) -> Callable[..., Any]:
+    """key(name, default=None): the file's `<arch>.<name>` value, else `default`; a missing key
+    without a default is a ValueError naming it (for configs built from the metadata alone)."""
+
+    def key(name: str, default: Any = None) -> Any:
+        value = _value(reader, f"{arch}.{name}")
+        if value is None and default is None:
+            raise ValueError(f"this {arch} GGUF lacks the key {arch}.{name}")
+        return default if value is None else value
+
+    return key
+
+
+def special_token_ids(reader: object) -> dict[str, Any]:
+    """bos/eos/pad token ids from the tokenizer.ggml.* keys (None where absent), as config
+    keyword arguments."""
+    return {
+        name: _value(reader, f"tokenizer.ggml.{key_name}")
+        for name, key_name in (
+            ("bos_token_id", "bos_token_id"),
+            ("eos_token_id", "eos_token_id"),
+            ("pad_token_id", "padding_token_id"),
+        )
+    }
 
 
 def fill_gemma_config(reader: object, arch: str, config: Any) -> None:
@@ -147,24 +174,13 @@ def olmoe_config(reader: object) -> Any:
     the file has it, else feed_forward_length (what llama.cpp's converter writes)."""
     from transformers import OlmoeConfig
 
-    def key(name: str, default: Any = None) -> Any:
-        value = _value(reader, f"olmoe.{name}")
-        if value is None and default is None:
-            raise ValueError(f"an olmoe GGUF needs olmoe.{name}")
-        return default if value is None else value
+    key = arch_key(reader, "olmoe")
 
     heads = int(key("attention.head_count"))
     tokens = reader.fields.get("tokenizer.ggml.tokens")  # type: ignore[attr-defined]
     names = {t.name for t in reader.tensors}  # type: ignore[attr-defined]
     expert_size = _value(reader, "olmoe.expert_feed_forward_length")
-    ids = {
-        name: _value(reader, f"tokenizer.ggml.{key_name}")
-        for name, key_name in (
-            ("bos_token_id", "bos_token_id"),
-            ("eos_token_id", "eos_token_id"),
-            ("pad_token_id", "padding_token_id"),
-        )
-    }
+    ids = special_token_ids(reader)
     clamp = _value(reader, "olmoe.attention.clamp_kqv")
     return OlmoeConfig(
         vocab_size=len(tokens.data) if tokens is not None else int(key("vocab_size")),
@@ -221,11 +237,7 @@ def gpt_oss_config(reader: object) -> Any:
     without truncating the correction range: the original model's RoPE)."""
     from transformers import GptOssConfig
 
-    def key(name: str, default: Any = None) -> Any:
-        value = _value(reader, f"gpt-oss.{name}")
-        if value is None and default is None:
-            raise ValueError(f"a gpt-oss GGUF needs gpt-oss.{name}")
-        return default if value is None else value
+    key = arch_key(reader, "gpt-oss")
 
     heads = int(key("attention.head_count"))
     layers = int(key("block_count"))
@@ -242,14 +254,7 @@ def gpt_oss_config(reader: object) -> Any:
             truncate=False,
         )
     window = _value(reader, "gpt-oss.attention.sliding_window")
-    ids = {
-        name: _value(reader, f"tokenizer.ggml.{key_name}")
-        for name, key_name in (
-            ("bos_token_id", "bos_token_id"),
-            ("eos_token_id", "eos_token_id"),
-            ("pad_token_id", "padding_token_id"),
-        )
-    }
+    ids = special_token_ids(reader)
     return GptOssConfig(
         vocab_size=len(tokens.data) if tokens is not None else int(key("vocab_size")),
         hidden_size=int(key("embedding_length")),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixserve.models.gguf_config import _value
+from radixserve.models.gguf_config import _value, arch_key, special_token_ids
 
 _ARCH = "deepseek2"
 _SIGMOID_GATING = 2  # gguf.ExpertGatingFuncType.SIGMOID
@@ -30,11 +30,7 @@ _YARN_LOG_MUL_PER_MSCALE = 0.1
 def deepseek2_config(reader: object) -> Any:
     from transformers import DeepseekV2Config
 
-    def key(name: str, default: Any = None) -> Any:
-        value = _value(reader, f"{_ARCH}.{name}")
-        if value is None and default is None:
-            raise ValueError(f"a {_ARCH} GGUF needs {_ARCH}.{name}")
-        return default if value is None else value
+    key = arch_key(reader, _ARCH)
 
     gating = _value(reader, f"{_ARCH}.expert_gating_func")
     if gating is not None and int(gating) == _SIGMOID_GATING:
@@ -48,14 +44,7 @@ def deepseek2_config(reader: object) -> Any:
     grouped = groups > 1
     tokens = reader.fields.get("tokenizer.ggml.tokens")  # type: ignore[attr-defined]
     names = {t.name for t in reader.tensors}  # type: ignore[attr-defined]
-    ids = {
-        name: _value(reader, f"tokenizer.ggml.{key_name}")
-        for name, key_name in (
-            ("bos_token_id", "bos_token_id"),
-            ("eos_token_id", "eos_token_id"),
-            ("pad_token_id", "padding_token_id"),
-        )
-    }
+    ids = special_token_ids(reader)
     return DeepseekV2Config(
         vocab_size=len(tokens.data) if tokens is not None else int(key("vocab_size")),
         hidden_size=int(key("embedding_length")),
