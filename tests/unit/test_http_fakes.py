@@ -209,6 +209,22 @@ class FakeEngine:
         targets = list(self.active) if abort_all else [rid]
         self.abort_flags.update(t for t in targets if t is not None)
 
+    def start_expert_distribution_record(self) -> None:
+        self._no_expert_recorder()
+
+    def stop_expert_distribution_record(self) -> None:
+        self._no_expert_recorder()
+
+    def dump_expert_distribution_record(self) -> None:
+        self._no_expert_recorder()
+
+    def _no_expert_recorder(self) -> None:
+        """As the engine answers for a model served without the recorder."""
+        raise InvalidRequestError(
+            "The expert distribution recorder is off: start the server with "
+            "--expert-distribution-recorder-mode stat"
+        )
+
     def flush_cache(self) -> bool:
         if self.active:
             return False

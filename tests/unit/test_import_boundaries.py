@@ -26,6 +26,10 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "radixserve.model_executor.forward_batch",
         "radixserve.mem_cache.kv_cache",
         "radixserve.kernels",  # layers pick kernels; models never call them directly
+        # Leaf modules of exception types only: a request or an option the layer refuses
+        # (the expert recorder off, an --ep-size that does not divide the experts).
+        "radixserve.errors",
+        "radixserve.options.errors",
     ),
     # The build's startup record (where the library is) uses the leaf cache utilities.
     "radixserve.kernels": (
