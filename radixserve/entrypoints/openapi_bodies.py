@@ -14,7 +14,11 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
 
-from radixserve.entrypoints.openai.protocol import GenerateReqInput
+from radixserve.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    GenerateReqInput,
+    TokenizeRequest,
+)
 from radixserve.sampling.sampling_params import SamplingParams
 
 _LOCAL_REF = "#/$defs/"
@@ -78,3 +82,18 @@ def generate_body_doc() -> dict[str, Any]:
     params = sampling_params_schema()
     one_or_many = {"anyOf": [params, {"type": "array", "items": params}, {"type": "null"}]}
     return body_doc(GenerateReqInput, properties={"sampling_params": one_or_many})
+
+
+def tokenize_body_doc() -> dict[str, Any]:
+    """/v1/tokenize: a `prompt` (TokenizeRequest), or chat `messages` read as a chat
+    completion's (its fields, plus add_generation_prompt), never both."""
+    plain = body_schema(TokenizeRequest)
+    chat = body_schema(ChatCompletionRequest)
+    chat["properties"]["add_generation_prompt"] = {"type": "boolean", "default": True}
+    chat["not"] = {"required": ["prompt"]}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"oneOf": [plain, chat]}}},
+        }
+    }

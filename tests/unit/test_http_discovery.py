@@ -90,12 +90,22 @@ def test_openapi_document_describes_every_json_body() -> None:
     jsonschema.validate(chat, bodies[("/v1/chat/completions", "post")])
     generate = bodies[("/generate", "post")]
     jsonschema.validate({"text": "Hi", "sampling_params": {"max_new_tokens": 4}}, generate)
+    # /v1/tokenize takes a prompt or chat messages (as SGLang's), and the schema says both.
+    tokenize = bodies[("/v1/tokenize", "post")]
+    jsonschema.validate({"prompt": "Hi"}, tokenize)
+    jsonschema.validate({"messages": [{"role": "user", "content": "Hi"}]}, tokenize)
     for bad in (
         {"text": "Hi", "input_ids": [1]},  # one input, not both
         {"text": "Hi", "sampling_params": {"no_such_key": 1}},
         {"messages": []},
+        {"add_special_tokens": True},  # /v1/tokenize: neither a prompt nor messages
     ):
-        schema = bodies[("/v1/chat/completions", "post")] if "messages" in bad else generate
+        if "add_special_tokens" in bad:
+            schema = tokenize
+        elif "messages" in bad:
+            schema = bodies[("/v1/chat/completions", "post")]
+        else:
+            schema = generate
         try:
             jsonschema.validate(bad, schema)
         except jsonschema.ValidationError:

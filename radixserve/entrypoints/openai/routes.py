@@ -15,7 +15,6 @@ from radixserve.entrypoints.openai.protocol import (
     CompletionRequest,
     DetokenizeRequest,
     EmbeddingRequest,
-    TokenizeRequest,
 )
 from radixserve.entrypoints.openai.responses_protocol import ResponsesRequest
 from radixserve.entrypoints.openai.serving_chat import create_chat_completion
@@ -28,7 +27,7 @@ from radixserve.entrypoints.openai.serving_responses import (
     retrieve_response,
 )
 from radixserve.entrypoints.openai.serving_tokenize import detokenize, tokenize
-from radixserve.entrypoints.openapi_bodies import body_doc
+from radixserve.entrypoints.openapi_bodies import body_doc, tokenize_body_doc
 from radixserve.entrypoints.serving_context import ServingContext, get_ctx
 
 
@@ -74,11 +73,14 @@ def build_router() -> APIRouter:
         ("/v1/chat/completions", create_chat_completion, ChatCompletionRequest),
         ("/v1/responses", create_response, ResponsesRequest),
         ("/v1/embeddings", create_embedding, EmbeddingRequest),
-        ("/v1/tokenize", tokenize, TokenizeRequest),
         ("/v1/detokenize", detokenize, DetokenizeRequest),
     )
     for path, endpoint, body in posts:
         router.add_api_route(path, endpoint, methods=["POST"], openapi_extra=body_doc(body))
+    # A prompt or chat messages: the schema says both forms.
+    router.add_api_route(
+        "/v1/tokenize", tokenize, methods=["POST"], openapi_extra=tokenize_body_doc()
+    )
     router.add_api_route("/v1/responses/{response_id}", retrieve_response, methods=["GET"])
     router.add_api_route("/v1/responses/{response_id}", delete_response, methods=["DELETE"])
     router.add_api_route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"])
