@@ -26,7 +26,7 @@ from radixserve.kernels import ops
 from radixserve.layers.activation import SiluAndMul
 from radixserve.layers.attention.cpu_paged import CpuPagedAttnBackend
 from radixserve.layers.layernorm import RMSNorm
-from radixserve.layers.linear import LinearBase
+from radixserve.layers.linear import LinearBase, fused_operands
 from radixserve.layers.moe import MoECallArgs, expert_stats, moe_call_args
 
 if TYPE_CHECKING:
@@ -44,14 +44,10 @@ def _projection(
     linear: LinearBase,
 ) -> tuple[list[torch.Tensor], list[int], torch.Tensor] | None:
     """(weights or GGUF blocks of each part, their qtypes, bias or empty) of a linear layer, None
-    if the kernel cannot run it (a sharded weight; a LoRA hook: the C++ layer has no place to
-    add the adapters' deltas, so --enable-lora runs decoder layers module by module; or a weight
-    its method packed for another library's kernel). One part, except a fused layer whose parts
-    have different GGUF block types (Q4_K_M's q|k|v with a Q6_K v): the kernel runs those part
-    by part."""
-    if linear.tp_size != 1 or linear.lora is not None:
-        return None
-    operands = linear.quant_method.fused_operands(linear)
+    if the kernel cannot run it (linear.fused_operands). One part, except a fused layer whose
+    parts have different GGUF block types (Q4_K_M's q|k|v with a Q6_K v): the kernel runs those
+    part by part."""
+    operands = fused_operands(linear)
     if operands is None:
         return None
     bias = linear.bias if linear.bias is not None else _NO_BIAS

@@ -22,7 +22,12 @@ if TYPE_CHECKING:
     from radixserve.layers.lora import LoRAHook
 
 from radixserve.distributed import parallel_state as ps
-from radixserve.layers.quantization import LinearMethod, MethodLayer, UnquantizedLinearMethod
+from radixserve.layers.quantization import (
+    FusedOperands,
+    LinearMethod,
+    MethodLayer,
+    UnquantizedLinearMethod,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +55,16 @@ def linear_forward(layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None
     the layer carries a LoRA hook (layers/lora.py, only with --enable-lora)."""
     out = layer.quant_method.apply(layer, x, bias)
     return out if layer.lora is None else layer.lora(x, out)
+
+
+def fused_operands(linear: LinearBase) -> FusedOperands | None:
+    """The weight as the one-call C++ decoder layer multiplies it (layers/fused_decoder.py),
+    None where that layer cannot: a sharded weight, a LoRA hook (the C++ layer has no place to
+    add the adapters' deltas, so --enable-lora runs decoder layers module by module), or a
+    weight its method packed for another library's kernel."""
+    if linear.tp_size != 1 or linear.lora is not None:
+        return None
+    return linear.quant_method.fused_operands(linear)
 
 
 def _new_bias(size: int) -> nn.Parameter:

@@ -35,20 +35,6 @@ Projection projection(const at::Tensor& blocks, int64_t qtype, int64_t k, const 
 
 bool uses_int8(int64_t qtype) { return kquant_int8() && q8k_type(qtype); }
 
-}  // namespace
-
-// out += y * weight, the product rounded first (no fused multiply-add: the Python loop's
-// `out += y * weight` rounds twice).
-__attribute__((optimize("fp-contract=off"))) void add_weighted_f32(float* out, const float* y,
-                                                                     float weight, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const volatile float product = y[i] * weight;
-    out[i] += product;
-  }
-}
-
-namespace {
-
 // A few activation rows (gathered, one per (token, expert) assignment) in the formats the
 // projection's parts take: Q8_K rows for the K-quant parts (multi-row kernels), int16 blocks
 // per row for the others (a single-row kernel).
@@ -202,6 +188,16 @@ at::Tensor moe_rows_gguf(const at::Tensor& x, const at::Tensor& experts, const a
                      hidden);
   }
   return out;
+}
+
+// out += y * weight, the product rounded first (no fused multiply-add: the Python loop's
+// `out += y * weight` rounds twice).
+__attribute__((optimize("fp-contract=off"))) void add_weighted_f32(float* out, const float* y,
+                                                                     float weight, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const volatile float product = y[i] * weight;
+    out[i] += product;
+  }
 }
 
 }  // namespace radixserve

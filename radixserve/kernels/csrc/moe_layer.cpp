@@ -43,15 +43,12 @@ at::Tensor grouped(const MoEBlock& moe, const at::Tensor& x, const at::Tensor& w
     const at::Tensor picks = order.narrow(0, start, count[e]);
     start += count[e];
     const at::Tensor tokens = at::floor_divide(picks, moe.top_k);
-    const at::Tensor y = expert_down(moe, e, silu_and_mul(expert_gate_up(moe, e, x.index_select(0, tokens))));
+    const at::Tensor rows = x.index_select(0, tokens);
+    const at::Tensor y = expert_down(moe, e, silu_and_mul(expert_gate_up(moe, e, rows)));
     out.index_add_(0, tokens, y * flat_weights.index_select(0, picks).unsqueeze(1));
   }
   return out;
 }
-
-}  // namespace
-
-namespace {
 
 // layers/moe/router.py: float32 softmax over all experts, top k, optional renormalization,
 // weights back in the activations' dtype. Returns {weights, expert ids}, [T, k] each.

@@ -345,6 +345,9 @@ std::vector<at::Tensor> run_single_row_chain(const std::vector<LlamaLayerChain::
   std::vector<float> act(std::max(max_inter, max_top_k * max_moe_inter));
   std::vector<float> expert_out(max_top_k * e);
   std::vector<ChainInput> expert_in(max_top_k);  // each chosen expert's down input
+  // Each chosen expert's gate|up parts and down part, set between regions with its routing
+  // (nothing may allocate, so throw, inside a region).
+  std::vector<std::vector<Part>> expert_gate_up(max_top_k), expert_down(max_top_k);
   // llama_layer's attention items for one token: one per KV head (all heads in one when there
   // is a single KV head).
   const int64_t items = kv_heads > 1 ? kv_heads : 1;
@@ -368,8 +371,7 @@ std::vector<at::Tensor> run_single_row_chain(const std::vector<LlamaLayerChain::
         const ChainInput& x_in = ptrs[routed].inputs[kGateUp];
         const int64_t k = static_cast<int64_t>(route.experts.size()), inter = ex.inter;
         expert_columns(k, 2 * inter, t, team, [&](int64_t j, int64_t lo, int64_t hi) {
-          gemv_parts(ex.gate_up_of(route.experts[j]), x_in, e, gate_up.data() + j * 2 * inter,
-                     lo, hi);
+          gemv_parts(expert_gate_up[j], x_in, e, gate_up.data() + j * 2 * inter, lo, hi);
         });
 #pragma omp barrier
         for (int64_t j = t; j < k; j += team) {
@@ -380,8 +382,7 @@ std::vector<at::Tensor> run_single_row_chain(const std::vector<LlamaLayerChain::
         }
 #pragma omp barrier
         expert_columns(k, e, t, team, [&](int64_t j, int64_t lo, int64_t hi) {
-          gemv_parts({ex.down_of(route.experts[j])}, expert_in[j], inter,
-                     expert_out.data() + j * e, lo, hi);
+          gemv_parts(expert_down[j], expert_in[j], inter, expert_out.data() + j * e, lo, hi);
         });
 #pragma omp barrier
         if (t == 0) {
@@ -476,8 +477,10 @@ std::vector<at::Tensor> run_single_row_chain(const std::vector<LlamaLayerChain::
     for (size_t j = 0; j < route.experts.size(); ++j) {
       TORCH_CHECK(route.experts[j] >= 0 && route.experts[j] < layers[stop].moe->down.size(0),
                   "expert id out of range");
+      expert_gate_up[j] = ex.gate_up_of(route.experts[j]);
+      expert_down[j] = {ex.down_of(route.experts[j])};
       expert_in[j] = ChainInput{};
-      expert_in[j].size_for({ex.down}, ex.inter);
+      expert_in[j].size_for(expert_down[j], ex.inter);
     }
     routed = stop;
     start = stop + 1;

@@ -11,6 +11,7 @@ from torch import nn
 
 from radixserve.kernels import ops
 from radixserve.layers.activation import SiluAndMul
+from radixserve.layers.linear import fused_operands
 from radixserve.layers.moe.fused_moe import FusedMoE
 from radixserve.layers.moe.methods import GGUFExpertsMethod
 from radixserve.layers.moe.router import Scoring
@@ -32,8 +33,9 @@ class MoECallArgs(NamedTuple):
 def moe_call_args(block: nn.Module) -> MoECallArgs | None:
     """The C++ layer's view of a sparse MLP block (models/moe_common.SparseMoeBlock: `gate`,
     `experts`, `shared_expert`), or None where it cannot run it: a shared expert, float or
-    non-native expert weights, expert biases, a sigmoid or top-k-softmax router, a SiLU-less activation, experts split over
-    ranks, a router that is not one plain weight (LoRA, bias, packed)."""
+    non-native expert weights, what FusedMoE.fused_call_allowed refuses (expert biases,
+    experts split over ranks, recording), a sigmoid, top-k-softmax or grouped router, a
+    SiLU-less activation, a router that is not one plain weight (LoRA, bias, packed)."""
     experts = getattr(block, "experts", None)
     gate = getattr(block, "gate", None)
     if not isinstance(experts, FusedMoE) or gate is None:
@@ -43,8 +45,6 @@ def moe_call_args(block: nn.Module) -> MoECallArgs | None:
     method = experts.quant_method
     if not isinstance(method, GGUFExpertsMethod) or not isinstance(experts.act, SiluAndMul):
         return None
-    if experts.w13_bias is not None:  # the C++ kernels have no expert biases (gpt-oss)
-        return None
     parts = (*method.gate_up_parts, method.down_part)
     if not all(ops.gguf_kernel_type(p.qtype) for p in parts):
         return None
@@ -53,9 +53,7 @@ def moe_call_args(block: nn.Module) -> MoECallArgs | None:
     # The C++ router knows plain top-k only (no expert groups, no scaling factor).
     if experts.router.num_groups > 1 or experts.router.scaling_factor != 1.0:
         return None
-    if getattr(gate, "tp_size", 1) != 1 or getattr(gate, "lora", None) is not None:
-        return None
-    operands = gate.quant_method.fused_operands(gate)
+    operands = fused_operands(gate)
     if operands is None or len(operands.weights) != 1 or gate.bias is not None:
         return None
     return MoECallArgs(
