@@ -187,9 +187,8 @@ class ModelCost:
         after prefix_lens[i] cached ones, computing `num_logits` rows of logits."""
         tokens = sum(extend_lens)
         pairs = sum(n * p + n * (n + 1) // 2 for p, n in zip(prefix_lens, extend_lens, strict=True))
-        expert_params = sum(e.params_per_expert * e.top_k for e in self.expert_layers)
         flops = (
-            2.0 * (self.body_params + expert_params) * tokens
+            2.0 * (self.active_params - self.lm_head_params) * tokens
             + 2.0 * self.lm_head_params * num_logits
             + float(self.attn_flops_per_pair) * pairs
         )
