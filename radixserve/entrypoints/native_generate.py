@@ -92,6 +92,7 @@ def plan_generate(req: GenerateReqInput) -> _Plan:
                     priority=req.priority,
                     session_params=sessions[i],
                     custom_logit_processor=processors[i],
+                    return_routed_experts=req.return_routed_experts,
                 )
             )
     seen: set[str] = set()

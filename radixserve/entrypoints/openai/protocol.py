@@ -267,6 +267,8 @@ class GenerateReqInput(RefusesUnimplementedFields):
     lora_path: str | list[str | None] | None = None
     session_params: dict[str, Any] | list[dict[str, Any]] | None = None
     custom_logit_processor: str | list[str] | None = None
+    # meta_info["routed_experts"] in the final result (needs --enable-return-routed-experts).
+    return_routed_experts: bool = False
     unimplemented_fields = GENERATE_FIELDS
 
     @model_validator(mode="after")
