@@ -1,0 +1,312 @@
+"""--enable-return-routed-experts: a request's meta_info["routed_experts"] is base64 of int32
+[tokens, layers, top_k], the experts transformers' routers pick for the prompt and the
+generated tokens but the last, -1 in dense layers; refused (400) while the flag is off, and
+the flag refused for a model without MoE layers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from radixserve.managers.routed_experts import (
+    RoutedExpertsRecord,
+    decode_routed_experts,
+    keep_routed_experts,
+)
+from radixserve.managers.schedule_batch import Req
+from radixserve.sampling.sampling_params import SamplingParams
+from tests.helpers.family_check import require_hf_arch
+from tests.helpers.tiny_models import make_tiny_checkpoint
+
+GREEDY = {"temperature": 0, "max_new_tokens": 5, "ignore_eos": True}
+PROMPT = [3, 5, 9, 30, 12, 7, 44]
+NUM_LAYERS, TOP_K = 4, 2
+
+
+def test_record_keeps_ids_by_position_and_grows() -> None:
+    record = RoutedExpertsRecord()
+    first = torch.arange(10 * 3 * 2, dtype=torch.int32).reshape(10, 3, 2)
+    record.write(0, first)
+    later = torch.full((20, 3, 2), 7, dtype=torch.int32)
+    record.write(10, later)  # past the first allocation: grows
+    record.write(2, first[:1] + 100)  # a recomputed position overwrites
+    got = decode_routed_experts(record.encode(), 3, 2)
+    assert got.shape == (30, 3, 2) and got.dtype == np.int32
+    want = torch.cat([first, later]).numpy()
+    want[2] = first[0].numpy() + 100
+    assert np.array_equal(got, want)
+
+
+def test_a_step_hands_each_asking_request_its_rows() -> None:
+    asks, skips = (
+        Req(rid=rid, origin_input_ids=[1, 2, 3], sampling_params=SamplingParams())
+        for rid in ("a", "b")
+    )
+    asks.return_routed_experts = True
+    ids = torch.arange(5 * 1 * 2, dtype=torch.int32).reshape(5, 1, 2)
+    # "b" extends 2 rows at position 0, then "a" 3 rows from position 4.
+    keep_routed_experts([skips, asks], [0, 4], [2, 3], ids)
+    assert skips.routed_experts is None
+    assert asks.routed_experts.num_tokens == 7
+    got = asks.routed_experts.array()
+    assert np.array_equal(got[4:], ids[2:].numpy())
+    assert (got[:4] == -1).all()  # not written: no expert
+
+
+@pytest.fixture(scope="module")
+def moe_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    require_hf_arch("qwen3_moe")
+    folder = tmp_path_factory.mktemp("qwen3_moe_routed")
+    # Layer 0 dense (mlp_only_layers), layer 2 dense (step of 2): ids -1 there.
+    hf = make_tiny_checkpoint(
+        folder,
+        "qwen3_moe",
+        num_hidden_layers=NUM_LAYERS,
+        decoder_sparse_step=2,
+        mlp_only_layers=[0],
+        norm_topk_prob=True,
+    )
+    return folder, hf
+
+
+def transformers_experts(hf: torch.nn.Module, tokens: list[int]) -> np.ndarray:
+    """[tokens, layers, top_k]: what each HF router picks over the whole sequence, -1 in its
+    dense layers."""
+    with torch.no_grad():
+        out = hf(torch.tensor([tokens]), output_router_logits=True)
+    sparse = [
+        i
+        for i, layer in enumerate(hf.model.layers)
+        if type(layer.mlp).__name__.endswith("SparseMoeBlock")
+    ]
+    want = np.full((len(tokens), NUM_LAYERS, TOP_K), -1, dtype=np.int32)
+    for layer, logits in zip(sparse, out.router_logits, strict=True):
+        scores = torch.softmax(logits.float(), dim=-1)
+        want[:, layer] = torch.topk(scores, TOP_K, dim=-1).indices.numpy()
+    return want
+
+
+@pytest.fixture(scope="module")
+def engine(moe_model: tuple[Path, torch.nn.Module]) -> Iterator[Any]:
+    from radixserve import Engine
+
+    eng = Engine(
+        runtime="thread",
+        model_path=str(moe_model[0]),
+        dtype="float32",
+        skip_tokenizer_init=True,
+        max_total_tokens=1024,
+        chunked_prefill_size=4,  # the prompt runs in two chunks: ids from both
+        enable_return_routed_experts=True,
+        skip_server_warmup=True,
+    )
+    try:
+        yield eng
+    finally:
+        eng.shutdown()
+
+
+def test_ids_equal_transformers_routers(
+    engine: Any, moe_model: tuple[Path, torch.nn.Module]
+) -> None:
+    hf = moe_model[1]
+    out = engine.generate(input_ids=PROMPT, sampling_params=GREEDY, return_routed_experts=True)
+    got = decode_routed_experts(out["meta_info"]["routed_experts"], NUM_LAYERS, TOP_K)
+    # Every token the model ran: the prompt and the generated tokens but the last.
+    tokens = PROMPT + out["output_ids"][:-1]
+    assert got.shape == (len(tokens), NUM_LAYERS, TOP_K)
+    assert (got[:, [0, 2]] == -1).all()
+    assert np.array_equal(got, transformers_experts(hf, tokens))
+    # Asked again, the prompt is in the prefix cache: it is recomputed, so the ids are whole.
+    again = engine.generate(input_ids=PROMPT, sampling_params=GREEDY, return_routed_experts=True)
+    assert again["meta_info"]["routed_experts"] == out["meta_info"]["routed_experts"]
+    plain = engine.generate(input_ids=PROMPT, sampling_params=GREEDY)
+    assert "routed_experts" not in plain["meta_info"]
+    assert plain["output_ids"] == out["output_ids"]
+
+
+def test_batched_requests_get_their_own_ids(
+    engine: Any, moe_model: tuple[Path, torch.nn.Module]
+) -> None:
+    hf = moe_model[1]
+    prompts = [PROMPT, [4, *range(40, 52)]]
+    outs = engine.generate(input_ids=prompts, sampling_params=GREEDY, return_routed_experts=True)
+    for prompt, out in zip(prompts, outs, strict=True):
+        tokens = prompt + out["output_ids"][:-1]
+        got = decode_routed_experts(out["meta_info"]["routed_experts"], NUM_LAYERS, TOP_K)
+        assert np.array_equal(got, transformers_experts(hf, tokens))
+
+
+def test_stream_sends_them_in_the_final_chunk(engine: Any) -> None:
+    chunks = list(
+        engine.generate(
+            input_ids=PROMPT, sampling_params=GREEDY, stream=True, return_routed_experts=True
+        )
+    )
+    assert all("routed_experts" not in c["meta_info"] for c in chunks[:-1])
+    got = decode_routed_experts(chunks[-1]["meta_info"]["routed_experts"], NUM_LAYERS, TOP_K)
+    assert got.shape == (len(PROMPT) + GREEDY["max_new_tokens"] - 1, NUM_LAYERS, TOP_K)
+
+
+def test_http_generate(engine: Any, moe_model: tuple[Path, torch.nn.Module]) -> None:
+    from fastapi.testclient import TestClient
+
+    from radixserve.entrypoints.http_server import create_app
+
+    with TestClient(create_app(engine, engine.server_args)) as client:
+        body = {"input_ids": PROMPT, "sampling_params": GREEDY, "return_routed_experts": True}
+        r = client.post("/generate", json=body)
+        assert r.status_code == 200, r.text
+        res = r.json()
+        tokens = PROMPT + res["output_ids"][:-1]
+        got = decode_routed_experts(res["meta_info"]["routed_experts"], NUM_LAYERS, TOP_K)
+        assert np.array_equal(got, transformers_experts(moe_model[1], tokens))
+        # The OpenAI routes do not carry them yet: a clear 400, not a silent drop.
+        r = client.post(
+            "/v1/completions",
+            json={"prompt": PROMPT, "max_tokens": 2, "return_routed_experts": True},
+        )
+        assert r.status_code == 400 and "return_routed_experts" in r.text
+
+
+def test_refused_while_the_flag_is_off(moe_model: tuple[Path, torch.nn.Module]) -> None:
+    from fastapi.testclient import TestClient
+
+    from radixserve import Engine
+    from radixserve.entrypoints.http_server import create_app
+    from radixserve.errors import InvalidRequestError
+
+    eng = Engine(
+        runtime="thread",
+        model_path=str(moe_model[0]),
+        dtype="float32",
+        skip_tokenizer_init=True,
+        max_total_tokens=512,
+        skip_server_warmup=True,
+    )
+    try:
+        with pytest.raises(InvalidRequestError, match="--enable-return-routed-experts"):
+            eng.generate(input_ids=PROMPT, sampling_params=GREEDY, return_routed_experts=True)
+        with TestClient(create_app(eng, eng.server_args)) as client:
+            body = {"input_ids": PROMPT, "sampling_params": GREEDY, "return_routed_experts": True}
+            r = client.post("/generate", json=body)
+            assert r.status_code == 400
+            assert "--enable-return-routed-experts" in r.text
+    finally:
+        eng.shutdown()
+
+
+def test_refused_for_a_dense_model(tmp_path: Path) -> None:
+    from radixserve import Engine
+
+    make_tiny_checkpoint(tmp_path, "llama")
+    with pytest.raises(Exception, match="has no MoE layers") as err:
+        Engine(
+            runtime="thread",
+            model_path=str(tmp_path),
+            dtype="float32",
+            skip_tokenizer_init=True,
+            max_total_tokens=256,
+            enable_return_routed_experts=True,
+        )
+    assert "\n" not in str(err.value)
+
+
+def test_the_one_call_cpp_layers_step_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On GGUF experts every layer runs in one C++ call (the layer chain; its single-row path
+    at batch 1), which routes inside C++: a step that captures runs the layers module by
+    module instead, with the same tokens, and its ids are the routing those modules took."""
+    from radixserve import Engine
+    from radixserve.kernels import build, ops
+    from radixserve.kernels import gguf_types as gt
+    from radixserve.layers.kquant_paths import KQUANT_INT8_ENV
+    from radixserve.layers.moe import fused_moe, routed_capture
+    from tests.helpers.tiny_gguf import write_block_moe_gguf
+    from tests.helpers.tiny_models import tiny_hf_config, tiny_hf_model
+
+    if build.load_extension() is None:
+        pytest.skip("C++ kernels unavailable")
+    require_hf_arch("qwen3_moe")
+    monkeypatch.setenv(KQUANT_INT8_ENV, "0")
+    # K-quants need K to be a multiple of 256: hidden and the experts' size are 256.
+    cfg = tiny_hf_config(
+        "qwen3_moe",
+        vocab_size=59,
+        hidden_size=256,
+        moe_intermediate_size=256,
+        head_dim=64,
+        norm_topk_prob=True,
+    )
+    types = {"ffn_gate_exps": gt.Q4_K, "ffn_up_exps": gt.Q8_0, "ffn_down_exps": gt.Q6_K}
+    path = write_block_moe_gguf(
+        tmp_path / "moe.gguf", tiny_hf_model(cfg), "qwen3moe", types, gt.Q8_0
+    )
+    chain_calls: list[bool] = []
+    real_chain = ops.run_layer_chain
+    monkeypatch.setattr(
+        ops,
+        "run_layer_chain",
+        lambda *a: chain_calls.append(routed_capture.capturing()) or real_chain(*a),
+    )
+    routed: list[torch.Tensor] = []  # each Python routing while capturing, in call order
+    real_route = fused_moe.route
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        routing = real_route(*args, **kwargs)
+        if routed_capture.capturing():
+            routed.append(routing.experts.clone())
+        return routing
+
+    monkeypatch.setattr(fused_moe, "route", spy)
+    prompt = [1, 5, 9, 30, 12, 7]
+    with Engine(
+        model_path=str(path),
+        runtime="thread",
+        dtype="float32",
+        max_total_tokens=1024,
+        attention_backend="intel_amx",
+        quantization="gguf",
+        skip_tokenizer_init=True,
+        enable_return_routed_experts=True,
+    ) as eng:
+        plain = eng.generate(input_ids=prompt, sampling_params=GREEDY)
+        assert chain_calls and not any(chain_calls)  # the chain ran every plain step
+        chain_calls.clear()
+        asked = eng.generate(input_ids=prompt, sampling_params=GREEDY, return_routed_experts=True)
+    assert not chain_calls  # no capturing step went through the chain
+    assert asked["output_ids"] == plain["output_ids"]
+    layers = cfg.num_hidden_layers
+    got = decode_routed_experts(asked["meta_info"]["routed_experts"], layers, TOP_K)
+    # One prefill step, then one decode step per token but the last: layer after layer.
+    steps = [torch.stack(routed[i : i + layers], dim=1) for i in range(0, len(routed), layers)]
+    assert np.array_equal(got, torch.cat(steps).numpy())
+    assert got.shape[0] == len(prompt) + GREEDY["max_new_tokens"] - 1
+
+
+def test_the_flag_is_accepted() -> None:
+    from radixserve.server_args import ServerArgs
+
+    assert ServerArgs.from_kwargs(enable_return_routed_experts=True).enable_return_routed_experts
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "conflict"),
+    [
+        ({"speculative_algorithm": "NGRAM"}, "--speculative-algorithm"),
+        ({"pp_size": 2}, "--pp-size"),
+    ],
+)
+def test_the_flag_refuses_steps_it_cannot_capture(kwargs: dict[str, Any], conflict: str) -> None:
+    from radixserve.options.errors import ServerArgsError
+    from radixserve.server_args import ServerArgs
+
+    with pytest.raises(ServerArgsError, match="--enable-return-routed-experts") as err:
+        ServerArgs.from_kwargs(enable_return_routed_experts=True, **kwargs)
+    assert conflict in str(err.value)
