@@ -31,8 +31,10 @@ class TokenizedGenerateReq:
     # scheduler's SessionController builds the full input from the session's saved tokens.
     session_params: dict[str, Any] | None = None
     custom_logit_processor: str | None = None  # SGLang's serialized form; see sampling/
-    # SGLang's return_routed_experts (needs --enable-return-routed-experts).
+    # SGLang's return_routed_experts (needs --enable-return-routed-experts) and the first
+    # position whose ids it returns (routed_experts_start_len).
     return_routed_experts: bool = False
+    routed_experts_start_len: int = 0
 
 
 @dataclass

@@ -2,11 +2,12 @@
 expert ids every MoE layer chose for each of its tokens, kept by position while it runs and
 sent once, base64 of an int32 [tokens, layers, top_k] array, in its final meta_info.
 
-Which tokens: every position the request's own forwards computed, from 0 on: the prompt and
-the generated tokens but the last (it is sampled, never run through the model), as SGLang's
-`seqlen - 1` rows. Such a request never takes a cached prefix (scheduler._admit_waiting), so
-every position is computed in it: SGLang instead reads ids it stored per KV slot when the
-prefix was first computed; both answer the same ids for a deterministic model.
+Which tokens: the prompt and the generated tokens but the last (it is sampled, never run
+through the model), as SGLang's `seqlen - 1` rows, from `routed_experts_start_len` on (0 by
+default). Such a request takes no cached prefix past that start (scheduler._admit_waiting), so
+every position it returns is computed, and routed, in its own forwards: SGLang instead reads
+ids it stored per KV slot when a cached prefix was first computed; both answer the same ids
+for a deterministic model.
 """
 
 from __future__ import annotations
@@ -49,16 +50,18 @@ class RoutedExpertsRecord:
         self._ids[start:end] = ids
         self.num_tokens = max(self.num_tokens, end)
 
-    def array(self) -> np.ndarray:
-        """[num_tokens, layers, top_k] int32 (a copy)."""
+    def array(self, start: int = 0) -> np.ndarray:
+        """[num_tokens - start, layers, top_k] int32: positions [start, num_tokens) (a copy;
+        empty when start is past them)."""
         if self._ids is None:
             return np.zeros((0, 0, 0), dtype=np.int32)
-        return self._ids[: self.num_tokens].numpy().copy()
+        return self._ids[min(start, self.num_tokens) : self.num_tokens].numpy().copy()
 
-    def encode(self) -> str:
-        """Base64 of the int32 array's bytes (native little-endian, C order), as SGLang's
-        meta_info["routed_experts"]."""
-        return base64.b64encode(np.ascontiguousarray(self.array()).tobytes()).decode("ascii")
+    def encode(self, start: int = 0) -> str:
+        """Base64 of the int32 array's bytes (native little-endian, C order) from position
+        `start` on, as SGLang's meta_info["routed_experts"]."""
+        data = np.ascontiguousarray(self.array(start)).tobytes()
+        return base64.b64encode(data).decode("ascii")
 
 
 def decode_routed_experts(data: str, num_layers: int, top_k: int) -> np.ndarray:

@@ -45,6 +45,7 @@ class Req:
     # return_routed_experts: its ids by position while it runs (managers/routed_experts.py),
     # dropped once sent.
     return_routed_experts: bool = False
+    routed_experts_start_len: int = 0  # the ids of positions before it are not returned
     routed_experts: Any = None
 
     output_ids: list[int] = field(default_factory=list)

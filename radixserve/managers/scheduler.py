@@ -154,6 +154,7 @@ class Scheduler:
             lora_id=msg.lora_id,
             custom_logit_processor=msg.custom_logit_processor,
             return_routed_experts=msg.return_routed_experts,
+            routed_experts_start_len=msg.routed_experts_start_len,
             session_id=(msg.session_params or {}).get("id") if problem is None else None,
         )
         error = (
@@ -572,8 +573,10 @@ class Scheduler:
             keep = max(req.logprob_start_len - 1, 0) // self.page_size * self.page_size
             prefix = prefix[: min(len(prefix), keep)]
         if req.return_routed_experts:
-            # Its ids cover every position, and only a forward of this request routes them.
-            prefix = prefix[:0]
+            # Its ids cover every position from routed_experts_start_len on, and only a
+            # forward of this request routes them: the cache may serve the positions before.
+            keep = req.routed_experts_start_len // self.page_size * self.page_size
+            prefix = prefix[: min(len(prefix), keep)]
         extend_len = req.seq_len - len(prefix)
         if adder.would_reject(req, extend_len):
             return False
@@ -798,7 +801,7 @@ def _take_routed_experts(req: Req) -> str | None:
     if req.finished_reason is None or not req.return_routed_experts:
         return None
     record, req.routed_experts = req.routed_experts, None
-    return record.encode() if record is not None else None
+    return record.encode(req.routed_experts_start_len) if record is not None else None
 
 
 # A waiting request that shares at least this many not-yet-cached prompt tokens with a request

@@ -137,6 +137,7 @@ class TokenizerManager:
         custom_logit_processor: str | None = None,
         token_ids_logprob: Any = None,
         return_routed_experts: bool = False,
+        routed_experts_start_len: int = 0,
     ) -> tuple[TokenizedGenerateReq, RequestState]:
         """Validate one request; raise RequestError (an InvalidRequestError) naming the bad field.
         check_grammar=False leaves the grammar to `check_grammar_async` (async callers)."""
@@ -160,6 +161,14 @@ class TokenizerManager:
         params.verify(self.vocab_size, with_custom_processor=custom_logit_processor is not None)
         if return_routed_experts and not self.enable_return_routed_experts:
             raise RequestError(ROUTED_EXPERTS_DISABLED, "return_routed_experts")
+        if (
+            isinstance(routed_experts_start_len, bool)
+            or not isinstance(routed_experts_start_len, int)
+            or routed_experts_start_len < 0
+        ):
+            raise RequestError(
+                "routed_experts_start_len must be an integer >= 0.", "routed_experts_start_len"
+            )
         if check_grammar:
             self._check_grammar(params)
         self._check_length(len(ids), params)
@@ -186,6 +195,7 @@ class TokenizerManager:
             session_params=dict(session_params) if session_params is not None else None,
             custom_logit_processor=custom_logit_processor,
             return_routed_experts=bool(return_routed_experts),
+            routed_experts_start_len=routed_experts_start_len,
         )
         state = RequestState(msg.rid, len(ids), msg.return_logprob)
         state.has_token_ids_logprob = msg.token_ids_logprob is not None

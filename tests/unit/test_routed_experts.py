@@ -130,6 +130,34 @@ def test_ids_equal_transformers_routers(
     assert plain["output_ids"] == out["output_ids"]
 
 
+def test_start_len_returns_the_tail_and_lets_the_cache_serve_the_head(engine: Any) -> None:
+    full = engine.generate(input_ids=PROMPT, sampling_params=GREEDY, return_routed_experts=True)
+    whole = decode_routed_experts(full["meta_info"]["routed_experts"], NUM_LAYERS, TOP_K)
+    tail = engine.generate(
+        input_ids=PROMPT,
+        sampling_params=GREEDY,
+        return_routed_experts=True,
+        routed_experts_start_len=3,
+    )
+    assert tail["meta_info"]["cached_tokens"] == 3  # the positions it does not return
+    got = decode_routed_experts(tail["meta_info"]["routed_experts"], NUM_LAYERS, TOP_K)
+    assert np.array_equal(got, whole[3:])
+    past = engine.generate(
+        input_ids=PROMPT,
+        sampling_params=GREEDY,
+        return_routed_experts=True,
+        routed_experts_start_len=1000,
+    )
+    assert past["meta_info"]["routed_experts"] == ""  # nothing from there on
+    with pytest.raises(ValueError, match="routed_experts_start_len"):
+        engine.generate(
+            input_ids=PROMPT,
+            sampling_params=GREEDY,
+            return_routed_experts=True,
+            routed_experts_start_len=-1,
+        )
+
+
 def test_batched_requests_get_their_own_ids(
     engine: Any, moe_model: tuple[Path, torch.nn.Module]
 ) -> None:

@@ -267,8 +267,10 @@ class GenerateReqInput(RefusesUnimplementedFields):
     lora_path: str | list[str | None] | None = None
     session_params: dict[str, Any] | list[dict[str, Any]] | None = None
     custom_logit_processor: str | list[str] | None = None
-    # meta_info["routed_experts"] in the final result (needs --enable-return-routed-experts).
+    # meta_info["routed_experts"] in the final result (needs --enable-return-routed-experts),
+    # from position routed_experts_start_len on.
     return_routed_experts: bool = False
+    routed_experts_start_len: int = Field(default=0, ge=0)
     unimplemented_fields = GENERATE_FIELDS
 
     @model_validator(mode="after")

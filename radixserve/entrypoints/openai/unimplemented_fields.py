@@ -16,7 +16,6 @@ from pydantic import BaseModel, model_validator
 # Both the OpenAI routes and /generate.
 _COMMON = (
     "return_hidden_states",
-    "routed_experts_start_len",
     "return_cached_tokens_details",
     "return_prompt_token_ids",
     "routed_dp_rank",
@@ -57,8 +56,14 @@ GENERATE_FIELDS = (
     "video_max_dynamic_patch",
     "multi_item_delimiter_indices",
 )
-# return_routed_experts is implemented on /generate only so far.
-COMPLETION_FIELDS = (*_COMMON, "return_routed_experts", "session_params", "custom_logit_processor")
+# return_routed_experts (and routed_experts_start_len) work on /generate only so far.
+COMPLETION_FIELDS = (
+    *_COMMON,
+    "return_routed_experts",
+    "routed_experts_start_len",
+    "session_params",
+    "custom_logit_processor",
+)
 CHAT_FIELDS = (*COMPLETION_FIELDS, "return_meta_info", "task", "input_ids")
 
 
