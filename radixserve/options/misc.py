@@ -92,10 +92,10 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     flag(
         "--enable-return-routed-experts",
-        "Allow requests to ask for their routed experts (/generate's return_routed_experts): "
-        "meta_info's routed_experts, base64 of int32 [tokens, layers, top_k], -1 for dense "
-        "layers. MoE models only; a step that captures them runs its MoE layers without the "
-        "one-call C++ layer.",
+        "Allow requests to ask for their routed experts (return_routed_experts on /generate "
+        "and the OpenAI completion routes): base64 of int32 [tokens, layers, top_k], -1 for "
+        "dense layers. MoE models only; a step that captures them runs its MoE layers without "
+        "the one-call C++ layer.",
         support=IMPLEMENTED,
     ),
     flag("--enable-return-indexer-topk", "Return indexer top-k indices."),

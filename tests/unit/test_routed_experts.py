@@ -21,7 +21,7 @@ from radixserve.managers.routed_experts import (
 from radixserve.managers.schedule_batch import Req
 from radixserve.sampling.sampling_params import SamplingParams
 from tests.helpers.family_check import require_hf_arch
-from tests.helpers.tiny_models import make_tiny_checkpoint
+from tests.helpers.tiny_models import make_tiny_checkpoint, save_word_tokenizer
 
 GREEDY = {"temperature": 0, "max_new_tokens": 5, "ignore_eos": True}
 PROMPT = [3, 5, 9, 30, 12, 7, 44]
@@ -62,6 +62,11 @@ def test_a_step_hands_each_asking_request_its_rows() -> None:
 def moe_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
     require_hf_arch("qwen3_moe")
     folder = tmp_path_factory.mktemp("qwen3_moe_routed")
+    # Text and chat for the OpenAI routes: "w<i>" is token i.
+    save_word_tokenizer(folder)
+    (folder / "chat_template.jinja").write_text(
+        "{% for m in messages %}w3 {{ m['content'] }} {% endfor %}w4"
+    )
     # Layer 0 dense (mlp_only_layers), layer 2 dense (step of 2): ids -1 there.
     hf = make_tiny_checkpoint(
         folder,
@@ -99,7 +104,6 @@ def engine(moe_model: tuple[Path, torch.nn.Module]) -> Iterator[Any]:
         runtime="thread",
         model_path=str(moe_model[0]),
         dtype="float32",
-        skip_tokenizer_init=True,
         max_total_tokens=1024,
         chunked_prefill_size=4,  # the prompt runs in two chunks: ids from both
         enable_return_routed_experts=True,
@@ -194,12 +198,59 @@ def test_http_generate(engine: Any, moe_model: tuple[Path, torch.nn.Module]) -> 
         tokens = PROMPT + res["output_ids"][:-1]
         got = decode_routed_experts(res["meta_info"]["routed_experts"], NUM_LAYERS, TOP_K)
         assert np.array_equal(got, transformers_experts(moe_model[1], tokens))
-        # The OpenAI routes do not carry them yet: a clear 400, not a silent drop.
-        r = client.post(
-            "/v1/completions",
-            json={"prompt": PROMPT, "max_tokens": 2, "return_routed_experts": True},
+
+
+def _sse(text: str) -> list[dict[str, Any]]:
+    import json
+
+    lines = [ln[len("data: ") :] for ln in text.splitlines() if ln.startswith("data: ")]
+    return [json.loads(ln) for ln in lines if ln != "[DONE]"]
+
+
+def test_openai_routes_put_them_in_sgl_ext(engine: Any) -> None:
+    """SGLang's extra field on /v1/completions and /v1/chat/completions: each choice's
+    sgl_ext.routed_experts (the last chunk's, streaming), as /generate's meta_info."""
+    from fastapi.testclient import TestClient
+
+    from radixserve.entrypoints.http_server import create_app
+
+    with TestClient(create_app(engine, engine.server_args)) as client:
+        body = {
+            "input_ids": PROMPT,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 4},
+            "return_routed_experts": True,
+        }
+        want = client.post("/generate", json=body).json()["meta_info"]["routed_experts"]
+        completion = {"prompt": PROMPT, "max_tokens": 4, "temperature": 0}
+        plain = client.post("/v1/completions", json=completion).json()
+        assert "sgl_ext" not in plain["choices"][0]
+        asked = {**completion, "return_routed_experts": True}
+        r = client.post("/v1/completions", json=asked)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["sgl_ext"]["routed_experts"] == want
+        chunks = _sse(client.post("/v1/completions", json={**asked, "stream": True}).text)
+        finals = [c["choices"][0] for c in chunks if c["choices"][0]["finish_reason"]]
+        assert [f["sgl_ext"]["routed_experts"] for f in finals] == [want]
+        chat = {
+            "messages": [{"role": "user", "content": "w5 w9 w30"}],
+            "max_tokens": 3,
+            "temperature": 0,
+            "return_routed_experts": True,
+            "routed_experts_start_len": 1,
+        }
+        r = client.post("/v1/chat/completions", json=chat)
+        assert r.status_code == 200, r.text
+        res = r.json()
+        got = decode_routed_experts(
+            res["choices"][0]["sgl_ext"]["routed_experts"], NUM_LAYERS, TOP_K
         )
-        assert r.status_code == 400 and "return_routed_experts" in r.text
+        usage = res["usage"]
+        assert got.shape[0] == usage["prompt_tokens"] + usage["completion_tokens"] - 1 - 1
+        chunks = _sse(client.post("/v1/chat/completions", json={**chat, "stream": True}).text)
+        finals = [c["choices"][0] for c in chunks if c["choices"][0]["finish_reason"]]
+        assert [f["sgl_ext"]["routed_experts"] for f in finals] == [
+            res["choices"][0]["sgl_ext"]["routed_experts"]
+        ]
 
 
 def test_refused_while_the_flag_is_off(moe_model: tuple[Path, torch.nn.Module]) -> None:

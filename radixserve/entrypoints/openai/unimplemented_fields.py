@@ -56,14 +56,7 @@ GENERATE_FIELDS = (
     "video_max_dynamic_patch",
     "multi_item_delimiter_indices",
 )
-# return_routed_experts (and routed_experts_start_len) work on /generate only so far.
-COMPLETION_FIELDS = (
-    *_COMMON,
-    "return_routed_experts",
-    "routed_experts_start_len",
-    "session_params",
-    "custom_logit_processor",
-)
+COMPLETION_FIELDS = (*_COMMON, "session_params", "custom_logit_processor")
 CHAT_FIELDS = (*COMPLETION_FIELDS, "return_meta_info", "task", "input_ids")
 
 
