@@ -389,3 +389,61 @@ def test_the_flag_refuses_steps_it_cannot_capture(kwargs: dict[str, Any], confli
     with pytest.raises(ServerArgsError, match="--enable-return-routed-experts") as err:
         ServerArgs.from_kwargs(enable_return_routed_experts=True, **kwargs)
     assert conflict in str(err.value)
+
+
+def test_retracted_requests_recompute_their_ids(moe_model: tuple[Path, torch.nn.Module]) -> None:
+    """A KV pool too small for every request at once: retracted requests are re-prefilled and
+    their rows routed again; each ends with the ids transformers' routers pick."""
+    from radixserve import Engine
+
+    hf = moe_model[1]
+    prompts = [[3 + i, *range(10 + i, 40 + i)] for i in range(6)]
+    with Engine(
+        model_path=str(moe_model[0]),
+        runtime="thread",
+        dtype="float32",
+        skip_tokenizer_init=True,
+        skip_server_warmup=True,
+        max_total_tokens=160,
+        page_size=4,
+        enable_return_routed_experts=True,
+    ) as eng:
+        outs = eng.generate(
+            input_ids=prompts,
+            sampling_params={"temperature": 0, "max_new_tokens": 24, "ignore_eos": True},
+            return_routed_experts=True,
+        )
+    assert sum(o["meta_info"]["num_retractions"] for o in outs) > 0
+    for prompt, out in zip(prompts, outs, strict=True):
+        tokens = prompt + out["output_ids"][:-1]
+        got = decode_routed_experts(out["meta_info"]["routed_experts"], NUM_LAYERS, TOP_K)
+        assert np.array_equal(got, transformers_experts(hf, tokens))
+
+
+def test_an_aborted_request_frees_its_ids(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+    import time
+    import weakref
+
+    made: list[weakref.ref[RoutedExpertsRecord]] = []
+    real_init = RoutedExpertsRecord.__init__
+
+    def tracked(self: RoutedExpertsRecord) -> None:
+        real_init(self)
+        made.append(weakref.ref(self))
+
+    monkeypatch.setattr(RoutedExpertsRecord, "__init__", tracked)
+    stream = engine.generate(
+        input_ids=PROMPT,
+        sampling_params={"temperature": 0, "max_new_tokens": 400, "ignore_eos": True},
+        stream=True,
+        return_routed_experts=True,
+    )
+    next(stream)
+    stream.close()  # the consumer stops early: the engine aborts the request
+    deadline = time.monotonic() + 30
+    while engine.scheduler._live_reqs() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not engine.scheduler._live_reqs()
+    gc.collect()
+    assert made and all(ref() is None for ref in made)
