@@ -447,3 +447,68 @@ def test_an_aborted_request_frees_its_ids(engine: Any, monkeypatch: pytest.Monke
     assert not engine.scheduler._live_reqs()
     gc.collect()
     assert made and all(ref() is None for ref in made)
+
+
+def hf_gate_experts(hf: torch.nn.Module, tokens: list[int], top_k: int) -> np.ndarray:
+    """[tokens, layers, top_k]: the expert ids each HF MoE block's router returns (its
+    output's last element), -1 in layers without one."""
+    layers = hf.model.layers
+    want = np.full((len(tokens), len(layers), top_k), -1, dtype=np.int32)
+    hooks = []
+    for i, layer in enumerate(layers):
+        gate = getattr(layer.mlp, "gate", None)
+        if gate is not None and hasattr(layer.mlp, "experts"):
+
+            def keep(_m: Any, _i: Any, out: Any, i: int = i) -> None:
+                want[:, i] = out[-1].reshape(len(tokens), top_k).numpy()
+
+            hooks.append(gate.register_forward_hook(keep))
+    try:
+        with torch.no_grad():
+            hf(torch.tensor([tokens]))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return want
+
+
+@pytest.mark.parametrize("arch", ["olmoe", "mixtral", "qwen2_moe", "deepseek_v2"])
+def test_other_moe_families(arch: str, tmp_path: Path) -> None:
+    """Other routers (OLMoE's, Mixtral's, a shared expert beside them, DeepSeek-V2's
+    grouped top-k with a first dense layer): the ids transformers' routers return."""
+    from radixserve import Engine
+
+    require_hf_arch(arch)
+    hf = make_tiny_checkpoint(tmp_path, arch)
+    with Engine(
+        model_path=str(tmp_path),
+        runtime="thread",
+        dtype="float32",
+        skip_tokenizer_init=True,
+        skip_server_warmup=True,
+        max_total_tokens=256,
+        enable_return_routed_experts=True,
+    ) as eng:
+        out = eng.generate(input_ids=PROMPT, sampling_params=GREEDY, return_routed_experts=True)
+    layers = hf.config.num_hidden_layers
+    got = decode_routed_experts(out["meta_info"]["routed_experts"], layers, TOP_K)
+    want = hf_gate_experts(hf, PROMPT + out["output_ids"][:-1], TOP_K)
+    assert np.array_equal(got, want)
+
+
+def test_capturing_steps_skip_the_compiled_decode_graphs() -> None:
+    """--enable-torch-compile: the graphs run the experts inside, where nothing reports, so
+    a decode step that captures runs eagerly (one that does not keeps its graph)."""
+    from types import SimpleNamespace
+
+    from radixserve.model_executor.model_runner import ModelRunner, StepInputs
+
+    runner = SimpleNamespace(
+        compiled_decode=SimpleNamespace(bucket=lambda n: 8),
+        capture_final=False,
+        capture_layers=(),
+    )
+    step = StepInputs(True, [5], [7], [0], [7], [1], torch.zeros(1, dtype=torch.int64), [0])
+    assert ModelRunner._compiled_bucket(runner, step) == 8  # type: ignore[arg-type]
+    step = step._replace(capture_routing=True)
+    assert ModelRunner._compiled_bucket(runner, step) is None  # type: ignore[arg-type]
