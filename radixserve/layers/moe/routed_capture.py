@@ -42,6 +42,8 @@ class StepCapture:
         )
 
     def observe(self, layer_id: int, experts: torch.Tensor) -> None:
+        if layer_id >= self.ids.shape[1]:
+            return  # a MoE layer past the decoder's (none today): no column to report it in
         # Rows past the step's own (padding) are not any request's; ids land on the CPU here,
         # once per layer, which is the capture's cost.
         rows = min(experts.shape[0], self.ids.shape[0])
