@@ -198,8 +198,8 @@ class Scheduler:
         return ids, None
 
     def _routed_experts_error(self, req: Req) -> str | None:
-        # The API side refuses it first; this covers senders that skip it (the Engine's own
-        # callers build their messages through it too, so this is belt and braces).
+        # TokenizerManager.build_request refuses it first; a message built another way is
+        # refused here, so a scheduler without the flag never captures.
         if req.return_routed_experts and not self.args.enable_return_routed_experts:
             return ROUTED_EXPERTS_DISABLED
         return None
