@@ -512,3 +512,24 @@ def test_capturing_steps_skip_the_compiled_decode_graphs() -> None:
     assert ModelRunner._compiled_bucket(runner, step) == 8  # type: ignore[arg-type]
     step = step._replace(capture_routing=True)
     assert ModelRunner._compiled_bucket(runner, step) is None  # type: ignore[arg-type]
+
+
+def test_two_tensor_parallel_ranks(moe_model: tuple[Path, torch.nn.Module]) -> None:
+    """--tp-size 2 in processes: rank 0 captures (every rank routes every row alike) and the
+    ids cross to the API process in the final output."""
+    from radixserve import Engine
+
+    folder, hf = moe_model
+    with Engine(
+        model_path=str(folder),
+        tp_size=2,
+        dist_timeout=20,
+        dtype="float32",
+        skip_tokenizer_init=True,
+        skip_server_warmup=True,
+        max_total_tokens=512,
+        enable_return_routed_experts=True,
+    ) as eng:
+        out = eng.generate(input_ids=PROMPT, sampling_params=GREEDY, return_routed_experts=True)
+    got = decode_routed_experts(out["meta_info"]["routed_experts"], NUM_LAYERS, TOP_K)
+    assert np.array_equal(got, transformers_experts(hf, PROMPT + out["output_ids"][:-1]))
