@@ -108,6 +108,9 @@ class Engine:
         self.tokenizer_manager.enable_custom_logit_processor = bool(
             args.enable_custom_logit_processor
         )
+        self.tokenizer_manager.enable_return_routed_experts = bool(
+            args.enable_return_routed_experts
+        )
 
     @property
     def scheduler(self) -> Any:
@@ -142,6 +145,8 @@ class Engine:
         session_params: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
         custom_logit_processor: str | Sequence[str | None] | None = None,
         token_ids_logprob: Sequence[int] | None = None,
+        return_routed_experts: bool = False,
+        routed_experts_start_len: int = 0,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """One prompt gives one dict; a list gives a list (n > 1 gives n dicts per prompt,
         prompt-major). With stream=True, an iterator of chunks whose "text" is the new text."""
@@ -159,6 +164,8 @@ class Engine:
             session_params=session_params,
             custom_logit_processor=custom_logit_processor,
             token_ids_logprob=token_ids_logprob,
+            return_routed_experts=return_routed_experts,
+            routed_experts_start_len=routed_experts_start_len,
         )
         if stream:
             return self._stream(*items[0])
@@ -183,6 +190,8 @@ class Engine:
         session_params: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
         custom_logit_processor: str | Sequence[str | None] | None = None,
         token_ids_logprob: Sequence[int] | None = None,
+        return_routed_experts: bool = False,
+        routed_experts_start_len: int = 0,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         items, single = self._expand(
             prompt,
@@ -199,6 +208,8 @@ class Engine:
             session_params=session_params,
             custom_logit_processor=custom_logit_processor,
             token_ids_logprob=token_ids_logprob,
+            return_routed_experts=return_routed_experts,
+            routed_experts_start_len=routed_experts_start_len,
         )
         # Compiling a grammar can take seconds: await it here instead of blocking the loop.
         # (Copies of one request share a compile through the backend's cache.)
@@ -392,6 +403,8 @@ class Engine:
         session_params: Any = None,
         custom_logit_processor: Any = None,
         token_ids_logprob: Sequence[int] | None = None,
+        return_routed_experts: bool = False,
+        routed_experts_start_len: int = 0,
     ) -> tuple[list[tuple[TokenizedGenerateReq, RequestState]], bool]:
         if self.server_args.is_embedding:
             raise RequestError(
@@ -437,6 +450,8 @@ class Engine:
                         session_params=sessions[i],
                         custom_logit_processor=processors[i],
                         token_ids_logprob=token_ids_logprob,
+                        return_routed_experts=return_routed_experts,
+                        routed_experts_start_len=routed_experts_start_len,
                     )
                 )
                 items[-1][0].lora_id = lora_ids[i]

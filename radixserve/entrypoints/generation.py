@@ -46,6 +46,8 @@ class GenItem:
     priority: int | None = None
     session_params: dict[str, Any] | None = None
     custom_logit_processor: str | None = None
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0
 
 
 class LogprobOptions(NamedTuple):
@@ -103,6 +105,10 @@ class GenerationRunner:
             kwargs["session_params"] = [it.session_params for it in items]
         if any(it.custom_logit_processor is not None for it in items):
             kwargs["custom_logit_processor"] = [it.custom_logit_processor for it in items]
+        if any(it.return_routed_experts for it in items):
+            # One setting per engine call: the items of one HTTP request share it.
+            kwargs["return_routed_experts"] = True
+            kwargs["routed_experts_start_len"] = items[0].routed_experts_start_len
         if all(it.input_ids is not None for it in items):
             kwargs["input_ids"] = [list(it.input_ids or []) for it in items]
         elif all(it.prompt is not None for it in items):

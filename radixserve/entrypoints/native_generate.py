@@ -92,6 +92,8 @@ def plan_generate(req: GenerateReqInput) -> _Plan:
                     priority=req.priority,
                     session_params=sessions[i],
                     custom_logit_processor=processors[i],
+                    return_routed_experts=req.return_routed_experts,
+                    routed_experts_start_len=req.routed_experts_start_len,
                 )
             )
     seen: set[str] = set()

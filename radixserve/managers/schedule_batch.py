@@ -42,6 +42,11 @@ class Req:
     # and, when it failed on this request's logits, why (the scheduler ends the request).
     custom_logit_processor: str | None = None
     custom_logit_error: str | None = None
+    # return_routed_experts: its ids by position while it runs (managers/routed_experts.py),
+    # dropped once sent.
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0  # the ids of positions before it are not returned
+    routed_experts: Any = None
 
     output_ids: list[int] = field(default_factory=list)
     finished_reason: FinishReason | None = None

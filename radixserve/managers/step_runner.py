@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixserve.managers.grammar_manager import GrammarManager
+from radixserve.managers.routed_experts import keep_routed_experts
 from radixserve.model_executor.model_runner import StepInputs
 from radixserve.sampling.custom_logit_processor import apply_processors
 from radixserve.sampling.output_counts import OutputTokenCounts, batch_token_counts
@@ -77,6 +78,10 @@ class StepRunner:
         output = self.runner.forward(step, self.kv.req_to_token_pool.req_to_token)
         if output.features is not None and self.on_features is not None:
             self.on_features(batch.reqs, step.prefix_lens, step.extend_lens, output.features)
+        if output.routed_experts is not None:
+            keep_routed_experts(
+                batch.reqs, step.prefix_lens, step.extend_lens, output.routed_experts
+            )
         logits = output.logits
         results: list[TokenResult | EmbeddingResult | None] = [None] * len(batch.reqs)
         if output.hidden is not None:
@@ -192,6 +197,7 @@ class StepRunner:
             logits_rows=logits_rows,
             hidden_rows=tuple(hidden_rows),
             lora_ids=tuple(r.lora_id for r in batch.reqs) if self.runner.lora else (),
+            capture_routing=any(r.return_routed_experts for r in batch.reqs),
         )
         return step, sample_pos, input_rows
 

@@ -13,6 +13,7 @@ from radixserve.options.compile_rules import check_torch_compile
 from radixserve.options.deterministic_rules import check_deterministic
 from radixserve.options.errors import ServerArgsError
 from radixserve.options.hicache_rules import check_hicache
+from radixserve.options.moe_rules import check_moe
 from radixserve.options.node_rules import check_nodes
 from radixserve.options.pipeline_rules import check_pipeline
 from radixserve.options.ray_rules import check_ray
@@ -140,6 +141,7 @@ def validate(values: Mapping[str, Any]) -> None:
     check_torch_compile(values)
     check_deterministic(values)
     check_ray(values)
+    check_moe(values)
 
 
 def valid_tp_sizes(num_attention_heads: int, num_kv_heads: int) -> list[int]:

@@ -20,6 +20,7 @@ from radixserve.entrypoints.openai.common import (
     new_id,
     now_s,
     usage_of,
+    with_sgl_ext,
 )
 from radixserve.entrypoints.openai.errors import ApiError
 from radixserve.entrypoints.openai.execute import start_generation
@@ -100,7 +101,16 @@ def plan_chat(
     else:
         rids = [f"{rid}-{k}" for k in range(req.n)]
     items = [
-        GenItem(dict(params), None, list(prompt_ids), r, lora_path=adapter, priority=req.priority)
+        GenItem(
+            dict(params),
+            None,
+            list(prompt_ids),
+            r,
+            lora_path=adapter,
+            priority=req.priority,
+            return_routed_experts=req.return_routed_experts,
+            routed_experts_start_len=req.routed_experts_start_len,
+        )
         for r in rids
     ]
     opts = LogprobOptions(return_logprob=req.logprobs, top_logprobs_num=req.top_logprobs or 0)
@@ -124,15 +134,14 @@ def _response(ctx: ServingContext, plan: ChatPlan, results: Sequence[dict[str, A
             "reasoning_content": parsed.reasoning,
             "tool_calls": parsed.tool_calls or None,
         }
-        choices.append(
-            {
-                "index": k,
-                "message": message,
-                "logprobs": logprobs,
-                "finish_reason": _finish_reason(finish.reason, bool(parsed.tool_calls)),
-                "matched_stop": None if parsed.tool_calls else finish.matched,
-            }
-        )
+        choice = {
+            "index": k,
+            "message": message,
+            "logprobs": logprobs,
+            "finish_reason": _finish_reason(finish.reason, bool(parsed.tool_calls)),
+            "matched_stop": None if parsed.tool_calls else finish.matched,
+        }
+        choices.append(with_sgl_ext(choice, meta, plan.req))
     return {
         "id": plan.rid,
         "object": "chat.completion",
@@ -207,7 +216,7 @@ async def _stream_chunks(
             "finish_reason": _finish_reason(finish.reason, made_calls),
             "matched_stop": None if made_calls else finish.matched,
         }
-        yield _chunk(plan, ctx, created, choice)
+        yield _chunk(plan, ctx, created, with_sgl_ext(choice, meta, plan.req))
     usage = usage_of(metas, plan.req.n, ctx.config.enable_cache_report)
     if include_usage(ctx, plan.req.stream_options):
         yield {
