@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 if TYPE_CHECKING:
@@ -237,9 +236,10 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
             return linear_forward(self, x, self.bias)
-        # Sharded: plain float weights only (quantization runs with one rank), bias added once
-        # after the reduction.
-        out = ps.tensor_model_parallel_all_reduce(F.linear(x, self.weight))
+        # Sharded: float weights only (quantization runs with one rank), through the layer's
+        # method (the fast path's kernels, batch-invariant under deterministic inference);
+        # the bias is added once, after the reduction.
+        out = ps.tensor_model_parallel_all_reduce(self.quant_method.apply(self, x, None))
         if self.bias is not None:
             out = out + self.bias
         return out
