@@ -253,13 +253,8 @@ class ModelRunner:
 
     def _gguf_blocks(self) -> bool:
         """--quantization gguf: the model loads straight from the GGUF's blocks."""
-        from radixserve.distributed import parallel_state as ps
-
-        if self.server_args.quantization != "gguf":
-            return False
-        if ps.get_tp_size() != 1:
-            raise ValueError("--quantization gguf runs with --tp-size 1 only")
-        return True
+        # With --tp-size > 1 each rank keeps its slice of the blocks (models/gguf_shard.py).
+        return self.server_args.quantization == "gguf"
 
     def _kv_dtype(self) -> torch.dtype:
         if self.server_args.kv_cache_dtype == "auto":
