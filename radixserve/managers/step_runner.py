@@ -99,8 +99,10 @@ class StepRunner:
         row_list = [p for p in sample_pos if p >= 0]
         if any(r.custom_logit_processor is not None for r in sampled_reqs):
             apply_processors(logits, row_list, sampled_reqs)
-        rows = torch.tensor(row_list, device=logits.device)
-        samples = iter(self.sample(sampled_reqs, logits[rows]))
+        if row_list != list(range(logits.shape[0])):
+            # (A decode step samples every row in order: no [B, V] copy then.)
+            logits = logits[torch.tensor(row_list, device=logits.device)]
+        samples = iter(self.sample(sampled_reqs, logits))
         for i, pos in enumerate(sample_pos):
             if pos >= 0:
                 results[i] = next(samples)
