@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixserve.kernels import ops
 from radixserve.managers.grammar_manager import GrammarManager
 from radixserve.managers.routed_experts import keep_routed_experts
 from radixserve.model_executor.model_runner import StepInputs
@@ -112,7 +113,7 @@ class StepRunner:
         """One token per request from its logits row (row i belongs to reqs[i])."""
         if _plain_greedy(reqs):
             # The common serving case: argmax, no per-step sampling tensors to build.
-            return [TokenResult(t, 0.0) for t in logits.argmax(dim=-1).tolist()]
+            return [TokenResult(t, 0.0) for t in ops.argmax_rows(logits).tolist()]
         info = SamplingBatchInfo.from_requests(
             [r.sampling_params for r in reqs],
             [r.output_ids for r in reqs],
