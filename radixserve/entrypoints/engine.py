@@ -41,6 +41,12 @@ from radixserve.messages import (
     UnloadLoRAReq,
     UpdateWeightsFromDiskReq,
 )
+from radixserve.multimodal.request_images import (
+    ImageData,
+    RequestImages,
+    image_limit,
+    per_prompt_images,
+)
 from radixserve.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -111,6 +117,10 @@ class Engine:
         self.tokenizer_manager.enable_return_routed_experts = bool(
             args.enable_return_routed_experts
         )
+        self.tokenizer_manager.images = RequestImages(
+            getattr(self.model_info, "image_prompt", None),
+            image_limit(args.limit_mm_data_per_request),
+        )
 
     @property
     def scheduler(self) -> Any:
@@ -147,6 +157,7 @@ class Engine:
         token_ids_logprob: Sequence[int] | None = None,
         return_routed_experts: bool = False,
         routed_experts_start_len: int = 0,
+        image_data: ImageData = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """One prompt gives one dict; a list gives a list (n > 1 gives n dicts per prompt,
         prompt-major). With stream=True, an iterator of chunks whose "text" is the new text."""
@@ -166,6 +177,7 @@ class Engine:
             token_ids_logprob=token_ids_logprob,
             return_routed_experts=return_routed_experts,
             routed_experts_start_len=routed_experts_start_len,
+            image_data=image_data,
         )
         if stream:
             return self._stream(*items[0])
@@ -192,6 +204,7 @@ class Engine:
         token_ids_logprob: Sequence[int] | None = None,
         return_routed_experts: bool = False,
         routed_experts_start_len: int = 0,
+        image_data: ImageData = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         items, single = self._expand(
             prompt,
@@ -210,6 +223,7 @@ class Engine:
             token_ids_logprob=token_ids_logprob,
             return_routed_experts=return_routed_experts,
             routed_experts_start_len=routed_experts_start_len,
+            image_data=image_data,
         )
         # Compiling a grammar can take seconds: await it here instead of blocking the loop.
         # (Copies of one request share a compile through the backend's cache.)
@@ -405,6 +419,7 @@ class Engine:
         token_ids_logprob: Sequence[int] | None = None,
         return_routed_experts: bool = False,
         routed_experts_start_len: int = 0,
+        image_data: ImageData = None,
     ) -> tuple[list[tuple[TokenizedGenerateReq, RequestState]], bool]:
         if self.server_args.is_embedding:
             raise RequestError(
@@ -418,6 +433,7 @@ class Engine:
         lora_ids = [self.lora.resolve(name) for name in _per_item(lora_path, count, "lora_path")]
         priorities = _per_item(priority, count, "priority")
         processors = _per_item(custom_logit_processor, count, "custom_logit_processor")
+        images = per_prompt_images(image_data, count)
         sessions = (
             list(session_params)
             if isinstance(session_params, list | tuple)
@@ -452,6 +468,7 @@ class Engine:
                         token_ids_logprob=token_ids_logprob,
                         return_routed_experts=return_routed_experts,
                         routed_experts_start_len=routed_experts_start_len,
+                        image_data=images[i],
                     )
                 )
                 items[-1][0].lora_id = lora_ids[i]

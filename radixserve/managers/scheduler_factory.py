@@ -157,6 +157,7 @@ def build_scheduler(
         light_decoder=light_decoder,
         tokenizer_class=class_name,
         kernels=runner.kernel_summary,
+        image_prompt=getattr(runner.model, "image_prompt", None),
     )
     return scheduler, tokenizer, ready
 
