@@ -36,47 +36,31 @@ class ImageSpan:
 def expand_placeholders(
     ids: Sequence[int], prompt: ImagePrompt, num_images: int
 ) -> tuple[list[int], list[ImageSpan]]:
-    """`ids` with each single placeholder token expanded to one per image feature, and where
-    each image's tokens went. A prompt already expanded (tokens_per_image in a row per image)
-    is kept as it is. Raises InvalidRequestError when the placeholders and images disagree."""
-    runs = _placeholder_runs(ids, prompt.token_id)
-    if len(runs) != num_images:
-        raise InvalidRequestError(
-            f"The prompt has {len(runs)} image placeholder(s) but the request gives "
-            f"{num_images} image(s); write one image token per image.",
-            "image_data",
-        )
-    out: list[int] = []
-    spans: list[ImageSpan] = []
-    pos = 0
-    for start, length in runs:
-        out.extend(ids[pos:start])
-        if length not in (1, prompt.tokens_per_image):
-            raise InvalidRequestError(
-                f"An image placeholder run has {length} tokens; expected 1 or "
-                f"{prompt.tokens_per_image}.",
-                "image_data",
-            )
-        spans.append(ImageSpan(len(out), prompt.tokens_per_image))
-        out.extend([prompt.token_id] * prompt.tokens_per_image)
-        pos = start + length
-    out.extend(ids[pos:])
-    return out, spans
-
-
-def _placeholder_runs(ids: Sequence[int], token_id: int) -> list[tuple[int, int]]:
-    """(start, length) of each maximal run of `token_id` in `ids`."""
-    runs: list[tuple[int, int]] = []
-    i = 0
-    while i < len(ids):
-        if ids[i] != token_id:
-            i += 1
-            continue
-        start = i
-        while i < len(ids) and ids[i] == token_id:
-            i += 1
-        runs.append((start, i - start))
-    return runs
+    """`ids` with each placeholder token (one per image, in order) expanded to one per image
+    feature, and where each image's tokens went. A prompt already expanded (tokens_per_image
+    placeholders in a row per image) is kept as it is. Raises InvalidRequestError when the
+    placeholders and the images disagree."""
+    n = prompt.tokens_per_image
+    found = [i for i, tok in enumerate(ids) if tok == prompt.token_id]
+    if len(found) == num_images:
+        out: list[int] = []
+        spans: list[ImageSpan] = []
+        pos = 0
+        for at in found:
+            out.extend(ids[pos:at])
+            spans.append(ImageSpan(len(out), n))
+            out.extend([prompt.token_id] * n)
+            pos = at + 1
+        out.extend(ids[pos:])
+        return out, spans
+    blocks = [found[k : k + n] for k in range(0, len(found), n)]
+    if len(found) == num_images * n and all(b[-1] - b[0] == n - 1 for b in blocks):
+        return list(ids), [ImageSpan(b[0], n) for b in blocks]
+    raise InvalidRequestError(
+        f"The prompt has {len(found)} image placeholder token(s) for {num_images} image(s); "
+        "write one image token per image.",
+        "image_data",
+    )
 
 
 def image_key(image_hash: int) -> int:

@@ -1,0 +1,101 @@
+"""Bad images are the request's own 400 (InvalidRequestError naming image_data), never a crash:
+undecodable data, bad base64, http(s) URLs (not fetched), unreadable paths, placeholders that do
+not match the images, more images than --limit-mm-data-per-request, images for a text-only
+model; the engine serves the next request as before."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from radixserve import Engine
+from radixserve.errors import InvalidRequestError
+from tests.helpers.tiny_llava import IMAGE_TOKEN, data_url, make_tiny_llava, png_bytes
+from tests.unit.tiny_model import make_tiny_engine, write_tiny_llama
+
+GREEDY = {"max_new_tokens": 4, "temperature": 0}
+PROMPT = [1, 5, IMAGE_TOKEN, 7]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    folder = tmp_path_factory.mktemp("llava")
+    make_tiny_llava(folder)
+    with Engine(
+        model_path=str(folder),
+        runtime="thread",
+        dtype="float32",
+        skip_tokenizer_init=True,
+        skip_server_warmup=True,
+        max_total_tokens=2048,
+        attention_backend="torch_native",
+        limit_mm_data_per_request='{"image": 2}',
+    ) as eng:
+        yield eng
+
+
+BAD = {
+    "not an image": data_url(b"hello, not a picture"),
+    "truncated png": data_url(png_bytes(1)[:60]),
+    "bad base64": "data:image/png;base64,@@@",
+    "not base64 at all": "!!",
+    "http url": "https://example.invalid/cat.png",
+    "missing file": "/nonexistent/cat.png",
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_image_is_a_client_error(engine: Any, name: str) -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        engine.generate(input_ids=PROMPT, image_data=BAD[name], sampling_params=GREEDY)
+    assert err.value.param.startswith("image_data")
+    good = engine.generate(
+        input_ids=PROMPT, image_data=data_url(png_bytes(2)), sampling_params=GREEDY
+    )
+    assert len(good["output_ids"]) == 4
+
+
+def test_file_path_and_bare_base64_are_read(engine: Any, tmp_path: Path) -> None:
+    data = png_bytes(3)
+    path = tmp_path / "cat.png"
+    path.write_bytes(data)
+    outs = [
+        engine.generate(input_ids=PROMPT, image_data=src, sampling_params=GREEDY)["output_ids"]
+        for src in (str(path), base64.b64encode(data).decode(), data_url(data))
+    ]
+    assert outs[0] == outs[1] == outs[2]
+
+
+def test_placeholders_must_match_the_images(engine: Any) -> None:
+    image = data_url(png_bytes(4))
+    with pytest.raises(InvalidRequestError, match="placeholder"):
+        engine.generate(input_ids=[1, 5, 7], image_data=image, sampling_params=GREEDY)
+    with pytest.raises(InvalidRequestError, match="placeholder"):
+        engine.generate(input_ids=PROMPT, image_data=[image, image], sampling_params=GREEDY)
+
+
+def test_image_limit_per_request(engine: Any) -> None:
+    image = data_url(png_bytes(5))
+    ids = [1, IMAGE_TOKEN, IMAGE_TOKEN, IMAGE_TOKEN, 7]
+    with pytest.raises(InvalidRequestError, match="at most 2"):
+        engine.generate(input_ids=ids, image_data=[image] * 3, sampling_params=GREEDY)
+    two = engine.generate(
+        input_ids=ids[:2] + ids[3:], image_data=[image] * 2, sampling_params=GREEDY
+    )
+    assert len(two["output_ids"]) == 4
+
+
+def test_text_only_model_refuses_images(tmp_path: Path) -> None:
+    engine = make_tiny_engine(write_tiny_llama(tmp_path / "llama"))
+    try:
+        with pytest.raises(InvalidRequestError, match="text only") as err:
+            engine.generate(
+                input_ids=[1, 5, 7], image_data=data_url(png_bytes(6)), sampling_params=GREEDY
+            )
+        assert err.value.param == "image_data"
+        assert len(engine.generate(input_ids=[1, 5, 7], sampling_params=GREEDY)["output_ids"]) == 4
+    finally:
+        engine.shutdown()
