@@ -19,8 +19,9 @@ ImageData = str | Sequence[str | Sequence[str] | None] | None
 
 
 def per_prompt_images(image_data: ImageData, count: int) -> list[list[str] | None]:
-    """Each prompt's images (None: no images) of `count` prompts."""
-    if image_data is None:
+    """Each prompt's images (None: no images) of `count` prompts. None, "" and [] are unset
+    (the defaults a client may send back)."""
+    if image_data is None or len(image_data) == 0:
         return [None] * count
     if isinstance(image_data, str):
         if count != 1:
