@@ -44,6 +44,11 @@ def language_config(config: ModelConfig) -> ModelConfig:
 
 class LlavaForConditionalGeneration(LlamaForCausalLM):
     def __init__(self, config: ModelConfig) -> None:
+        from radixserve.distributed import parallel_state
+
+        if parallel_state.get_pp_size() != 1:
+            # The pipeline runs the stages' bodies directly, past forward's image features.
+            raise ValueError("LLaVA runs with --pp-size 1 only")
         super().__init__(language_config(config))
         hf = config.hf_config
         self.vision = VisionEncoder(hf, config.hidden_size)

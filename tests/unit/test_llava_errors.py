@@ -99,3 +99,30 @@ def test_text_only_model_refuses_images(tmp_path: Path) -> None:
         assert len(engine.generate(input_ids=[1, 5, 7], sampling_params=GREEDY)["output_ids"]) == 4
     finally:
         engine.shutdown()
+
+
+def test_a_request_refused_by_the_scheduler_leaves_its_batch_alone(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An image the scheduler's processor refuses ends that request alone (abort, 400) while
+    the request submitted with it runs."""
+    bad, good = png_bytes(7), png_bytes(8)
+    expected = engine.generate(input_ids=PROMPT, image_data=data_url(good), sampling_params=GREEDY)
+    images = engine.scheduler.images
+    prepare = images.prepare
+
+    def picky(inputs: Any) -> Any:
+        if any(image.data == bad for image in inputs):
+            raise InvalidRequestError("Image 0 could not be processed: broken", "image_data")
+        return prepare(inputs)
+
+    monkeypatch.setattr(images, "prepare", picky)
+    outs = engine.generate(
+        input_ids=[PROMPT, PROMPT],
+        image_data=[data_url(bad), data_url(good)],
+        sampling_params=GREEDY,
+    )
+    reason = outs[0]["meta_info"]["finish_reason"]
+    assert reason["type"] == "abort" and reason["status_code"] == 400
+    assert "could not be processed" in reason["message"]
+    assert outs[1]["output_ids"] == expected["output_ids"]
