@@ -165,3 +165,12 @@ def test_model_info_reports_image_understanding(client: Any) -> None:
     info = client.get("/model_info").json()
     assert info["has_image_understanding"] is True
     assert info["architectures"] == ["LlavaForConditionalGeneration"]
+
+
+def test_tokenize_counts_the_expanded_image(engine: Engine, client: Any) -> None:
+    body = _chat(data_url(png_bytes(25)))
+    r = client.post("/v1/tokenize", json={"model": MODEL, "messages": body["messages"]})
+    assert r.status_code == 200, r.text
+    tokens = r.json()["tokens"]
+    assert tokens.count(IMAGE_TOKEN) == TOKENS_PER_IMAGE
+    assert len(tokens) == len(_chat_prompt(engine.tokenizer)) - 1 + TOKENS_PER_IMAGE

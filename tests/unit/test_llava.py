@@ -132,3 +132,38 @@ def test_vision_features_equal_transformers(llava: tuple) -> None:
         )
     theirs = getattr(theirs, "pooler_output", theirs)
     torch.testing.assert_close(ours, torch.stack(list(theirs)))
+
+
+def _rename(folder: Path, out: Path, rename: Any) -> None:
+    """A copy of the checkpoint folder with its tensors renamed."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(folder, out)
+    tensors = load_file(str(folder / "model.safetensors"))
+    save_file({rename(k): v for k, v in tensors.items()}, str(out / "model.safetensors"))
+
+
+HUB = lambda name: name.replace("vision_tower.", "vision_tower.vision_model.")  # noqa: E731
+
+
+def _newer(name: str) -> str:
+    if name.startswith("language_model.lm_head."):
+        return name.removeprefix("language_model.")
+    if name.startswith("language_model.model."):
+        return "model.language_model." + name.removeprefix("language_model.model.")
+    return "model." + name
+
+
+@pytest.mark.parametrize("rename", [HUB, _newer], ids=["hub", "newer"])
+def test_other_checkpoint_layouts_load_the_same(llava: tuple, tmp_path: Path, rename: Any) -> None:
+    """LLaVA-1.5 on the hub nests CLIP under vision_model.; newer saves put everything under
+    model. with lm_head at the top: both load the same weights."""
+    folder, _ = llava
+    _rename(folder, tmp_path / "copy", rename)
+    ours = load_model(str(folder), dtype="float32").model.state_dict()
+    theirs = load_model(str(tmp_path / "copy"), dtype="float32").model.state_dict()
+    assert ours.keys() == theirs.keys()
+    for name, value in ours.items():
+        assert torch.equal(value, theirs[name]), name
