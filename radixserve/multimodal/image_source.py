@@ -77,7 +77,7 @@ def _b64(payload: str, param: str) -> bytes:
 
 
 def _check_decodes(data: bytes, param: str) -> None:
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(io.BytesIO(data)) as image:
@@ -89,5 +89,9 @@ def _check_decodes(data: bytes, param: str) -> None:
             image.load()
     except InvalidRequestError:
         raise
+    except UnidentifiedImageError as exc:  # its message holds a BytesIO's repr
+        raise InvalidRequestError(
+            "The image cannot be decoded: not an image format this server reads.", param
+        ) from exc
     except Exception as exc:  # Pillow raises many types for broken or unknown files
         raise InvalidRequestError(f"The image cannot be decoded: {exc}", param) from exc
