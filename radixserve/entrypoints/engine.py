@@ -84,6 +84,7 @@ class Engine:
         args = self.server_args
         # Checked before any process starts: a bad --lora-paths fails fast.
         self.lora = LoRARegistry(lora_config_from_args(args))
+        image_cap = image_limit(args.limit_mm_data_per_request)
         apply_gc_threshold(args.gc_threshold)
         self.runtime: InProcessRuntime | MultiProcessRuntime
         if runtime == "thread":
@@ -119,7 +120,7 @@ class Engine:
         )
         self.tokenizer_manager.images = RequestImages(
             getattr(self.model_info, "image_prompt", None),
-            image_limit(args.limit_mm_data_per_request),
+            image_cap,
         )
 
     @property

@@ -33,6 +33,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Any:
         max_total_tokens=2048,
         attention_backend="torch_native",
         limit_mm_data_per_request='{"image": 2}',
+        enable_multimodal=True,  # SGLang's switch: accepted, LLaVA takes images either way
     ) as eng:
         yield eng
 
@@ -126,3 +127,9 @@ def test_a_request_refused_by_the_scheduler_leaves_its_batch_alone(
     assert reason["type"] == "abort" and reason["status_code"] == 400
     assert "could not be processed" in reason["message"]
     assert outs[1]["output_ids"] == expected["output_ids"]
+
+
+@pytest.mark.parametrize("limit", ['{"image": -1}', '{"image": "two"}', "[2]"])
+def test_bad_image_limit_is_refused_before_start(tmp_path: Path, limit: str) -> None:
+    with pytest.raises(ValueError, match="limit-mm-data-per-request"):
+        Engine(model_path=str(tmp_path), runtime="thread", limit_mm_data_per_request=limit)
