@@ -167,3 +167,39 @@ def test_other_checkpoint_layouts_load_the_same(llava: tuple, tmp_path: Path, re
     assert ours.keys() == theirs.keys()
     for name, value in ours.items():
         assert torch.equal(value, theirs[name]), name
+
+
+def test_ngram_speculation_with_images_equals_transformers(
+    llava: tuple, images: list[bytes]
+) -> None:
+    """Verified drafts keep the answer the target gives with its image features."""
+    folder, hf = llava
+    long = {**GREEDY, "max_new_tokens": 24}
+    expected = hf_llava_greedy(hf, folder, ONE, [images[0]], 24)
+    with _engine(folder, speculative_algorithm="NGRAM") as engine:
+        out = engine.generate(input_ids=ONE, image_data=data_url(images[0]), sampling_params=long)
+    assert out["output_ids"] == expected
+
+
+def test_folder_saved_by_llava_processor(llava: tuple, images: list[bytes], tmp_path: Path) -> None:
+    """transformers 5's LlavaProcessor.save_pretrained writes processor_config.json (the image
+    processor inside it) instead of preprocessor_config.json: the images are read the same."""
+    import shutil
+
+    from transformers import AutoImageProcessor, AutoTokenizer, LlavaProcessor
+
+    folder, hf = llava
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    (copy / "preprocessor_config.json").unlink()
+    LlavaProcessor(
+        AutoImageProcessor.from_pretrained(folder),
+        AutoTokenizer.from_pretrained(folder),
+        patch_size=7,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+    ).save_pretrained(copy)
+    assert (copy / "processor_config.json").is_file()
+    with _engine(copy) as engine:
+        out = engine.generate(input_ids=ONE, image_data=data_url(images[0]), sampling_params=GREEDY)
+    assert out["output_ids"] == hf_llava_greedy(hf, folder, ONE, [images[0]], NEW)
