@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from radixserve.errors import InvalidRequestError
-from radixserve.multimodal.image_prompt import keyed_ids
+from radixserve.multimodal.image_prompt import ImagePrompt, keyed_ids
 
 if TYPE_CHECKING:
     from radixserve.managers.schedule_batch import Req
@@ -15,13 +15,21 @@ if TYPE_CHECKING:
     from radixserve.multimodal.image_items import ImagePreprocessor
 
 
+def image_prompt(model: Any) -> ImagePrompt | None:
+    """A vision model's placeholder (one with an `image_token_id`), else None: what the API
+    side expands (it travels in SchedulerReady)."""
+    token_id = getattr(model, "image_token_id", None)
+    if token_id is None:
+        return None
+    return ImagePrompt(int(token_id), int(model.tokens_per_image))
+
+
 def image_preprocessor(runner: Any) -> ImagePreprocessor | None:
-    """The image processor of a vision model (one with an `image_prompt`), else None."""
+    """The image processor of a vision model, else None."""
     from radixserve.multimodal.image_items import ImagePreprocessor
 
     model = getattr(runner, "model", None)
-    prompt = getattr(model, "image_prompt", None)
-    if prompt is None:
+    if image_prompt(model) is None:
         return None
     return ImagePreprocessor(runner.model_dir, model.image_size)
 

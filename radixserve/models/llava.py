@@ -13,22 +13,39 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from radixserve.models.llama import LlamaForCausalLM
 from radixserve.models.vision_tower import VisionEncoder, tokens_per_image
-from radixserve.multimodal.image_prompt import ImagePrompt
 
 if TYPE_CHECKING:
     from radixserve.model_executor.forward_batch import ForwardBatch
     from radixserve.models.config import ModelConfig
-    from radixserve.multimodal.image_items import ImageChunk
 
 _VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
 VISION = "vision."  # the VisionEncoder's attribute name, prefixing its parameters
 _TEXT_MODEL_TYPES = ("llama",)
+
+
+class ImageOfStep(Protocol):
+    """An image as a step hands it over (the scheduler's multimodal/image_items.ImageItem):
+    pixels, its placeholder count, and its features once encoded (kept there by the model)."""
+
+    pixel_values: torch.Tensor
+    length: int
+    features: torch.Tensor | None
+
+
+class ImagePiece(Protocol):
+    """Placeholder tokens of one image in one step (multimodal/image_items.ImageChunk):
+    flattened rows [row, row + length) take the image's features [start, start + length)."""
+
+    row: int
+    image: ImageOfStep
+    start: int
+    length: int
 
 
 def language_config(config: ModelConfig) -> ModelConfig:
@@ -55,8 +72,9 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         token_id = getattr(hf, "image_token_index", None)
         if token_id is None:
             token_id = hf.image_token_id
-        # Read by the scheduler (image intake) and sent to the API side in SchedulerReady.
-        self.image_prompt = ImagePrompt(int(token_id), tokens_per_image(hf))
+        # Read by the scheduler (image intake), whose ImagePrompt reaches the API side.
+        self.image_token_id = int(token_id)
+        self.tokens_per_image = tokens_per_image(hf)
         self.image_size = int(hf.vision_config.image_size)
 
     def forward(
@@ -69,7 +87,7 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         return self.model(input_ids, positions, forward_batch)
 
     def _image_rows(
-        self, chunks: Iterable[ImageChunk], device: torch.device
+        self, chunks: Iterable[ImagePiece], device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(flattened rows, their features) for this step's image pieces; images not encoded
         yet are encoded together, once, and keep their features until their last piece runs."""
