@@ -5,6 +5,7 @@ are 400s with the OpenAI error body naming the message part, and the server keep
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -174,3 +175,38 @@ def test_tokenize_counts_the_expanded_image(engine: Engine, client: Any) -> None
     tokens = r.json()["tokens"]
     assert tokens.count(IMAGE_TOKEN) == TOKENS_PER_IMAGE
     assert len(tokens) == len(_chat_prompt(engine.tokenizer)) - 1 + TOKENS_PER_IMAGE
+
+
+def test_generate_batch_with_n_and_per_prompt_images(setup: tuple, client: Any) -> None:
+    """One entry per prompt (an image, or null for a text prompt); each of n copies gets its
+    prompt's images; streamed answers carry the same tokens."""
+    folder, hf = setup
+    image = png_bytes(26)
+    prompts = [[1, 5, IMAGE_TOKEN, 6], [1, 5, 6]]
+    expected = [
+        hf_llava_greedy(hf, folder, prompts[0], [image], NEW),
+        hf_llava_greedy(hf, folder, prompts[1], [], NEW),
+    ]
+    params = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True, "n": 2}
+    body = {"input_ids": prompts, "image_data": [data_url(image), None], "sampling_params": params}
+    r = client.post("/generate", json=body)
+    assert r.status_code == 200, r.text
+    assert [o["output_ids"] for o in r.json()] == [expected[0]] * 2 + [expected[1]] * 2
+    params["n"] = 1
+    r = client.post(
+        "/generate",
+        json={
+            "input_ids": prompts[0],
+            "image_data": data_url(image),
+            "sampling_params": params,
+            "stream": True,
+        },
+    )
+    assert r.status_code == 200, r.text
+    events = [line[len("data: ") :] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    streamed = chunks[-1]["output_ids"]
+    if len(streamed) < NEW:  # incremental chunks: their ids in order
+        streamed = [t for c in chunks for t in c["output_ids"]]
+    assert streamed == expected[0]

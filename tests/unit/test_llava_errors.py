@@ -133,3 +133,18 @@ def test_a_request_refused_by_the_scheduler_leaves_its_batch_alone(
 def test_bad_image_limit_is_refused_before_start(tmp_path: Path, limit: str) -> None:
     with pytest.raises(ValueError, match="limit-mm-data-per-request"):
         Engine(model_path=str(tmp_path), runtime="thread", limit_mm_data_per_request=limit)
+
+
+def test_images_in_a_session_are_refused(engine: Any) -> None:
+    session = engine.open_session(capacity_of_str_len=1000)
+    try:
+        with pytest.raises(InvalidRequestError, match="session") as err:
+            engine.generate(
+                input_ids=PROMPT,
+                image_data=data_url(png_bytes(9)),
+                sampling_params=GREEDY,
+                session_params={"id": session},
+            )
+        assert err.value.param == "image_data"
+    finally:
+        engine.close_session(session)
