@@ -7,6 +7,7 @@ engine.generate("Hello", {"max_new_tokens": 16, "temperature": 0})
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import time
@@ -207,7 +208,8 @@ class Engine:
         routed_experts_start_len: int = 0,
         image_data: ImageData = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
-        items, single = self._expand(
+        expand = functools.partial(
+            self._expand,
             prompt,
             input_ids,
             sampling_params,
@@ -226,6 +228,8 @@ class Engine:
             routed_experts_start_len=routed_experts_start_len,
             image_data=image_data,
         )
+        # Images are decoded and hashed while the request is built: off the event loop.
+        items, single = await asyncio.to_thread(expand) if image_data else expand()
         # Compiling a grammar can take seconds: await it here instead of blocking the loop.
         # (Copies of one request share a compile through the backend's cache.)
         await asyncio.gather(
