@@ -13,6 +13,17 @@ ROUTED_EXPERTS_DISABLED = (
 
 
 @dataclass
+class ImageInput:
+    """One image of a request: its encoded bytes (checked to decode by the API side), a content
+    hash, and where its placeholder tokens sit in input_ids."""
+
+    data: bytes
+    hash: int
+    offset: int
+    length: int
+
+
+@dataclass
 class TokenizedGenerateReq:
     rid: str
     input_ids: list[int]
@@ -35,6 +46,9 @@ class TokenizedGenerateReq:
     # position whose ids it returns (routed_experts_start_len).
     return_routed_experts: bool = False
     routed_experts_start_len: int = 0
+    # A vision model's images, in prompt order (multimodal/); their placeholder tokens are
+    # already expanded in input_ids.
+    images: list[ImageInput] = field(default_factory=list)
 
 
 @dataclass
@@ -177,6 +191,9 @@ class SchedulerReady:
     tokenizer_class: str | None = None
     # What the attention/linear kernels run on (kernels/describe.py's kernel_summary).
     kernels: str = ""
+    # A vision model's image placeholder (multimodal/image_prompt.py's ImagePrompt); None for
+    # a text-only model, whose requests may not carry images.
+    image_prompt: Any = None
 
 
 @dataclass

@@ -56,6 +56,10 @@ class ServerArgs:
     trust_remote_code: bool = False
     context_length: int | None = None
     is_embedding: bool = False
+    # Vision models (docs/vision.md): SGLang's switch (LLaVA takes images with or without it)
+    # and the per-request image cap, {"image": N}.
+    enable_multimodal: bool | None = None
+    limit_mm_data_per_request: Any = None
     grammar_backend: str | None = None
     constrained_json_whitespace_pattern: str | None = None
     constrained_json_disable_any_whitespace: bool = False

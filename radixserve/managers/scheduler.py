@@ -19,6 +19,7 @@ from radixserve.managers.decode_logger import DecodeLogger
 from radixserve.managers.finish_checker import FinishChecker
 from radixserve.managers.grammar_backend import make_grammar_backend
 from radixserve.managers.grammar_manager import GrammarManager
+from radixserve.managers.image_intake import attach_images, image_preprocessor
 from radixserve.managers.kv_manager import KVManager
 from radixserve.managers.load_report import load_fields
 from radixserve.managers.lora_scheduling import LoRAScheduling
@@ -112,6 +113,8 @@ class Scheduler:
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked_req: Req | None = None
+        # A vision model's image processor (models/llava.py), None for a text-only model.
+        self.images = image_preprocessor(runner)
         self.in_flight: list[Req] = []  # the batch being run, for fail_all
         self.stream_reqs: set[str] = set()
         self.pending_outputs: list[ReqOutput] = []
@@ -160,6 +163,7 @@ class Scheduler:
         error = (
             problem
             or self._admission_error(req)
+            or attach_images(req, msg, self.images)
             or self._processor_error(req)
             or self._routed_experts_error(req)
         )
@@ -811,11 +815,11 @@ IN_BATCH_PREFIX_TOKENS = 32
 
 
 def _shares_uncached_prefix(req: Req, admitted: Sequence[Req]) -> bool:
-    fill = req.fill_ids
+    fill = req.key_ids
     for other in admitted:
         if other.lora_id != req.lora_id:  # another adapter's KV is never shared
             continue
-        other_fill = other.fill_ids
+        other_fill = other.key_ids
         if not fill or not other_fill or fill[0] != other_fill[0]:
             continue
         # Shorter prompts (n > 1 copies of one prompt, say) wait when all of theirs is covered.

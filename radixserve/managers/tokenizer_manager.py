@@ -16,7 +16,13 @@ from typing import Any
 
 from radixserve.errors import InvalidRequestError
 from radixserve.managers.session_params import SessionError, SessionParams
-from radixserve.messages import ROUTED_EXPERTS_DISABLED, ReqOutput, TokenizedGenerateReq
+from radixserve.messages import (
+    ROUTED_EXPERTS_DISABLED,
+    ImageInput,
+    ReqOutput,
+    TokenizedGenerateReq,
+)
+from radixserve.multimodal.request_images import RequestImages
 from radixserve.sampling.constrained import GrammarError, GrammarSpec, spec_from_sampling_params
 from radixserve.sampling.custom_logit_processor import DISABLED_MESSAGE as CUSTOM_LOGIT_DISABLED
 from radixserve.sampling.custom_logit_processor import check_serialized
@@ -65,6 +71,8 @@ class TokenizerManager:
         self.enable_custom_logit_processor = False
         # --enable-return-routed-experts (set by the Engine): likewise.
         self.enable_return_routed_experts = False
+        # A vision model's placeholder and the per-request image limit (set by the Engine).
+        self.images = RequestImages(None)
         self._grammar_backend: Any = None
         self._grammar_backend_lock = threading.Lock()
 
@@ -138,6 +146,7 @@ class TokenizerManager:
         token_ids_logprob: Any = None,
         return_routed_experts: bool = False,
         routed_experts_start_len: int = 0,
+        image_data: Sequence[str] | None = None,
     ) -> tuple[TokenizedGenerateReq, RequestState]:
         """Validate one request; raise RequestError (an InvalidRequestError) naming the bad field.
         check_grammar=False leaves the grammar to `check_grammar_async` (async callers)."""
@@ -169,6 +178,13 @@ class TokenizerManager:
             raise RequestError(
                 "routed_experts_start_len must be an integer >= 0.", "routed_experts_start_len"
             )
+        images: list[ImageInput] = []
+        if image_data:
+            if embedding or session_params is not None:
+                raise RequestError(
+                    "Images are not supported in embedding or session requests.", "image_data"
+                )
+            ids, images = self.images.expand(ids, image_data)
         if check_grammar:
             self._check_grammar(params)
         self._check_length(len(ids), params)
@@ -196,6 +212,7 @@ class TokenizerManager:
             custom_logit_processor=custom_logit_processor,
             return_routed_experts=bool(return_routed_experts),
             routed_experts_start_len=routed_experts_start_len,
+            images=images,
         )
         state = RequestState(msg.rid, len(ids), msg.return_logprob)
         state.has_token_ids_logprob = msg.token_ids_logprob is not None

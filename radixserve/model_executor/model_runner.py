@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -58,6 +58,8 @@ class StepInputs(NamedTuple):
     spec_hidden: torch.Tensor | None = None
     # Some request of the step asked for its routed experts (--enable-return-routed-experts).
     capture_routing: bool = False
+    # A vision model's image pieces this step runs (multimodal/image_items.py's ImageChunk).
+    image_chunks: tuple[Any, ...] = ()
 
 
 class ForwardOutput(NamedTuple):
@@ -390,6 +392,7 @@ class ModelRunner:
             logits_indices=torch.tensor(step.logits_rows, dtype=torch.int64, device=dev),
             spec_hidden=step.spec_hidden,
             capture_layers=self.capture_layers,
+            image_chunks=step.image_chunks,
         )
         backend.init_forward_metadata(fb)
         if self.lora is not None:

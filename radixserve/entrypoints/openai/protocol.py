@@ -277,6 +277,9 @@ class GenerateReqInput(RefusesUnimplementedFields):
     # from position routed_experts_start_len on.
     return_routed_experts: bool = False
     routed_experts_start_len: int = Field(default=0, ge=0)
+    # A vision model's images (multimodal/request_images.py's ImageData): for one prompt an
+    # image or a list; for a batch one entry per prompt. Data URL, base64 or a local path.
+    image_data: str | list[str | list[str] | None] | None = None
     unimplemented_fields = GENERATE_FIELDS
 
     @model_validator(mode="after")

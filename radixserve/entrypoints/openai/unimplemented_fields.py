@@ -37,7 +37,6 @@ _COMMON = (
 GENERATE_FIELDS = (
     *_COMMON,
     "input_embeds",
-    "image_data",
     "video_data",
     "audio_data",
     "mm_hashes",
