@@ -54,6 +54,24 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     ),
     # Image reading, keying and processing: request-side leaves, no model code.
     "radixserve.multimodal": ("radixserve.multimodal", "radixserve.errors", "radixserve.messages"),
+    # Leaves: defaults (the HTTP address) and metrics import nothing of radixserve; the output
+    # parsers (tool calls, reasoning) only the client-error type.
+    "radixserve.defaults": (),
+    "radixserve.observability": ("radixserve.observability",),
+    "radixserve.parsers": ("radixserve.parsers", "radixserve.errors"),
+    # Adapters wrap layers; nothing above them (the manager is handed the model).
+    "radixserve.lora": ("radixserve.lora", "radixserve.errors", "radixserve.layers"),
+    # The option table and its rules read files and kernel facts (GGUF block types, the CPU's
+    # features), never the model code or the runtime.
+    "radixserve.options": (
+        "radixserve.options",
+        "radixserve.defaults",
+        "radixserve.default_model",
+        "radixserve.kernels",
+        "radixserve.lora.config",
+        "radixserve.utils",
+    ),
+    "radixserve.server_args": ("radixserve.options", "radixserve.defaults"),
 }
 # package prefix -> radixserve modules it must never import
 FORBIDDEN: dict[str, tuple[str, ...]] = {
