@@ -270,3 +270,76 @@ def test_allowed_media_domains_over_http(engine: Engine, client: Any) -> None:
             assert r.status_code == 200, r.text
     finally:
         images.fetch = saved
+
+
+def _responses(image_part: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    content = [
+        {"type": "input_text", "text": "w5 "},
+        image_part,
+        {"type": "input_text", "text": " w7 w8"},
+    ]
+    body = {
+        "model": MODEL,
+        "input": [{"role": "user", "content": content}],
+        "max_output_tokens": NEW,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    return body | extra
+
+
+def _output_text(body: dict[str, Any]) -> str:
+    return "".join(
+        part["text"]
+        for item in body["output"]
+        if item["type"] == "message"
+        for part in item["content"]
+    )
+
+
+def test_responses_input_image(engine: Engine, client: Any) -> None:
+    """/v1/responses' input_image parts (a data URL or an http URL) answer as chat's image_url
+    parts do; a later turn (previous_response_id) sees the image again; bad parts are 400s
+    naming the input item's part (instructions and earlier turns do not shift the index)."""
+    image = png_bytes(27)
+    chat = client.post("/v1/chat/completions", json=_chat(data_url(image)))
+    assert chat.status_code == 200, chat.text
+    expected = chat.json()["choices"][0]["message"]["content"]
+    with image_server() as srv:
+        srv.routes["/cat.png"] = Route(image)
+        for url in (data_url(image), srv.url("/cat.png")):
+            r = client.post(
+                "/v1/responses", json=_responses({"type": "input_image", "image_url": url})
+            )
+            assert r.status_code == 200, r.text
+            assert _output_text(r.json()) == expected
+            assert r.json()["usage"]["input_tokens"] == chat.json()["usage"]["prompt_tokens"]
+        first = r.json()
+        follow = client.post(
+            "/v1/responses",
+            json={
+                "model": MODEL,
+                "previous_response_id": first["id"],
+                "input": "w9",
+                "max_output_tokens": 2,
+            },
+        )
+        assert follow.status_code == 200, follow.text
+        assert follow.json()["usage"]["input_tokens"] > TOKENS_PER_IMAGE
+        bad = _responses(
+            {"type": "input_image", "image_url": srv.url("/missing.png"), "detail": "auto"},
+            instructions="Be brief.",
+        )
+        r = client.post("/v1/responses", json=bad)
+        assert r.status_code == 400
+        assert r.json()["error"]["param"] == "input[0].content[1].image_url"
+        assert "HTTP 404" in r.json()["error"]["message"]
+    r = client.post("/v1/responses", json=_responses({"type": "input_image", "file_id": "file-1"}))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input[0].content[1].file_id"
+    r = client.post("/v1/responses", json=_responses({"type": "input_image"}))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input[0].content[1].image_url"
+    r = client.post(
+        "/v1/responses",
+        json=_responses({"type": "input_image", "image_url": data_url(b"not an image")}),
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input[0].content[1].image_url"
