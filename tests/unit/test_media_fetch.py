@@ -66,6 +66,9 @@ def test_redirects_are_followed_a_bounded_number_of_times(server: ImageServer) -
     server.routes["/loop"].hits.clear()
     assert "redirected more than 5 times" in _refused(server.url("/loop"))
     assert len(server.routes["/loop"].hits) == 6
+    # A redirect may not lead off http(s) (a local file, say).
+    server.routes["/to-file"] = Route(location="file:///etc/hostname")
+    assert "only http(s)" in _refused(server.url("/to-file"))
 
 
 def test_unreachable_and_http_errors(server: ImageServer) -> None:
