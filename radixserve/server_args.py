@@ -60,6 +60,10 @@ class ServerArgs:
     # and the per-request image cap, {"image": N}.
     enable_multimodal: bool | None = None
     limit_mm_data_per_request: Any = None
+    # http(s) image URLs (multimodal/media_fetch.py): the hosts allowed (empty: any) and the
+    # byte cap of one download, in MiB.
+    allowed_media_domains: tuple[str, ...] = ()
+    media_url_max_file_size_mb: int = 64
     grammar_backend: str | None = None
     constrained_json_whitespace_pattern: str | None = None
     constrained_json_disable_any_whitespace: bool = False

@@ -42,6 +42,7 @@ from radixserve.messages import (
     UnloadLoRAReq,
     UpdateWeightsFromDiskReq,
 )
+from radixserve.multimodal.media_fetch import MediaFetchPolicy
 from radixserve.multimodal.request_images import (
     ImageData,
     RequestImages,
@@ -86,6 +87,9 @@ class Engine:
         # Checked before any process starts: a bad --lora-paths fails fast.
         self.lora = LoRARegistry(lora_config_from_args(args))
         image_cap = image_limit(args.limit_mm_data_per_request)
+        media_fetch = MediaFetchPolicy.from_options(
+            args.media_url_max_file_size_mb, args.allowed_media_domains
+        )
         apply_gc_threshold(args.gc_threshold)
         self.runtime: InProcessRuntime | MultiProcessRuntime
         if runtime == "thread":
@@ -122,6 +126,7 @@ class Engine:
         self.tokenizer_manager.images = RequestImages(
             getattr(self.model_info, "image_prompt", None),
             image_cap,
+            media_fetch,
         )
 
     @property

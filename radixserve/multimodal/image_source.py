@@ -1,6 +1,7 @@
 """An image as a request gives it (a data URL, bare base64, or a local file path) -> its bytes,
 checked to decode as an image, and a content hash. API side: a bad image is a 400 here, before
-anything is queued. http(s) URLs are refused for now (the server does not fetch)."""
+anything is queued. http(s) URLs are fetched (multimodal/media_fetch.py) under the server's
+media policy; without one (a caller that set none) they are refused."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from radixserve.errors import InvalidRequestError
+from radixserve.multimodal.media_fetch import MediaFetchPolicy, fetch_image_url, is_remote_url
 
 # Decoded images larger than this many pixels are refused (Pillow's own bomb guard is 2x this).
 MAX_IMAGE_PIXELS = 89_478_485
@@ -24,11 +26,21 @@ class LoadedImage:
     hash: int  # a 64-bit content hash of `data`
 
 
-def load_image(source: object, param: str) -> LoadedImage:
-    """Read and check one image; raises InvalidRequestError naming `param`."""
+def load_image(source: object, param: str, fetch: MediaFetchPolicy | None = None) -> LoadedImage:
+    """Read and check one image; raises InvalidRequestError naming `param`. `fetch`: how
+    http(s) URLs are fetched (None: they are refused)."""
     if not isinstance(source, str) or not source:
         raise InvalidRequestError("An image must be a non-empty string.", param)
-    data = _read_bytes(source, param)
+    if is_remote_url(source):
+        if fetch is None:
+            raise InvalidRequestError(
+                "Image URLs over http(s) are not fetched here; send the image as a base64 "
+                "data URL (data:image/png;base64,...) or a local file path.",
+                param,
+            )
+        data = fetch_image_url(source, param, fetch)
+    else:
+        data = _read_bytes(source, param)
     _check_decodes(data, param)
     digest = hashlib.sha256(data).digest()
     return LoadedImage(data, int.from_bytes(digest[:8], "little"))
@@ -36,12 +48,6 @@ def load_image(source: object, param: str) -> LoadedImage:
 
 def _read_bytes(source: str, param: str) -> bytes:
     lowered = source[:16].lower()
-    if lowered.startswith(("http://", "https://")):
-        raise InvalidRequestError(
-            "Image URLs over http(s) are not fetched by this server; send the image as a "
-            "base64 data URL (data:image/png;base64,...) or a local file path.",
-            param,
-        )
     if lowered.startswith("data:"):
         header, sep, payload = source.partition(",")
         if not sep or ";base64" not in header.lower():

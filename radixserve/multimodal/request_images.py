@@ -11,10 +11,11 @@ from radixserve.errors import InvalidRequestError
 from radixserve.messages import ImageInput
 from radixserve.multimodal.image_prompt import ImagePrompt, expand_placeholders
 from radixserve.multimodal.image_source import load_image
+from radixserve.multimodal.media_fetch import MediaFetchPolicy
 
 # SGLang's image_data: for one prompt an image or a list of images; for a batch a list with one
 # entry (None, an image or a list of images) per prompt. An image is a string: a data URL,
-# base64 or a local path.
+# base64, a local path or an http(s) URL.
 ImageData = str | Sequence[str | Sequence[str] | None] | None
 
 
@@ -66,11 +67,18 @@ def image_limit(value: Any) -> int | None:
 
 class RequestImages:
     """What the API side knows about the model's images: its placeholder (None: a text-only
-    model) and the most images one request may carry (None: no limit)."""
+    model), the most images one request may carry (None: no limit) and how http(s) image URLs
+    are fetched (None: refused)."""
 
-    def __init__(self, prompt: ImagePrompt | None, limit: int | None = None) -> None:
+    def __init__(
+        self,
+        prompt: ImagePrompt | None,
+        limit: int | None = None,
+        fetch: MediaFetchPolicy | None = None,
+    ) -> None:
         self.prompt = prompt
         self.limit = limit
+        self.fetch = fetch
 
     @property
     def accepted(self) -> bool:
@@ -89,7 +97,10 @@ class RequestImages:
                 f"{self.limit} per request (--limit-mm-data-per-request).",
                 "image_data",
             )
-        loaded = [load_image(src, f"image_data[{i}]") for i, src in enumerate(image_data)]
+        # The count is checked above first, so a request over the limit fetches nothing.
+        loaded = [
+            load_image(src, f"image_data[{i}]", self.fetch) for i, src in enumerate(image_data)
+        ]
         expanded, spans = expand_placeholders(ids, self.prompt, len(loaded))
         images = [
             ImageInput(im.data, im.hash, span.offset, span.length)

@@ -28,10 +28,21 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     value("--mm-io-worker-num", INT, 0, "Threads for multimodal data loading (0: model default)."),
     value(
-        "--allowed-media-domains", STR, (), "Hostnames allowed for remote media URLs.", nargs="+"
+        "--allowed-media-domains",
+        STR,
+        (),
+        "Host names the server may fetch http(s) image URLs from, each an exact host (unset: "
+        "any host); redirects are checked too.",
+        nargs="+",
+        support=IMPLEMENTED,
     ),
     value(
-        "--media-url-max-file-size-mb", INT, 64, "Maximum size in MiB of one remote media download."
+        "--media-url-max-file-size-mb",
+        INT,
+        64,
+        "Maximum size in MiB of one fetched http(s) image; a larger one is a 400 (reading "
+        "stops at the cap).",
+        support=IMPLEMENTED,
     ),
     value(
         "--mm-preprocess-cache-size-mb",

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from radixserve import Engine
+from tests.helpers.image_server import Route, closed_port_url, image_server
 from tests.helpers.tiny_llava import (
     IMAGE_TOKEN,
     TOKENS_PER_IMAGE,
@@ -138,8 +139,9 @@ def test_bad_images_are_openai_400s(client: Any) -> None:
     assert error["type"] == "invalid_request_error"
     assert error["param"] == "messages[0].content[1].image_url"
     assert "decoded" in error["message"]
-    r = client.post("/v1/chat/completions", json=_chat("https://example.invalid/cat.png"))
-    assert r.status_code == 400 and "not fetched" in r.json()["error"]["message"]
+    r = client.post("/v1/chat/completions", json=_chat(closed_port_url()))
+    assert r.status_code == 400 and "could not be fetched" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == "messages[0].content[1].image_url"
     r = client.post(
         "/generate", json={"input_ids": [1, IMAGE_TOKEN], "image_data": "data:image/png;base64,@"}
     )
@@ -210,3 +212,134 @@ def test_generate_batch_with_n_and_per_prompt_images(setup: tuple, client: Any) 
     if len(streamed) < NEW:  # incremental chunks: their ids in order
         streamed = [t for c in chunks for t in c["output_ids"]]
     assert streamed == expected[0]
+
+
+def test_http_image_urls_are_fetched(setup: tuple, engine: Engine, client: Any) -> None:
+    """An http image URL in a chat part and in /generate's image_data answers as the same
+    image inline does; a URL the server cannot use is a 400 naming the field."""
+    image = png_bytes(25)
+    with image_server() as srv:
+        srv.routes["/cat.png"] = Route(image)
+        srv.routes["/page"] = Route(b"<html></html>", content_type="text/html")
+        inline = client.post("/v1/chat/completions", json=_chat(data_url(image), "w6"))
+        fetched = client.post("/v1/chat/completions", json=_chat(srv.url("/cat.png"), "w6"))
+        assert fetched.status_code == 200, fetched.text
+        assert (
+            fetched.json()["choices"][0]["message"]["content"]
+            == inline.json()["choices"][0]["message"]["content"]
+        )
+        params = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
+        ids = [1, 5, IMAGE_TOKEN, 6]
+        by_url = client.post(
+            "/generate",
+            json={"input_ids": ids, "image_data": srv.url("/cat.png"), "sampling_params": params},
+        )
+        by_data = client.post(
+            "/generate",
+            json={"input_ids": ids, "image_data": data_url(image), "sampling_params": params},
+        )
+        assert by_url.status_code == 200, by_url.text
+        assert by_url.json()["output_ids"] == by_data.json()["output_ids"]
+        r = client.post(
+            "/generate",
+            json={"input_ids": ids, "image_data": [srv.url("/page")], "sampling_params": params},
+        )
+        assert r.status_code == 400
+        assert r.json()["error"]["param"] == "image_data[0]"
+        assert "not an image" in r.json()["error"]["message"]
+        r = client.post("/v1/chat/completions", json=_chat(srv.url("/missing.png")))
+        assert r.status_code == 400 and "HTTP 404" in r.json()["error"]["message"]
+        assert r.json()["error"]["param"] == "messages[0].content[1].image_url"
+
+
+def test_allowed_media_domains_over_http(engine: Engine, client: Any) -> None:
+    from radixserve.multimodal.media_fetch import MediaFetchPolicy
+
+    images = engine.tokenizer_manager.images
+    saved = images.fetch
+    images.fetch = MediaFetchPolicy.from_options(64, ["localhost"])
+    try:
+        with image_server() as srv:
+            srv.routes["/cat.png"] = Route(png_bytes(26))
+            r = client.post("/v1/chat/completions", json=_chat(srv.url("/cat.png")))
+            assert r.status_code == 400
+            assert "allowed media domains" in r.json()["error"]["message"]
+            r = client.post(
+                "/v1/chat/completions", json=_chat(srv.url("/cat.png", host="localhost"))
+            )
+            assert r.status_code == 200, r.text
+    finally:
+        images.fetch = saved
+
+
+def _responses(image_part: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    content = [
+        {"type": "input_text", "text": "w5 "},
+        image_part,
+        {"type": "input_text", "text": " w7 w8"},
+    ]
+    body = {
+        "model": MODEL,
+        "input": [{"role": "user", "content": content}],
+        "max_output_tokens": NEW,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    return body | extra
+
+
+def _output_text(body: dict[str, Any]) -> str:
+    return "".join(
+        part["text"]
+        for item in body["output"]
+        if item["type"] == "message"
+        for part in item["content"]
+    )
+
+
+def test_responses_input_image(engine: Engine, client: Any) -> None:
+    """/v1/responses' input_image parts (a data URL or an http URL) answer as chat's image_url
+    parts do; a later turn (previous_response_id) sees the image again; bad parts are 400s
+    naming the input item's part (instructions and earlier turns do not shift the index)."""
+    image = png_bytes(27)
+    chat = client.post("/v1/chat/completions", json=_chat(data_url(image)))
+    assert chat.status_code == 200, chat.text
+    expected = chat.json()["choices"][0]["message"]["content"]
+    with image_server() as srv:
+        srv.routes["/cat.png"] = Route(image)
+        for url in (data_url(image), srv.url("/cat.png")):
+            r = client.post(
+                "/v1/responses", json=_responses({"type": "input_image", "image_url": url})
+            )
+            assert r.status_code == 200, r.text
+            assert _output_text(r.json()) == expected
+            assert r.json()["usage"]["input_tokens"] == chat.json()["usage"]["prompt_tokens"]
+        first = r.json()
+        follow = client.post(
+            "/v1/responses",
+            json={
+                "model": MODEL,
+                "previous_response_id": first["id"],
+                "input": "w9",
+                "max_output_tokens": 2,
+            },
+        )
+        assert follow.status_code == 200, follow.text
+        assert follow.json()["usage"]["input_tokens"] > TOKENS_PER_IMAGE
+        bad = _responses(
+            {"type": "input_image", "image_url": srv.url("/missing.png"), "detail": "auto"},
+            instructions="Be brief.",
+        )
+        r = client.post("/v1/responses", json=bad)
+        assert r.status_code == 400
+        assert r.json()["error"]["param"] == "input[0].content[1].image_url"
+        assert "HTTP 404" in r.json()["error"]["message"]
+    r = client.post("/v1/responses", json=_responses({"type": "input_image", "file_id": "file-1"}))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input[0].content[1].file_id"
+    r = client.post("/v1/responses", json=_responses({"type": "input_image"}))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input[0].content[1].image_url"
+    r = client.post(
+        "/v1/responses",
+        json=_responses({"type": "input_image", "image_url": data_url(b"not an image")}),
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input[0].content[1].image_url"

@@ -124,3 +124,16 @@ def test_disabled_web_ui_opens_nothing_behind_a_key() -> None:
     with make_client(api_key="k1", disable_web_ui=True) as (client, _):
         assert client.get("/", headers={"Accept": BROWSER}).status_code == 401
         assert client.get("/playground").status_code == 401
+
+
+def test_playground_has_the_image_control() -> None:
+    """The image input (file pick, paste, drop) is in the page, hidden until /model_info says
+    the model reads images, and sends images as image_url parts (the browser test drives it)."""
+    with make_client() as (client, _):
+        text = client.get("/playground").text
+        info = client.get("/model_info").json()
+    assert re.search(r'<button id="attach" hidden', text)
+    assert re.search(r'<input id="image" type="file" accept="image/\*"', text)
+    assert "has_image_understanding" in text and 'type: "image_url"' in text
+    assert '"paste"' in text and '"drop"' in text
+    assert info["has_image_understanding"] is False  # the fake engine reads text only

@@ -162,3 +162,80 @@ def _sample_tree() -> dict[str, Any]:
     cache.inc_lock_ref(cache.match_prefix(system + [60] * 12 + [61] * 8).last_node)
     words = ["You", "are", "a", "helpful", "assistant", "who", "answers", "briefly"]
     return tree_snapshot(cache.root, decode=lambda ids: " ".join(words[i % 8] for i in ids))
+
+
+def test_playground_sends_an_image_to_a_vision_model(page: Any, shots: Path) -> None:
+    """With /model_info saying the model reads images, the image control shows; a picked file
+    shows in the conversation and goes out as an image_url data URL part before the text; a
+    pasted or dropped image joins the next message too."""
+    import base64
+    import json
+
+    from tests.helpers.tiny_llava import png_bytes
+
+    png = png_bytes(3, (64, 48))
+    sent: list[dict[str, Any]] = []
+
+    def model_info(route: Any) -> None:
+        route.fulfill(json={"has_image_understanding": True})
+
+    def chat(route: Any) -> None:
+        sent.append(route.request.post_data_json)
+        delta = {"choices": [{"index": 0, "delta": {"content": "A cat."}}]}
+        route.fulfill(
+            body=f"data: {json.dumps(delta)}\n\ndata: [DONE]\n\n",
+            headers={"Content-Type": "text/event-stream"},
+        )
+
+    with _server(FakeEngine()) as base:
+        page.route("**/model_info", model_info)
+        page.route("**/v1/chat/completions", chat)
+        page.goto(base + "/playground", wait_until="load")
+        _set_key(page, KEY)
+        page.wait_for_selector("#attach", state="visible")
+        page.set_input_files(
+            "#image", files=[{"name": "cat.png", "mimeType": "image/png", "buffer": png}]
+        )
+        page.wait_for_selector("#pending img")
+        page.fill("#input", "What is this?")
+        page.click("#send")
+        page.wait_for_selector(".msg.assistant:has-text('A cat.')")
+        assert page.locator(".msg.user img.thumb").count() == 1
+        assert page.locator("#pending img").count() == 0
+        url = "data:image/png;base64," + base64.b64encode(png).decode()
+        assert sent[-1]["messages"][-1]["content"] == [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": "What is this?"},
+        ]
+        page.screenshot(path=str(shots / "playground-image.png"))
+        # Paste into the message box and drop on the conversation: both add an image.
+        for event, target in (("paste", "#input"), ("drop", "main")):
+            page.evaluate(
+                """([event, target, b64]) => {
+                    const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+                    const dt = new DataTransfer();
+                    dt.items.add(new File([bytes], "x.png", { type: "image/png" }));
+                    const init = { bubbles: true, cancelable: true };
+                    const e = event === "paste"
+                        ? new ClipboardEvent("paste", { ...init, clipboardData: dt })
+                        : new DragEvent("drop", { ...init, dataTransfer: dt });
+                    document.querySelector(target).dispatchEvent(e);
+                }""",
+                [event, target, base64.b64encode(png).decode()],
+            )
+        page.wait_for_function("() => document.querySelectorAll('#pending img').length === 2")
+        page.click("#send")  # images alone, no text
+        page.wait_for_function("() => document.querySelectorAll('.msg.user img').length === 3")
+        parts = sent[-1]["messages"][-1]["content"]
+        assert [p["type"] for p in parts] == ["image_url", "image_url"]
+
+
+def test_playground_hides_the_image_control_for_a_text_model(page: Any) -> None:
+    with _server(FakeEngine()) as base:
+        page.goto(base + "/playground", wait_until="load")
+        # The fake engine's /model_info says has_image_understanding: false.
+        with page.expect_response(lambda r: r.url.endswith("/model_info")) as info:
+            _set_key(page, KEY)
+        assert info.value.json()["has_image_understanding"] is False
+        page.wait_for_selector("#model:has-text('model:')")
+        assert page.locator("#attach").is_hidden()

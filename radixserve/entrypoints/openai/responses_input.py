@@ -33,20 +33,55 @@ def _text_of(content: Any, where: str) -> str:
         return content
     if not isinstance(content, list):
         raise _bad(f"{where} must be a string or a list of content parts.", where)
-    texts = []
+    return "".join(_part_text(part, f"{where}[{j}]") for j, part in enumerate(content))
+
+
+def _part_text(part: Any, where: str) -> str:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind not in _TEXT_PARTS:
+        raise _bad(
+            f"Content parts of type {kind!r} are not supported by this model (it reads text only).",
+            f"{where}.type",
+        )
+    text = part.get("text", part.get("refusal"))
+    if not isinstance(text, str):
+        raise _bad("A text content part needs a string 'text'.", f"{where}.text")
+    return text
+
+
+def _image_part(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """An `input_image` part as the chat machinery takes it: chat_images.py reads `image_url`
+    given as a string (a data URL, an http(s) URL, a path) and fetches and checks it later, with
+    the same rules as chat's image_url parts. `detail` has no effect: LLaVA-1.5 sees one crop."""
+    url = part.get("image_url")
+    if part.get("file_id") is not None and url is None:
+        raise _bad(
+            "input_image parts with a file_id are not supported (this server has no Files "
+            "API); give image_url (a data URL or an http(s) URL).",
+            f"{where}.file_id",
+        )
+    if not isinstance(url, str) or not url:
+        raise _bad("An input_image part needs image_url (a string).", f"{where}.image_url")
+    return {"type": "input_image", "image_url": url}
+
+
+def _content_of(content: Any, where: str, takes_images: bool) -> str | list[dict[str, Any]]:
+    """A message's content for the chat request: one string when it is all text (or the model
+    reads text only, which refuses an image part by its type), else a list of text and image
+    parts, in order (the chat template writes each image's placeholder where its part sits)."""
+    if (
+        not takes_images
+        or not isinstance(content, list)
+        or not any(isinstance(p, dict) and p.get("type") == "input_image" for p in content)
+    ):
+        return _text_of(content, where)
+    parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in _TEXT_PARTS:
-            raise _bad(
-                f"Content parts of type {kind!r} are not supported by this model (it reads "
-                "text only).",
-                f"{where}[{j}].type",
-            )
-        text = part.get("text", part.get("refusal"))
-        if not isinstance(text, str):
-            raise _bad("A text content part needs a string 'text'.", f"{where}[{j}].text")
-        texts.append(text)
-    return "".join(texts)
+        if isinstance(part, dict) and part.get("type") == "input_image":
+            parts.append(_image_part(part, f"{where}[{j}]"))
+        else:
+            parts.append({"type": "text", "text": _part_text(part, f"{where}[{j}]")})
+    return parts
 
 
 def _required_str(item: dict[str, Any], key: str, where: str) -> str:
@@ -60,17 +95,25 @@ class _Conversation:
     """Builds chat messages from input items; consecutive function calls (and a reasoning
     item before them) join one assistant message, as the model produced them together."""
 
-    def __init__(self) -> None:
+    def __init__(self, takes_images: bool = False) -> None:
+        self.takes_images = takes_images
         self.messages: list[dict[str, Any]] = []
+        # The item each message came from (its `where`), so that an error about a message
+        # names the client's item, not its position in the chat request.
+        self.origins: list[str] = []
         self._reasoning: str | None = None
 
-    def _open_assistant(self) -> dict[str, Any]:
+    def append(self, msg: dict[str, Any], where: str) -> None:
+        self.messages.append(msg)
+        self.origins.append(where)
+
+    def _open_assistant(self, where: str) -> dict[str, Any]:
         last = self.messages[-1] if self.messages else None
         if last is not None and last["role"] == "assistant" and last.get("tool_calls"):
             return last
         msg: dict[str, Any] = {"role": "assistant", "content": None}
         self._attach_reasoning(msg)
-        self.messages.append(msg)
+        self.append(msg, where)
         return msg
 
     def _attach_reasoning(self, msg: dict[str, Any]) -> None:
@@ -89,10 +132,18 @@ class _Conversation:
                     f"{where}.role must be one of {', '.join(_MESSAGE_ROLES)}, got {role!r}.",
                     f"{where}.role",
                 )
-            msg = {"role": role, "content": _text_of(item.get("content"), f"{where}.content")}
+            content = item.get("content")
+            where_content = f"{where}.content"
+            msg = {
+                "role": role,
+                # Images only in a user's message; other roles' content stays text.
+                "content": _content_of(content, where_content, self.takes_images)
+                if role == "user"
+                else _text_of(content, where_content),
+            }
             if role == "assistant":
                 self._attach_reasoning(msg)
-            self.messages.append(msg)
+            self.append(msg, where)
         elif kind == "function_call":
             call = {
                 "id": _required_str(item, "call_id", where),
@@ -102,12 +153,12 @@ class _Conversation:
                     "arguments": _required_str(item, "arguments", where),
                 },
             }
-            self._open_assistant().setdefault("tool_calls", []).append(call)
+            self._open_assistant(where).setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
             output = item.get("output")
             text = output if isinstance(output, str) else _text_of(output, f"{where}.output")
             call_id = _required_str(item, "call_id", where)
-            self.messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
+            self.append({"role": "tool", "tool_call_id": call_id, "content": text}, where)
         elif kind == "reasoning":
             self._reasoning = _reasoning_text(item)
         else:
@@ -123,14 +174,30 @@ def _reasoning_text(item: dict[str, Any]) -> str:
     return "".join(p.get("text", "") for p in parts if isinstance(p, dict))
 
 
-def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
-    """This turn's input as chat messages (without instructions or earlier turns)."""
+def _input_conversation(req: ResponsesRequest, takes_images: bool = False) -> _Conversation:
+    conv = _Conversation(takes_images)
     if isinstance(req.input, str):
-        return [{"role": "user", "content": req.input}]
-    conv = _Conversation()
+        conv.append({"role": "user", "content": req.input}, "input")
+        return conv
     for i, item in enumerate(req.input):
         conv.add(item, f"input[{i}]")
-    return conv.messages
+    return conv
+
+
+def input_messages(req: ResponsesRequest, takes_images: bool = False) -> list[dict[str, Any]]:
+    """This turn's input as chat messages (without instructions or earlier turns);
+    `takes_images`: a vision model, whose user messages keep their input_image parts."""
+    return _input_conversation(req, takes_images).messages
+
+
+def message_origins(
+    req: ResponsesRequest, history_len: int, takes_images: bool = False
+) -> list[str]:
+    """For each message of `to_chat_request(req, history)`, the Responses field it came from:
+    `instructions`, `previous_response_id` (an earlier turn) or the input item."""
+    origins = ["instructions"] if req.instructions else []
+    origins += ["previous_response_id"] * history_len
+    return origins + _input_conversation(req, takes_images).origins
 
 
 def output_messages(output: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -189,15 +256,16 @@ _EXTENSIONS = tuple(SamplingExtensions.model_fields)
 
 
 def to_chat_request(
-    req: ResponsesRequest, history: Sequence[dict[str, Any]] = ()
+    req: ResponsesRequest, history: Sequence[dict[str, Any]] = (), takes_images: bool = False
 ) -> ChatCompletionRequest:
-    """The chat request for `req`; `history` is the earlier turns (previous_response_id)."""
+    """The chat request for `req`; `history` is the earlier turns (previous_response_id);
+    `takes_images`: a vision model (input_image parts become the chat's image parts)."""
     messages: list[dict[str, Any]] = []
     if req.instructions:
         # As in OpenAI's API, instructions apply to this turn only: they are not carried over.
         messages.append({"role": "system", "content": req.instructions})
     messages += list(history)
-    messages += input_messages(req)
+    messages += input_messages(req, takes_images)
     body: dict[str, Any] = {
         name: getattr(req, name) for name in _EXTENSIONS if name in req.model_fields_set
     }

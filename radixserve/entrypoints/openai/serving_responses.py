@@ -3,6 +3,7 @@ chat completions machinery (responses_input.py maps the body onto a chat request
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -15,6 +16,7 @@ from radixserve.entrypoints.openai.errors import ApiError
 from radixserve.entrypoints.openai.execute import start_generation
 from radixserve.entrypoints.openai.responses_input import (
     input_messages,
+    message_origins,
     output_messages,
     to_chat_request,
 )
@@ -65,8 +67,31 @@ def get_store(request: Request) -> ResponseStore:
     return store
 
 
-def _renamed(exc: ApiError) -> ApiError:
+_MESSAGE = re.compile(r"^messages\[(\d+)\]")
+
+
+def _origin_name(param: str, origins: Sequence[str]) -> str | None:
+    """`messages[m]...` -> the Responses field message m came from, with the same tail
+    (`input[2].content[1].image_url`); None when `param` names no message."""
+    match = _MESSAGE.match(param)
+    if match is None:
+        return None
+    m = int(match.group(1))
+    if m >= len(origins):
+        return None
+    origin = origins[m]
+    # Earlier turns and instructions are one field each: no tail (it would point into them).
+    if origin in ("previous_response_id", "instructions"):
+        return origin
+    return origin + param[match.end() :]
+
+
+def _renamed(exc: ApiError, origins: Sequence[str] = ()) -> ApiError:
     param = exc.param or ""
+    named = _origin_name(param, origins)
+    if named is not None:
+        message = exc.message.replace(param, named)
+        return ApiError(exc.status_code, message, param=named, err_type=exc.err_type)
     for chat_name, name in _CHAT_FIELDS.items():
         if param == chat_name or param.startswith((chat_name + ".", chat_name + "[")):
             message = exc.message.replace(chat_name, name)
@@ -75,10 +100,18 @@ def _renamed(exc: ApiError) -> ApiError:
 
 
 def _plan(ctx: ServingContext, req: ResponsesRequest, history: Sequence[dict]) -> ChatPlan:
+    """The chat plan; its image_params name each image by the Responses field it came from,
+    so that a bad image's 400 (raised when it is fetched and decoded) names the client's part."""
+    # Raises, in the Responses body's terms, what to_chat_request would about the input.
+    origins = message_origins(req, len(history), ctx.takes_images)
     try:
-        return plan_chat(ctx, to_chat_request(req, history), new_response_id())
+        plan = plan_chat(ctx, to_chat_request(req, history, ctx.takes_images), new_response_id())
     except ApiError as exc:
-        raise _renamed(exc) from exc
+        raise _renamed(exc, origins) from exc
+    plan.image_params = {
+        key: _origin_name(param, origins) or param for key, param in plan.image_params.items()
+    }
+    return plan
 
 
 def _history(store: ResponseStore, req: ResponsesRequest) -> tuple[dict[str, Any], ...]:
@@ -101,10 +134,13 @@ def _keep(
     req: ResponsesRequest,
     history: Sequence[dict[str, Any]],
     body: dict[str, Any],
+    takes_images: bool,
 ) -> None:
     if not req.store:
         return
-    messages = (*history, *input_messages(req), *output_messages(body["output"]))
+    # A later turn (previous_response_id) sees this turn's images again: they stay in the
+    # stored messages as the client gave them (a URL is fetched again then).
+    messages = (*history, *input_messages(req, takes_images), *output_messages(body["output"]))
     store.put(body["id"], StoredResponse(body, messages))
 
 
@@ -161,11 +197,16 @@ async def create_response(request: Request) -> Response:
     if ctx.request_log.enabled:
         ctx.request_log.received(ROUTE, plan.rid, req.input, plan.items[0].sampling_params)
     started = await start_generation(
-        ctx, request, plan.items, plan.opts, stream=req.stream, param_names=PARAM_NAMES
+        ctx,
+        request,
+        plan.items,
+        plan.opts,
+        stream=req.stream,
+        param_names=PARAM_NAMES | plan.image_params,
     )
 
     def done(body: dict[str, Any]) -> None:
-        _keep(store, req, history, body)
+        _keep(store, req, history, body, ctx.takes_images)
         ctx.request_log.finished(ROUTE, plan.rid, body["output"], body["usage"])
 
     if started.streams is not None:
