@@ -64,6 +64,9 @@ class ServerArgs:
     # byte cap of one download, in MiB.
     allowed_media_domains: tuple[str, ...] = ()
     media_url_max_file_size_mb: int = 64
+    # The vision encoder's outputs kept by image hash, in MiB (None: models/
+    # vision_feature_cache.py's default).
+    mm_preprocess_cache_size_mb: int | None = None
     grammar_backend: str | None = None
     constrained_json_whitespace_pattern: str | None = None
     constrained_json_disable_any_whitespace: bool = False

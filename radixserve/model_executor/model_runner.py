@@ -24,6 +24,7 @@ from radixserve.mem_cache.kv_cache import KVCache
 from radixserve.model_executor.forward_batch import ForwardBatch, ForwardMode
 from radixserve.model_executor.memory_plan import plan_kv_pool
 from radixserve.models.kv_layout import kv_layout
+from radixserve.models.vision_feature_cache import VisionFeatureCache, budget_bytes
 from radixserve.options.errors import ServerArgsError
 from radixserve.options.hardware import device_memory_bytes
 from radixserve.sampling.sampler import set_batch_invariant
@@ -122,6 +123,10 @@ class ModelRunner:
             quantization=self._on_load_quantization(),
         )
         self.model = loaded.model
+        if hasattr(self.model, "feature_cache"):  # a vision model: its encoder-output budget
+            self.model.feature_cache = VisionFeatureCache(
+                budget_bytes(server_args.mm_preprocess_cache_size_mb)
+            )
         expert_stats.attach(self.model)  # MoE layers report routings under their layer index
         self.routed_shape = self._init_routed_capture(server_args, loaded.config)
         self.model_config: ModelConfig = loaded.config

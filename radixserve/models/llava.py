@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from radixserve.models.llama import LlamaForCausalLM
+from radixserve.models.vision_feature_cache import VisionFeatureCache, budget_bytes
 from radixserve.models.vision_tower import VisionEncoder, tokens_per_image
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ class ImageOfStep(Protocol):
     pixels, its placeholder count, and its features once encoded (kept there by the model)."""
 
     pixel_values: torch.Tensor
+    hash: int
     length: int
     features: torch.Tensor | None
 
@@ -76,6 +78,8 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         self.image_token_id = int(token_id)
         self.tokens_per_image = tokens_per_image(hf)
         self.image_size = int(hf.vision_config.image_size)
+        # Encoder outputs by image hash (--mm-preprocess-cache-size-mb; the runner sets it).
+        self.feature_cache = VisionFeatureCache(budget_bytes(None))
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
@@ -90,9 +94,16 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         self, chunks: Iterable[ImagePiece], device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(flattened rows, their features) for this step's image pieces; images not encoded
-        yet are encoded together, once, and keep their features until their last piece runs."""
+        yet take their features from the cache by content hash, or are encoded together, once,
+        and keep their features until their last piece runs."""
         chunks = list(chunks)
-        fresh = list({id(c.image): c.image for c in chunks if c.image.features is None}.values())
+        fresh = []
+        for image in {id(c.image): c.image for c in chunks if c.image.features is None}.values():
+            cached = self.feature_cache.get(image.hash)
+            if cached is not None and cached.shape[0] == image.length:
+                image.features = cached.to(device)
+            else:
+                fresh.append(image)
         if fresh:
             pixels = torch.stack([im.pixel_values for im in fresh]).to(device)
             features = self.vision(pixels)
@@ -102,6 +113,7 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
                         f"an image gave {feats.shape[0]} features for {image.length} tokens"
                     )
                 image.features = feats
+                self.feature_cache.put(image.hash, feats)
         rows = torch.cat([torch.arange(c.row, c.row + c.length, device=device) for c in chunks])
         values = torch.cat([c.image.features[c.start : c.start + c.length] for c in chunks])
         return rows, values

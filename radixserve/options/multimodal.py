@@ -48,7 +48,10 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--mm-preprocess-cache-size-mb",
         INT,
         None,
-        "Memory budget of the multimodal preprocessing cache.",
+        "Memory budget of the multimodal preprocessing cache. Here: the vision encoder's "
+        "outputs kept by image content hash (a repeated image skips the vision tower), least "
+        "recently used out first; default 512 MiB, 0 keeps none.",
+        support=IMPLEMENTED,
     ),
     flag("--trust-mm-content-hashes", "Trust client-supplied media content hashes."),
     value(

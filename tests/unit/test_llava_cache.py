@@ -79,3 +79,68 @@ def test_cached_prefix_ending_inside_an_image(llava: tuple, engine: Any) -> None
     expected = hf_llava_greedy(hf, folder, ids, [image], NEW)
     assert _run(engine, ids, image) == (expected, 0)
     assert _run(engine, ids, image) == (expected, len(BEFORE) + TOKENS_PER_IMAGE - 1)
+
+
+def _counting_encoder(engine: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many images each vision-tower call encoded."""
+    model = engine.scheduler.step_runner.runner.model
+    calls: list[int] = []
+    original = model.vision.forward
+
+    def counted(pixels: Any) -> Any:
+        calls.append(int(pixels.shape[0]))
+        return original(pixels)
+
+    monkeypatch.setattr(model.vision, "forward", counted)
+    return calls
+
+
+def test_a_repeated_image_skips_the_vision_tower(
+    llava: tuple, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Different text before the same image (no prefix to share): its features come from the
+    encoder-output cache by content hash; the answers stay transformers'."""
+    folder, hf = llava
+    calls = _counting_encoder(engine, monkeypatch)
+    image = png_bytes(13)
+    first = [1, 30, IMAGE_TOKEN, 7]
+    second = [1, 40, 41, IMAGE_TOKEN, 8]
+    assert _run(engine, first, image)[0] == hf_llava_greedy(hf, folder, first, [image], NEW)
+    assert _run(engine, second, image) == (hf_llava_greedy(hf, folder, second, [image], NEW), 1)
+    assert calls == [1]
+    cache = engine.scheduler.step_runner.runner.model.feature_cache
+    assert (cache.hits, len(cache)) == (1, 1)
+
+
+def test_a_zero_budget_keeps_no_features(llava: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder, _ = llava
+    with Engine(
+        model_path=str(folder),
+        runtime="thread",
+        dtype="float32",
+        skip_tokenizer_init=True,
+        skip_server_warmup=True,
+        max_total_tokens=2048,
+        mm_preprocess_cache_size_mb=0,
+    ) as eng:
+        calls = _counting_encoder(eng, monkeypatch)
+        image = png_bytes(14)
+        _run(eng, [1, 30, IMAGE_TOKEN, 7], image)
+        _run(eng, [1, 40, 41, IMAGE_TOKEN, 8], image)
+        assert calls == [1, 1]
+
+
+def test_the_cache_evicts_least_recently_used_within_its_budget() -> None:
+    import torch
+
+    from radixserve.models.vision_feature_cache import VisionFeatureCache
+
+    cache = VisionFeatureCache(budget_bytes=3 * 400)  # three [10, 10] float32 entries
+    for key in range(3):
+        cache.put(key, torch.full((10, 10), float(key)))
+    assert cache.get(0) is not None  # 0 is now the most recently used
+    cache.put(3, torch.zeros(10, 10))  # evicts 1
+    assert cache.get(1) is None and cache.get(2) is not None and cache.get(0) is not None
+    assert cache.used_bytes == 1200 and len(cache) == 3
+    cache.put(9, torch.zeros(20, 20))  # larger than the whole budget: not kept
+    assert cache.get(9) is None and len(cache) == 3
