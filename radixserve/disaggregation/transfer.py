@@ -159,6 +159,7 @@ class KVTransferBackend(ABC):
 
     def __init__(self) -> None:
         self._buffers: list[BufferInfo] = []
+        self._tensors: list[torch.Tensor] = []
         self._ids = itertools.count(1)
 
     @property
@@ -168,10 +169,15 @@ class KVTransferBackend(ABC):
 
     def register_buffers(self, tensors: Sequence[torch.Tensor], page_size: int) -> None:
         """Registers a KV pool's buffers (every layer's K, then V, in a fixed order that both
-        sides share). Call once, before any transfer; the tensors must outlive the backend."""
-        infos = [buffer_info(t, page_size) for t in tensors if t.numel()]
+        sides share). Call once, before any transfer."""
+        kept = [t for t in tensors if t.numel()]
+        infos = [buffer_info(t, page_size) for t in kept]
         self._register(infos)
         self._buffers.extend(infos)
+        # The engine reads and writes these addresses from its own threads: holding the tensors
+        # here keeps a caller's dropped pool from turning transfers into use-after-free
+        # ("Bad address" from Mooncake's TCP writer, or silent corruption on the peer).
+        self._tensors.extend(kept)
 
     def describe(self) -> PeerBuffers:
         return PeerBuffers(self.session_id, tuple(self._buffers))
@@ -344,3 +350,4 @@ class MooncakeTransfer(KVTransferBackend):
         for info in self._buffers:
             self._engine.unregister_memory(info.ptr)
         self._buffers.clear()
+        self._tensors.clear()

@@ -75,6 +75,22 @@ def test_fake_transfer_completes_at_once_and_moves_nothing() -> None:
     fake.close()
 
 
+def test_registered_buffers_stay_alive() -> None:
+    """The engine writes into registered memory from its own threads; a caller dropping its
+    pool must not free it under a transfer (scripts/mooncake_tcp_probe.py once did)."""
+    import gc
+    import weakref
+
+    backend = FakeTransfer()
+    tensor = torch.zeros(SLOTS, HEADS, DIM)
+    ref = weakref.ref(tensor)
+    backend.register_buffers([tensor], PAGE)
+    del tensor
+    gc.collect()
+    assert ref() is not None
+    backend.close()
+
+
 def test_mooncake_protocol_choice() -> None:
     assert mooncake_protocol("mooncake_tcp", "mlx5_0") == "tcp"
     assert mooncake_protocol("mooncake", None) == "tcp"
