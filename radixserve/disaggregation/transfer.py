@@ -194,7 +194,8 @@ class KVTransferBackend(ABC):
 
     @abstractmethod
     def poll(self, handle: int) -> TransferStatus:
-        """The transfer's state; DONE and FAILED are final and forget the handle's error."""
+        """The transfer's state. DONE or FAILED is final: the backend may forget the handle
+        once it has reported one of them."""
 
     def wait(self, handle: int, timeout_s: float | None = None) -> TransferStatus:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -206,8 +207,10 @@ class KVTransferBackend(ABC):
                 return status
             time.sleep(0.001)
 
-    def close(self) -> None:  # noqa: B027 (optional hook: the fake backend holds nothing)
-        """Releases what the backend holds (threads, registrations)."""
+    def close(self) -> None:
+        """Releases what the backend holds (threads, registrations, the buffers' references)."""
+        self._buffers.clear()
+        self._tensors.clear()
 
     @abstractmethod
     def _register(self, infos: Sequence[BufferInfo]) -> None: ...
@@ -349,5 +352,4 @@ class MooncakeTransfer(KVTransferBackend):
         self._pool.shutdown(wait=True)
         for info in self._buffers:
             self._engine.unregister_memory(info.ptr)
-        self._buffers.clear()
-        self._tensors.clear()
+        super().close()
