@@ -38,6 +38,9 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "radixserve.utils.cache_dir",
     ),
     "radixserve.mem_cache": ("radixserve.mem_cache",),
+    # KV transfer and bootstrap: no scheduler, model or cache code (they get buffers and
+    # payloads handed in), so both sides of a PD pair can use them from any process.
+    "radixserve.disaggregation": ("radixserve.disaggregation",),
     # radixserve.errors is a leaf (it imports nothing): the client-error base class.
     "radixserve.sampling": ("radixserve.sampling", "radixserve.errors"),
     "radixserve.errors": (),
