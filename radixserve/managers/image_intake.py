@@ -4,6 +4,7 @@ their content (multimodal/image_prompt.py), each refusal a message for a 400 of 
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from radixserve.errors import InvalidRequestError
@@ -12,7 +13,7 @@ from radixserve.multimodal.image_prompt import ImagePrompt, keyed_ids
 if TYPE_CHECKING:
     from radixserve.managers.schedule_batch import Req
     from radixserve.messages import TokenizedGenerateReq
-    from radixserve.multimodal.image_items import ImagePreprocessor
+    from radixserve.multimodal.image_items import ImageItem, ImagePreprocessor
 
 
 def image_prompt(model: Any) -> ImagePrompt | None:
@@ -37,10 +38,10 @@ def image_preprocessor(runner: Any) -> ImagePreprocessor | None:
 TEXT_ONLY_MODEL = "This model reads text only; the request carries images."
 
 
-def attach_images(
+def image_refusal(
     req: Req, msg: TokenizedGenerateReq, preprocessor: ImagePreprocessor | None
 ) -> str | None:
-    """Give `req` its images and image-keyed cache key; the reason it cannot, or None."""
+    """Why `req`'s images cannot be served, or None: what is known before processing them."""
     if not msg.images:
         return None
     if preprocessor is None:
@@ -50,10 +51,56 @@ def attach_images(
     for image in msg.images:
         if image.offset < 0 or image.offset + image.length > len(req.origin_input_ids):
             return "An image's placeholder tokens lie outside the prompt."
-    try:
-        req.images = preprocessor.prepare(msg.images)
-    except InvalidRequestError as exc:
-        return str(exc)
-    spans = [(im.offset, im.length, im.hash) for im in req.images]
-    req.origin_key_ids = keyed_ids(req.origin_input_ids, spans)
     return None
+
+
+def _apply(req: Req, items: list[ImageItem]) -> None:
+    req.images = items
+    spans = [(im.offset, im.length, im.hash) for im in items]
+    req.origin_key_ids = keyed_ids(req.origin_input_ids, spans)
+
+
+class ImageIntake:
+    """Requests whose images are being processed to pixels (resize, normalize: tens of ms per
+    image, more for a large one) on a worker thread, each waiting in this queue as a compiling
+    grammar waits in its own, so processing never stalls the other requests' steps. The
+    scheduler collects them once processed; an aborted one is dropped when its turn comes."""
+
+    def __init__(self, preprocessor: ImagePreprocessor | None) -> None:
+        self.preprocessor = preprocessor
+        self.preparing: list[tuple[Req, Future[list[ImageItem]]]] = []
+        self._pool: ThreadPoolExecutor | None = None
+
+    def refusal(self, req: Req, msg: TokenizedGenerateReq) -> str | None:
+        return image_refusal(req, msg, self.preprocessor)
+
+    def start(self, req: Req, msg: TokenizedGenerateReq) -> None:
+        """Process `msg`'s images (already checked by refusal) in the background."""
+        assert self.preprocessor is not None and msg.images
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="image-intake")
+        self.preparing.append((req, self._pool.submit(self.preprocessor.prepare, msg.images)))
+
+    def collect_ready(self) -> tuple[list[Req], list[tuple[Req, str]]]:
+        """Requests whose images are processed (given their images and cache key), and the
+        ones whose images failed, with the reason."""
+        ready: list[Req] = []
+        failed: list[tuple[Req, str]] = []
+        pending = []
+        for req, future in self.preparing:
+            if req.finished:
+                continue
+            if not future.done():
+                pending.append((req, future))
+                continue
+            try:
+                _apply(req, future.result())
+                ready.append(req)
+            except InvalidRequestError as exc:
+                failed.append((req, str(exc)))
+        self.preparing = pending
+        return ready, failed
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)

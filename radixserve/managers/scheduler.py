@@ -19,7 +19,7 @@ from radixserve.managers.decode_logger import DecodeLogger
 from radixserve.managers.finish_checker import FinishChecker
 from radixserve.managers.grammar_backend import make_grammar_backend
 from radixserve.managers.grammar_manager import GrammarManager
-from radixserve.managers.image_intake import attach_images, image_preprocessor
+from radixserve.managers.image_intake import ImageIntake, image_preprocessor
 from radixserve.managers.kv_manager import KVManager
 from radixserve.managers.load_report import load_fields
 from radixserve.managers.lora_scheduling import LoRAScheduling
@@ -113,8 +113,8 @@ class Scheduler:
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked_req: Req | None = None
-        # A vision model's image processor (models/llava.py), None for a text-only model.
-        self.images = image_preprocessor(runner)
+        # A vision model's image processing, off this thread (a text-only model refuses images).
+        self.image_intake = ImageIntake(image_preprocessor(runner))
         self.in_flight: list[Req] = []  # the batch being run, for fail_all
         self.stream_reqs: set[str] = set()
         self.pending_outputs: list[ReqOutput] = []
@@ -163,7 +163,7 @@ class Scheduler:
         error = (
             problem
             or self._admission_error(req)
-            or attach_images(req, msg, self.images)
+            or self.image_intake.refusal(req, msg)
             or self._processor_error(req)
             or self._routed_experts_error(req)
         )
@@ -178,6 +178,13 @@ class Scheduler:
             return
         if msg.stream:
             self.stream_reqs.add(req.rid)
+        if msg.images:
+            self.image_intake.start(req, msg)  # it goes on (_queue) once its images are ready
+            return
+        self._queue(req)
+
+    def _queue(self, req: Req) -> None:
+        """An accepted request joins the waiting queue, or first compiles its grammar."""
         if self.grammars.needs_grammar(req):
             problem = self.grammars.start(req)  # it joins the queue once compiled
             if problem is not None:
@@ -434,7 +441,13 @@ class Scheduler:
             or self.chunked_req
             or self.pending_outputs
             or self.grammars.compiling
+            or self.image_intake.preparing
         )
+
+    def background_only(self) -> bool:
+        """Whether the only work is on other threads (grammars compiling, images processing):
+        the loop then waits a little for messages instead of spinning on empty steps."""
+        return not (self.waiting or self.running or self.chunked_req or self.pending_outputs)
 
     def step(self) -> list[ReqOutput]:
         """Run one step and return every output produced since the last call."""
@@ -443,6 +456,7 @@ class Scheduler:
 
     def step_and_stash(self) -> None:
         """Run one step (if there is a batch); outputs wait in pending_outputs."""
+        self._admit_prepared_images()
         self._admit_compiled_grammars()
         if self.paused:
             return
@@ -464,6 +478,17 @@ class Scheduler:
         elif not self.running:
             self.ratio.reset()
 
+    def _admit_prepared_images(self) -> None:
+        if not self.image_intake.preparing:
+            return
+        ready, failed = self.image_intake.collect_ready()
+        for req in ready:
+            self._queue(req)
+        for req, message in failed:
+            self.stream_reqs.discard(req.rid)
+            req.finished_reason = FinishReason("abort", message=message, status_code=400)
+            self.pending_outputs.append(self._output(req))
+
     def _admit_compiled_grammars(self) -> None:
         if not self.grammars.compiling:
             return
@@ -477,6 +502,7 @@ class Scheduler:
 
     def _live_reqs(self) -> list[Req]:
         live = [*self.waiting, *self.running, *(r for r, _ in self.grammars.compiling)]
+        live.extend(r for r, _ in self.image_intake.preparing)
         if self.chunked_req is not None:
             live.append(self.chunked_req)
         return live

@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 0.05
+# With only background work (a grammar compiling, images processing), how long the loop waits
+# for messages between checks: short against their tens of ms, long enough not to spin.
+BACKGROUND_POLL_S = 0.002
 
 Receive = Callable[[float | None], list[Any]]  # timeout (None: do not block) -> messages
 Emit = Callable[[Any], None]
@@ -70,7 +73,12 @@ class SchedulerLoop:
 
     def run(self) -> None:
         while not self.stop_event.is_set():
-            timeout = None if self.scheduler.has_work() else IDLE_WAIT_S
+            if not self.scheduler.has_work():
+                timeout: float | None = IDLE_WAIT_S
+            elif self.scheduler.background_only():
+                timeout = BACKGROUND_POLL_S  # a grammar or an image on its worker thread
+            else:
+                timeout = None
             for msg in self.receive(timeout):
                 self.handle(msg)
             if self.stop_event.is_set():

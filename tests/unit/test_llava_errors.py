@@ -6,6 +6,7 @@ model; the engine serves the next request as before."""
 from __future__ import annotations
 
 import base64
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,7 @@ def test_a_request_refused_by_the_scheduler_leaves_its_batch_alone(
     the request submitted with it runs."""
     bad, good = png_bytes(7), png_bytes(8)
     expected = engine.generate(input_ids=PROMPT, image_data=data_url(good), sampling_params=GREEDY)
-    images = engine.scheduler.images
+    images = engine.scheduler.image_intake.preprocessor
     prepare = images.prepare
 
     def picky(inputs: Any) -> Any:
@@ -148,3 +149,74 @@ def test_images_in_a_session_are_refused(engine: Any) -> None:
         assert err.value.param == "image_data"
     finally:
         engine.close_session(session)
+
+
+def _blocked_processing(engine: Any, monkeypatch: pytest.MonkeyPatch) -> tuple:
+    """(started, release): the scheduler's image processing waits for `release`."""
+    processor = engine.scheduler.image_intake.preprocessor
+    prepare = processor.prepare
+    started, release = threading.Event(), threading.Event()
+
+    def blocked(inputs: Any) -> Any:
+        started.set()
+        assert release.wait(60)
+        return prepare(inputs)
+
+    monkeypatch.setattr(processor, "prepare", blocked)
+    return started, release
+
+
+def test_image_processing_runs_beside_other_requests(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a request's image is processed (on the intake's worker thread), a text request
+    runs to the end; the image request then finishes with its own answer."""
+    image = png_bytes(9)
+    expected = engine.generate(input_ids=PROMPT, image_data=data_url(image), sampling_params=GREEDY)
+    started, release = _blocked_processing(engine, monkeypatch)
+    result: dict[str, Any] = {}
+
+    def with_image() -> None:
+        result["out"] = engine.generate(
+            input_ids=PROMPT, image_data=data_url(image), sampling_params=GREEDY
+        )
+
+    worker = threading.Thread(target=with_image)
+    worker.start()
+    try:
+        assert started.wait(60)
+        text = engine.generate(input_ids=[1, 5, 7], sampling_params=GREEDY)
+        assert len(text["output_ids"]) == GREEDY["max_new_tokens"]
+        assert worker.is_alive() and "out" not in result
+    finally:
+        release.set()
+        worker.join(60)
+    assert result["out"]["output_ids"] == expected["output_ids"]
+
+
+def test_a_request_aborted_while_its_image_is_processed_ends_once(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started, release = _blocked_processing(engine, monkeypatch)
+    result: dict[str, Any] = {}
+
+    def with_image() -> None:
+        result["out"] = engine.generate(
+            input_ids=PROMPT, image_data=data_url(png_bytes(10)), sampling_params=GREEDY, rid="img"
+        )
+
+    worker = threading.Thread(target=with_image)
+    worker.start()
+    try:
+        assert started.wait(60)
+        engine.abort_request("img")
+        worker.join(60)
+        assert result["out"]["meta_info"]["finish_reason"]["type"] == "abort"
+    finally:
+        release.set()
+        worker.join(60)
+    # Its processed images arrive after the abort and are dropped; the engine goes on.
+    for _, future in list(engine.scheduler.image_intake.preparing):
+        future.result(timeout=60)
+    assert len(engine.generate(input_ids=[1, 5, 7], sampling_params=GREEDY)["output_ids"]) == 4
+    assert not engine.scheduler.image_intake.preparing
