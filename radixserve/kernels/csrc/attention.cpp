@@ -114,6 +114,30 @@ inline __m256 load8(const c10::BFloat16* p) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
 }
+// The 8-bit caches, widened in registers (no float copy of the cache is made). Both formats
+// are fp16 with fewer bits: e5m2 is an fp16's high byte exactly; e4m3's seven magnitude bits
+// placed at fp16 bit 7 give its value times 2^-8 (fp16's exponent bias is 15, e4m3's 7;
+// subnormals map onto fp16 subnormals the same way), so one fp16 widening and a multiply by
+// 256 make the exact value. e4m3's NaN code is never stored (from_float saturates).
+#if defined(__F16C__)
+inline __m256 load8(const c10::Float8_e5m2* p) {
+  const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(raw), 8));
+}
+inline __m256 load8(const c10::Float8_e4m3fn* p) {
+  const __m128i bytes = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m128i sign = _mm_slli_epi16(_mm_and_si128(bytes, _mm_set1_epi16(0x80)), 8);
+  const __m128i mag = _mm_slli_epi16(_mm_and_si128(bytes, _mm_set1_epi16(0x7F)), 7);
+  return _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(sign, mag)), _mm256_set1_ps(256.0f));
+}
+#else
+template <typename C>
+inline __m256 load8(const C* p) {
+  alignas(32) float lanes[8];
+  for (int i = 0; i < 8; ++i) lanes[i] = to_float(p[i]);
+  return _mm256_load_ps(lanes);
+}
+#endif
 
 // Scores of Q (<= 3) query vectors against four key rows: 4Q independent accumulator chains
 // (one chain per dot product would wait on every FMA's latency), each key slice loaded once for
@@ -419,7 +443,12 @@ template <typename T, typename C>
 void attend_item(const WorkItem& item, const T* q, int64_t q_stride, const C* k_cache,
                  const C* v_cache, const int64_t* token_row, int64_t prefix, int64_t n_new,
                  int64_t q_start, int64_t heads, int64_t kv_heads, int64_t dim, float scale,
-                 T* out, const float* sinks = nullptr) {
+                 T* out, const float* sinks = nullptr, float k_scale = 1.0f,
+                 float v_scale = 1.0f) {
+  // An 8-bit cache holds K / k_scale and V / v_scale: the K scale joins the query's (q.k_scale
+  // k = k_scale (q.k)) and the V scale the normalisation, so the inner loops only widen codes.
+  // Both are 1 for float caches, which leaves their arithmetic as it was.
+  const float q_scale = scale * k_scale;
   const int64_t group = heads / kv_heads;
   const int64_t rows = std::min(g_query_rows.load(std::memory_order_relaxed), n_new - item.row0);
   const int64_t m_count = rows * group;  // query vectors per KV head
@@ -449,7 +478,7 @@ void attend_item(const WorkItem& item, const T* q, int64_t q_stride, const C* k_
         const int64_t i = r * group + g;
         const T* src = qrow + (h * group + g) * dim;
         float* dst = qv.data() + ((h - item.h0) * m_count + i) * dim;
-        for (int64_t d = 0; d < dim; ++d) dst[d] = to_float(src[d]) * scale;
+        for (int64_t d = 0; d < dim; ++d) dst[d] = to_float(src[d]) * q_scale;
       }
     }
   }
@@ -482,7 +511,7 @@ void attend_item(const WorkItem& item, const T* q, int64_t q_stride, const C* k_
         // A sink (gpt-oss) is one more term of the denominator, exp(sink - max) in the running
         // softmax's scale, and none of the numerator: only the normalization changes.
         const float sink = sinks ? std::exp(sinks[h * group + g] - run_max[i]) : 0.0f;
-        const float inv = 1.0f / (run_sum[i] + sink);
+        const float inv = v_scale / (run_sum[i] + sink);
         T* dst = orow + (h * group + g) * dim;
         for (int64_t d = 0; d < dim; ++d) dst[d] = from_float<T>(acc[i * dim + d] * inv);
       }
@@ -493,20 +522,29 @@ void attend_item(const WorkItem& item, const T* q, int64_t q_stride, const C* k_
 }  // namespace
 
 void decode_attention_heads(const float* q_row, const void* k_cache, const void* v_cache,
-                            bool bf16_cache, int64_t kv_heads, int64_t head_dim,
-                            const int64_t* token_row, int64_t prefix, int64_t heads, int64_t h0,
-                            int64_t h1, float scale, float* out_row) {
+                            KvElem cache, float k_scale, float v_scale, int64_t kv_heads,
+                            int64_t head_dim, const int64_t* token_row, int64_t prefix,
+                            int64_t heads, int64_t h0, int64_t h1, float scale, float* out_row) {
   // The work item paged_attention makes for one new token of a request (keys [0, prefix]).
   const WorkItem item{0, 0, h0, h1, 0};
-  if (bf16_cache) {
-    attend_item<float, c10::BFloat16>(item, q_row, heads * head_dim,
-                                      static_cast<const c10::BFloat16*>(k_cache),
-                                      static_cast<const c10::BFloat16*>(v_cache), token_row,
-                                      prefix, 1, 0, heads, kv_heads, head_dim, scale, out_row);
-  } else {
-    attend_item<float, float>(item, q_row, heads * head_dim, static_cast<const float*>(k_cache),
-                              static_cast<const float*>(v_cache), token_row, prefix, 1, 0, heads,
-                              kv_heads, head_dim, scale, out_row);
+  auto attend = [&](auto tag) {
+    using C = decltype(tag);
+    attend_item<float, C>(item, q_row, heads * head_dim, static_cast<const C*>(k_cache),
+                          static_cast<const C*>(v_cache), token_row, prefix, 1, 0, heads,
+                          kv_heads, head_dim, scale, out_row, nullptr, k_scale, v_scale);
+  };
+  switch (cache) {
+    case KvElem::kBFloat16:
+      attend(c10::BFloat16{});
+      break;
+    case KvElem::kFp8E4M3:
+      attend(c10::Float8_e4m3fn{});
+      break;
+    case KvElem::kFp8E5M2:
+      attend(c10::Float8_e5m2{});
+      break;
+    default:
+      attend(float{});
   }
 }
 
@@ -518,7 +556,8 @@ void set_attention_query_rows(int64_t rows) {
 
 int64_t attention_query_rows() { return g_query_rows.load(); }
 
-// q: [T, H*D] (rows may be strided); k_cache, v_cache: [S, Hkv, D]; req_to_token: [R, L] int64;
+// q: [T, H*D] (rows may be strided); k_cache, v_cache: [S, Hkv, D] (float32, bfloat16, or 8-bit
+// codes of K / k_scale and V / v_scale); req_to_token: [R, L] int64;
 // per request b: req_pool_indices[b], prefix_lens[b], extend_lens[b], and q_starts[b], the row
 // of its first new token in q. Returns out [T, H*D].
 namespace {
@@ -528,8 +567,9 @@ at::Tensor paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
                                 const at::Tensor& req_pool_indices,
                                 const at::Tensor& prefix_lens, const at::Tensor& extend_lens,
                                 const at::Tensor& q_starts, int64_t heads, double scale,
-                                const float* sinks) {
+                                const float* sinks, double k_scale, double v_scale) {
   check_cpu(q, "q");
+  TORCH_CHECK(k_scale > 0.0 && v_scale > 0.0, "KV scales must be positive");
   TORCH_CHECK(q.dim() == 2 && q.stride(1) == 1, "q must be [tokens, heads * dim], unit stride");
   TORCH_CHECK(k_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous(),
               "KV caches must be contiguous [slots, kv_heads, dim]");
@@ -582,7 +622,7 @@ at::Tensor paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
   dispatch_float_bf16(q.scalar_type(), "attn_q", [&](auto tag_) {
     using scalar_t = decltype(tag_);
     using T = scalar_t;
-    dispatch_float_bf16(k_cache.scalar_type(), "attn_kv", [&](auto tag_) {
+    dispatch_kv_cache(k_cache.scalar_type(), "attn_kv", [&](auto tag_) {
     using scalar_t = decltype(tag_);
           using C = scalar_t;
           const T* qp = q.data_ptr<T>();
@@ -594,7 +634,8 @@ at::Tensor paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
               const WorkItem& it = items[w];
               attend_item<T, C>(it, qp, q.stride(0), kc, vc, r2t + rp[it.req] * max_len,
                                 pp[it.req], ep[it.req], sp[it.req], heads, kv_heads, dim,
-                                static_cast<float>(scale), op, sinks);
+                                static_cast<float>(scale), op, sinks,
+                                static_cast<float>(k_scale), static_cast<float>(v_scale));
             }
           });
         });
@@ -608,9 +649,9 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& req_to_token,
                            const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
                            const at::Tensor& extend_lens, const at::Tensor& q_starts,
-                           int64_t heads, double scale) {
+                           int64_t heads, double scale, double k_scale, double v_scale) {
   return paged_attention_impl(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens,
-                              extend_lens, q_starts, heads, scale, nullptr);
+                              extend_lens, q_starts, heads, scale, nullptr, k_scale, v_scale);
 }
 
 // paged_attention with a learned sink logit per query head (gpt-oss): sinks float32 [heads].
@@ -619,12 +660,13 @@ at::Tensor paged_attention_sinks(const at::Tensor& q, const at::Tensor& k_cache,
                                  const at::Tensor& req_pool_indices,
                                  const at::Tensor& prefix_lens, const at::Tensor& extend_lens,
                                  const at::Tensor& q_starts, int64_t heads, double scale,
-                                 const at::Tensor& sinks) {
+                                 const at::Tensor& sinks, double k_scale, double v_scale) {
   TORCH_CHECK(sinks.scalar_type() == at::kFloat && sinks.is_contiguous() &&
                   sinks.numel() == heads,
               "sinks must be a contiguous float32 [heads]");
   return paged_attention_impl(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens,
-                              extend_lens, q_starts, heads, scale, sinks.data_ptr<float>());
+                              extend_lens, q_starts, heads, scale, sinks.data_ptr<float>(),
+                              k_scale, v_scale);
 }
 
 }  // namespace radixserve
