@@ -55,7 +55,7 @@ def draft_server_args(
         max_total_tokens=pool_tokens,
         page_size=1,
         quantization=None,
-        other={**target_args.other, "quantization_param_path": None},
+        quantization_param_path=None,
         **overrides,
     )
 
