@@ -42,7 +42,7 @@ class KvScales:
 
 
 def ones(num_layers: int) -> KvScales:
-    return KvScales([1.0] * num_layers, [1.0] * num_layers, "none")
+    return KvScales([1.0] * num_layers, [1.0] * num_layers, "none (1.0 for every layer)")
 
 
 def load_kv_scales(
