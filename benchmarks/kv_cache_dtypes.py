@@ -5,7 +5,8 @@
 
 One bench_one_batch process per KV dtype (float32, bfloat16, fp8_e4m3 by default; float32
 activations throughout, batch 1): a prefill of each context length, then output_len - 1 decode
-steps whose median latency is reported. Prints a markdown table (docs/performance.md, "KV cache
+steps whose median and fastest step are reported (the fastest is the one least disturbed
+on a shared machine). Prints a markdown table (docs/performance.md, "KV cache
 dtypes"). Each process loads the model once and runs the contexts in order.
 """
 
@@ -120,7 +121,7 @@ def main() -> None:
             print(f"| {label} | " + " | ".join(cells) + " |")
         return
     header = "| KV dtype | KV bytes/token | " + " | ".join(
-        f"decode tok/s @ {c}" for c in args.contexts
+        f"decode tok/s @ {c} (median / best step)" for c in args.contexts
     )
     print(header + " |")
     print("|---" * (2 + len(args.contexts)) + "|")
@@ -128,7 +129,9 @@ def main() -> None:
         records = {r["input_len"]: r for r in run(label, args.contexts, args.output_len, extra)}
         per_token = 2 * layers * heads * dim * BYTES[label]
         speeds = [
-            f"{records[c]['median_decode_throughput']:.1f}" if c in records else "skipped"
+            f"{records[c]['median_decode_throughput']:.1f} / {1 / records[c]['min_decode_latency']:.1f}"
+            if c in records
+            else "skipped"
             for c in args.contexts
         ]
         print(f"| {label} | {per_token} | " + " | ".join(speeds) + " |", flush=True)
