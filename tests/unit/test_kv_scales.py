@@ -116,3 +116,12 @@ def test_refused_where_fp8_cannot_run(tmp_path: Path, options: dict, message: st
     with pytest.raises(ValueError, match=message) as err:
         make_tiny_engine(folder, **options).shutdown()
     assert "--kv-cache-dtype" in str(err.value) or "--quantization-param-path" in str(err.value)
+
+
+def test_refused_with_multi_head_latent_attention(tmp_path: Path) -> None:
+    """DeepSeek-V2's latent cache (V is K's buffer) takes no 8-bit codes: refused by name."""
+    from tests.helpers.tiny_models import make_tiny_checkpoint
+
+    make_tiny_checkpoint(tmp_path, "deepseek_v2", num_hidden_layers=2)
+    with pytest.raises(ValueError, match="--kv-cache-dtype fp8_e4m3: multi-head latent"):
+        make_tiny_engine(tmp_path, kv_cache_dtype="fp8_e4m3", load_format="auto").shutdown()
