@@ -24,8 +24,8 @@ from radixserve.chat_backends import (
     HttpChatBackend,
     Message,
 )
+from radixserve.defaults import DEFAULT_URL
 
-DEFAULT_URL = "http://127.0.0.1:30000"
 PROG = "radixserve chat"
 HELP = """commands:
   /reset          clear the conversation (the system prompt stays)

@@ -6,6 +6,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# Why a request's return_routed_experts is refused (400), on the API side and the scheduler's.
+ROUTED_EXPERTS_DISABLED = (
+    "return_routed_experts needs a server started with --enable-return-routed-experts"
+)
+
+
+@dataclass
+class ImageInput:
+    """One image of a request: its encoded bytes (checked to decode by the API side), a content
+    hash, and where its placeholder tokens sit in input_ids."""
+
+    data: bytes
+    hash: int
+    offset: int
+    length: int
+
 
 @dataclass
 class TokenizedGenerateReq:
@@ -26,6 +42,13 @@ class TokenizedGenerateReq:
     # scheduler's SessionController builds the full input from the session's saved tokens.
     session_params: dict[str, Any] | None = None
     custom_logit_processor: str | None = None  # SGLang's serialized form; see sampling/
+    # SGLang's return_routed_experts (needs --enable-return-routed-experts) and the first
+    # position whose ids it returns (routed_experts_start_len).
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0
+    # A vision model's images, in prompt order (multimodal/); their placeholder tokens are
+    # already expanded in input_ids.
+    images: list[ImageInput] = field(default_factory=list)
 
 
 @dataclass
@@ -168,6 +191,9 @@ class SchedulerReady:
     tokenizer_class: str | None = None
     # What the attention/linear kernels run on (kernels/describe.py's kernel_summary).
     kernels: str = ""
+    # A vision model's image placeholder (multimodal/image_prompt.py's ImagePrompt); None for
+    # a text-only model, whose requests may not carry images.
+    image_prompt: Any = None
 
 
 @dataclass
@@ -225,6 +251,9 @@ class ReqOutput:
     # The new text, filled in by the detokenizer.
     text: str | None = None
     embedding: list[float] | None = None
+    # return_routed_experts, on the final output only: base64 of int32 [tokens, layers, top_k]
+    # (managers/routed_experts.py).
+    routed_experts: str | None = None
 
 
 @dataclass

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.defaults import DEFAULT_HOST, DEFAULT_PORT
 from radixserve.options import registry
 from radixserve.options.coerce import coerce_value
 from radixserve.options.command_line import parse_command_line
@@ -55,6 +56,10 @@ class ServerArgs:
     trust_remote_code: bool = False
     context_length: int | None = None
     is_embedding: bool = False
+    # Vision models (docs/vision.md): SGLang's switch (LLaVA takes images with or without it)
+    # and the per-request image cap, {"image": N}.
+    enable_multimodal: bool | None = None
+    limit_mm_data_per_request: Any = None
     grammar_backend: str | None = None
     constrained_json_whitespace_pattern: str | None = None
     constrained_json_disable_any_whitespace: bool = False
@@ -104,6 +109,7 @@ class ServerArgs:
     moe_a2a_backend: str = "none"
     moe_runner_backend: str = "auto"
     expert_distribution_recorder_mode: str | None = None
+    enable_return_routed_experts: bool = False
     load_balance_method: str = "auto"
     dist_init_addr: str | None = None
     dist_timeout: int | None = None
@@ -113,8 +119,8 @@ class ServerArgs:
     random_seed: int | None = None
     gc_threshold: tuple[int, ...] | None = None
     # HTTP server and API
-    host: str = "127.0.0.1"
-    port: int = 30000
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
     fastapi_root_path: str = ""
     skip_server_warmup: bool = False
     ssl_keyfile: str | None = None
@@ -276,7 +282,7 @@ class ServerArgs:
 
     def url(self) -> str:
         """Where a local client reaches the HTTP server."""
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
+        host = {"0.0.0.0": DEFAULT_HOST, "::": "::1", "": DEFAULT_HOST}.get(self.host, self.host)
         if ":" in host:
             host = f"[{host}]"
         scheme = "https" if self.ssl_certfile else "http"

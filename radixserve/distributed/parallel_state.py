@@ -34,10 +34,6 @@ def set_tp_group(group: dist.ProcessGroup | None) -> None:
     _TP_GROUP = group
 
 
-def get_tp_group() -> dist.ProcessGroup | None:
-    return _TP_GROUP
-
-
 def set_pp(rank: int, size: int) -> None:
     """This process is pipeline stage `rank` of `size` (distributed/pipeline_groups.py)."""
     global _PP_RANK, _PP_SIZE

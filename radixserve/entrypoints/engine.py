@@ -7,6 +7,7 @@ engine.generate("Hello", {"max_new_tokens": 16, "temperature": 0})
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import time
@@ -40,6 +41,12 @@ from radixserve.messages import (
     TokenizedGenerateReq,
     UnloadLoRAReq,
     UpdateWeightsFromDiskReq,
+)
+from radixserve.multimodal.request_images import (
+    ImageData,
+    RequestImages,
+    image_limit,
+    per_prompt_images,
 )
 from radixserve.server_args import ServerArgs
 
@@ -78,6 +85,7 @@ class Engine:
         args = self.server_args
         # Checked before any process starts: a bad --lora-paths fails fast.
         self.lora = LoRARegistry(lora_config_from_args(args))
+        image_cap = image_limit(args.limit_mm_data_per_request)
         apply_gc_threshold(args.gc_threshold)
         self.runtime: InProcessRuntime | MultiProcessRuntime
         if runtime == "thread":
@@ -107,6 +115,13 @@ class Engine:
         )
         self.tokenizer_manager.enable_custom_logit_processor = bool(
             args.enable_custom_logit_processor
+        )
+        self.tokenizer_manager.enable_return_routed_experts = bool(
+            args.enable_return_routed_experts
+        )
+        self.tokenizer_manager.images = RequestImages(
+            getattr(self.model_info, "image_prompt", None),
+            image_cap,
         )
 
     @property
@@ -142,6 +157,9 @@ class Engine:
         session_params: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
         custom_logit_processor: str | Sequence[str | None] | None = None,
         token_ids_logprob: Sequence[int] | None = None,
+        return_routed_experts: bool = False,
+        routed_experts_start_len: int = 0,
+        image_data: ImageData = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """One prompt gives one dict; a list gives a list (n > 1 gives n dicts per prompt,
         prompt-major). With stream=True, an iterator of chunks whose "text" is the new text."""
@@ -159,6 +177,9 @@ class Engine:
             session_params=session_params,
             custom_logit_processor=custom_logit_processor,
             token_ids_logprob=token_ids_logprob,
+            return_routed_experts=return_routed_experts,
+            routed_experts_start_len=routed_experts_start_len,
+            image_data=image_data,
         )
         if stream:
             return self._stream(*items[0])
@@ -183,8 +204,12 @@ class Engine:
         session_params: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
         custom_logit_processor: str | Sequence[str | None] | None = None,
         token_ids_logprob: Sequence[int] | None = None,
+        return_routed_experts: bool = False,
+        routed_experts_start_len: int = 0,
+        image_data: ImageData = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
-        items, single = self._expand(
+        expand = functools.partial(
+            self._expand,
             prompt,
             input_ids,
             sampling_params,
@@ -199,7 +224,12 @@ class Engine:
             session_params=session_params,
             custom_logit_processor=custom_logit_processor,
             token_ids_logprob=token_ids_logprob,
+            return_routed_experts=return_routed_experts,
+            routed_experts_start_len=routed_experts_start_len,
+            image_data=image_data,
         )
+        # Images are decoded and hashed while the request is built: off the event loop.
+        items, single = await asyncio.to_thread(expand) if image_data else expand()
         # Compiling a grammar can take seconds: await it here instead of blocking the loop.
         # (Copies of one request share a compile through the backend's cache.)
         await asyncio.gather(
@@ -392,6 +422,9 @@ class Engine:
         session_params: Any = None,
         custom_logit_processor: Any = None,
         token_ids_logprob: Sequence[int] | None = None,
+        return_routed_experts: bool = False,
+        routed_experts_start_len: int = 0,
+        image_data: ImageData = None,
     ) -> tuple[list[tuple[TokenizedGenerateReq, RequestState]], bool]:
         if self.server_args.is_embedding:
             raise RequestError(
@@ -405,6 +438,7 @@ class Engine:
         lora_ids = [self.lora.resolve(name) for name in _per_item(lora_path, count, "lora_path")]
         priorities = _per_item(priority, count, "priority")
         processors = _per_item(custom_logit_processor, count, "custom_logit_processor")
+        images = per_prompt_images(image_data, count)
         sessions = (
             list(session_params)
             if isinstance(session_params, list | tuple)
@@ -437,6 +471,9 @@ class Engine:
                         session_params=sessions[i],
                         custom_logit_processor=processors[i],
                         token_ids_logprob=token_ids_logprob,
+                        return_routed_experts=return_routed_experts,
+                        routed_experts_start_len=routed_experts_start_len,
+                        image_data=images[i],
                     )
                 )
                 items[-1][0].lora_id = lora_ids[i]

@@ -46,6 +46,9 @@ class GenItem:
     priority: int | None = None
     session_params: dict[str, Any] | None = None
     custom_logit_processor: str | None = None
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0
+    image_data: list[str] | None = None  # a vision model's images (data URLs or paths)
 
 
 class LogprobOptions(NamedTuple):
@@ -103,6 +106,10 @@ class GenerationRunner:
             kwargs["session_params"] = [it.session_params for it in items]
         if any(it.custom_logit_processor is not None for it in items):
             kwargs["custom_logit_processor"] = [it.custom_logit_processor for it in items]
+        if any(it.return_routed_experts for it in items):
+            # One setting per engine call: the items of one HTTP request share it.
+            kwargs["return_routed_experts"] = True
+            kwargs["routed_experts_start_len"] = items[0].routed_experts_start_len
         if all(it.input_ids is not None for it in items):
             kwargs["input_ids"] = [list(it.input_ids or []) for it in items]
         elif all(it.prompt is not None for it in items):
@@ -111,6 +118,8 @@ class GenerationRunner:
             raise ValueError("items mix text prompts and token ids")
         if any(it.lora_path is not None for it in items):
             kwargs["lora_path"] = [it.lora_path for it in items]
+        if any(it.image_data for it in items):
+            kwargs["image_data"] = [it.image_data for it in items]
         return kwargs
 
     async def run(
@@ -146,7 +155,7 @@ class GenerationRunner:
                 kwargs["rid"] = it.rid
                 if "lora_path" in kwargs:
                     kwargs["lora_path"] = kwargs["lora_path"][0]
-                for name in ("priority", "session_params", "custom_logit_processor"):
+                for name in ("priority", "session_params", "custom_logit_processor", "image_data"):
                     if name in kwargs:
                         kwargs[name] = kwargs[name][0]
                 key = "input_ids" if "input_ids" in kwargs else "prompt"

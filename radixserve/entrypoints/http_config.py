@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from radixserve.defaults import DEFAULT_HOST, DEFAULT_PORT
+
 # Bodies above this are refused with 413 before they are parsed.
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 MAX_BODY_ENV = "RADIXSERVE_MAX_REQUEST_BODY_BYTES"
@@ -60,8 +62,8 @@ class HttpConfig:
     served_model_name: str
     api_key: str | None = None
     admin_api_key: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 30000
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
     root_path: str = ""
     ssl_keyfile: str | None = None
     ssl_certfile: str | None = None
@@ -106,8 +108,8 @@ class HttpConfig:
             model_aliases=_path_aliases(model_path, served),
             api_key=get("api_key") or None,
             admin_api_key=get("admin_api_key") or None,
-            host=str(get("host", "127.0.0.1")),
-            port=int(get("port", 30000)),
+            host=str(get("host", DEFAULT_HOST)),
+            port=int(get("port", DEFAULT_PORT)),
             root_path=str(get("fastapi_root_path", "")),
             ssl_keyfile=get("ssl_keyfile"),
             ssl_certfile=get("ssl_certfile"),

@@ -112,7 +112,7 @@ async def model_info(request: Request) -> Response:
             "is_generation": not ctx.config.is_embedding,
             "preferred_sampling_params": ctx.config.preferred_sampling_params,
             "weight_version": ctx.config.weight_version,
-            "has_image_understanding": False,
+            "has_image_understanding": ctx.takes_images,
             "has_audio_understanding": False,
             "model_type": _model_type(cfg),
             "architectures": list(getattr(cfg, "architectures", None) or []) or None,

@@ -24,6 +24,8 @@ from radixserve.entrypoints.openai.protocol import GenerateReqInput
 from radixserve.entrypoints.request_body import read_model
 from radixserve.entrypoints.serving_context import ServingContext, get_ctx
 from radixserve.entrypoints.sse import streaming_response
+from radixserve.errors import InvalidRequestError
+from radixserve.multimodal.request_images import per_prompt_images
 from radixserve.sampling.sampling_params import MAX_N
 
 logger = logging.getLogger(__name__)
@@ -72,6 +74,10 @@ def plan_generate(req: GenerateReqInput) -> _Plan:
     loras = _per_prompt(req.lora_path, len(prompts), "lora_path")
     sessions = _per_prompt(req.session_params, len(prompts), "session_params")
     processors = _per_prompt(req.custom_logit_processor, len(prompts), "custom_logit_processor")
+    try:
+        images = per_prompt_images(req.image_data, len(prompts))
+    except InvalidRequestError as exc:
+        raise ApiError(400, str(exc), param="image_data") from exc
     items: list[GenItem] = []
     total_n = 0
     for i, prompt in enumerate(prompts):
@@ -92,6 +98,9 @@ def plan_generate(req: GenerateReqInput) -> _Plan:
                     priority=req.priority,
                     session_params=sessions[i],
                     custom_logit_processor=processors[i],
+                    return_routed_experts=req.return_routed_experts,
+                    routed_experts_start_len=req.routed_experts_start_len,
+                    image_data=images[i],
                 )
             )
     seen: set[str] = set()
@@ -167,6 +176,8 @@ async def _stream(
 async def generate(request: Request) -> Response:
     ctx = get_ctx(request)
     req = await read_model(request, GenerateReqInput)
+    if req.image_data and not ctx.takes_images:
+        raise ApiError(400, "This model reads text only; it takes no images.", param="image_data")
     plan = plan_generate(req)
     if ctx.request_log.enabled:
         inputs = req.text if req.text is not None else req.input_ids

@@ -33,6 +33,8 @@ class ServingContext:
     on_fatal: Callable[[], None] | None = None
     # Set once a request named another model (check_model logs that only the first time).
     _model_mismatch_logged: bool = False
+    # A vision model's folder chat template, read once ("" when it has none).
+    _folder_template: str | None = None
 
     @property
     def tokenizer(self) -> Any:
@@ -58,6 +60,27 @@ class ServingContext:
     @property
     def model_name(self) -> str:
         return self.config.served_model_name
+
+    @property
+    def takes_images(self) -> bool:
+        """A vision model's server: chat image parts and /generate's image_data are read."""
+        manager = getattr(self.engine, "tokenizer_manager", None)
+        images = getattr(manager, "images", None)
+        return bool(getattr(images, "accepted", False))
+
+    def chat_template_for(self, tokenizer: Any) -> str | None:
+        """--chat-template, else None (the tokenizer's own), but for a vision model whose
+        tokenizer has none: the template beside its processor in the model folder."""
+        if self.chat_template is not None or getattr(tokenizer, "chat_template", None):
+            return self.chat_template
+        if not self.takes_images:
+            return None
+        if self._folder_template is None:
+            from radixserve.entrypoints.openai.chat_template import folder_chat_template
+
+            folder = getattr(self.model_config, "model_dir", None)
+            self._folder_template = folder_chat_template(folder) or ""
+        return self._folder_template or None
 
     def require_tokenizer(self, what: str) -> Any:
         if self.tokenizer is None:

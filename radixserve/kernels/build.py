@@ -45,6 +45,7 @@ SOURCES = (
     "half_weight_gemm.cpp",
     "moe.cpp",
     "moe_layer.cpp",
+    "sampling.cpp",
 )
 PROBE_MARKER = "probe-passed"  # in the build folder, once the self-test passed there
 BUILD_VERSION = 2  # bump when the sources change in a way the file hashes would not show

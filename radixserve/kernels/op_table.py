@@ -99,6 +99,10 @@ def _unit_stride_rows(ext: object, x: torch.Tensor, *args: Any) -> bool:
     return x.dim() == 2 and x.stride(1) == 1
 
 
+def _float32_rows(ext: object, x: torch.Tensor) -> bool:
+    return x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1 and x.shape[1] > 0
+
+
 def _gguf_accepts(
     ext: object, x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_features: int
 ) -> bool:
@@ -176,6 +180,7 @@ FUSED_ADD_RMS_NORM = KernelOp(
     call_cpp=_in_place_add_norm,
 )
 SILU_AND_MUL = KernelOp("silu_and_mul", reference.silu_and_mul, accepts=_unit_stride_rows)
+ARGMAX_ROWS = KernelOp("argmax_rows", reference.argmax_rows, accepts=_float32_rows)
 
 
 def _rope_store_cpp(
@@ -241,6 +246,7 @@ TABLE: tuple[KernelOp[..., Any], ...] = (
     RMS_NORM,
     FUSED_ADD_RMS_NORM,
     SILU_AND_MUL,
+    ARGMAX_ROWS,
     ROPE_STORE_KV,
     GGUF_LINEAR,
     HALF_WEIGHT_LINEAR,

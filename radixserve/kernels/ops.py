@@ -71,6 +71,8 @@ rms_norm = _dispatch(op_table.RMS_NORM)
 # (rms_norm(x + residual), x + residual); the C++ kernel reuses x and residual's memory.
 fused_add_rms_norm = _dispatch(op_table.FUSED_ADD_RMS_NORM)
 silu_and_mul = _dispatch(op_table.SILU_AND_MUL)
+# Greedy tokens: the C++ row-wise argmax (torch.argmax(dim=-1) ran ~1.6 GB/s here).
+argmax_rows = _dispatch(op_table.ARGMAX_ROWS)
 rope_store_kv = _dispatch(op_table.ROPE_STORE_KV)
 gguf_linear = _dispatch(op_table.GGUF_LINEAR)
 # float32 x @ W^T (+ bias) for a bfloat16/float16 weight, widened as it is multiplied (the C++

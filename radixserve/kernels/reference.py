@@ -27,6 +27,12 @@ def fused_add_rms_norm(
     return rms_norm(summed, weight, eps), summed
 
 
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's greedy token: the first index of its largest logit (a NaN counts as the
+    largest)."""
+    return logits.argmax(dim=-1)
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     d = x.shape[-1] // 2
     return F.silu(x[..., :d]) * x[..., d:]

@@ -85,25 +85,45 @@ def use_fast_kernels(
 
 def _check_deterministic(model: nn.Module, enabled: bool) -> None:
     """--enable-deterministic-inference holds for layers on GGUF blocks (the kernels give a row
-    the same bits at any batch size); float matmuls (torch's BLAS, the packed kernels, the LM
-    head's F.linear) block by the row count, measured 0.1 logprob apart between a request alone
-    and in a batch, so float weights are refused rather than served nondeterministically."""
+    the same bits at any batch size) and for float32 weights on the packed float kernel, which
+    use_deterministic_kernels makes every float32 matmul take (each output element sums K in
+    one fixed order, whatever the row count; the LM head too, switched here). Torch's BLAS,
+    oneDNN's bf16 packs and the 16-bit weight kernels block by the row count (0.1 logprob apart
+    between a request alone and in a batch), so other float weights are refused rather than
+    served nondeterministically."""
     if not enabled:
         raise ValueError("--enable-deterministic-inference needs the intel_amx kernels")
     lm_head = getattr(model, "lm_head", None)
-    floats = [
-        name
-        for name, module in model.named_modules()
-        if (isinstance(module, LinearBase) or module is lm_head)
-        and isinstance(module, MethodLayer)
-        and module.quant_method.gguf_weight() is None
-    ]
-    if floats:
-        raise ValueError(
-            "--enable-deterministic-inference runs models whose weights are GGUF blocks (a .gguf "
-            f"model, the default --quantization gguf); {floats[0]} and {len(floats) - 1} other "
-            "layers hold float weights, whose matmuls are not batch-invariant yet"
-        )
+    for name, module in model.named_modules():
+        if not (isinstance(module, LinearBase) or module is lm_head):
+            continue
+        if not isinstance(module, MethodLayer) or module.quant_method.gguf_weight() is not None:
+            continue
+        problem = _float_weight_problem(module)
+        if problem:
+            raise ValueError(
+                f"--enable-deterministic-inference: layer {name} {problem}; batch-invariant "
+                "matmuls exist for GGUF blocks (a .gguf model, --quantization gguf) and float32 "
+                "weights (--dtype float32)"
+            )
+        if module is lm_head:
+            module.quant_method = module.quant_method.with_fast_kernels(True)
+
+
+def _float_weight_problem(module: MethodLayer) -> str | None:
+    """Why a float layer's matmul cannot take the batch-invariant packed kernel, or None."""
+    method = module.quant_method
+    weight = getattr(module, "weight", None)
+    if not isinstance(method, UnquantizedLinearMethod) or weight is None:
+        return f"runs {type(method).__name__}, which has no batch-invariant kernel"
+    if weight.dtype != torch.float32 or torch.get_default_dtype() != torch.float32:
+        return f"holds {weight.dtype} weights under {torch.get_default_dtype()} activations"
+    if weight.dim() != 2 or weight.shape[1] % 8:
+        return f"has an input size ({weight.shape[-1]}) that is not a multiple of 8"
+    ext = load_extension()
+    if ext is None or not ext.float_packed_available():
+        return "needs the packed float kernel (AVX2), which this CPU or build lacks"
+    return None
 
 
 # The float dtype whose linear weights are pre-packed for oneDNN (kernels/onednn_linear.py):

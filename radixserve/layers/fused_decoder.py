@@ -27,7 +27,7 @@ from radixserve.layers.activation import SiluAndMul
 from radixserve.layers.attention.cpu_paged import CpuPagedAttnBackend
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.linear import LinearBase, fused_operands
-from radixserve.layers.moe import MoECallArgs, expert_stats, moe_call_args
+from radixserve.layers.moe import MoECallArgs, expert_stats, moe_call_args, routed_capture
 
 if TYPE_CHECKING:
     from radixserve.mem_cache.kv_cache import KVCache
@@ -334,8 +334,10 @@ def run_fused_layers(
         hidden, None, forward_batch, _smallest_window(layer_args)
     ):
         return None
-    if expert_stats.recording() and any(args.moe is not None for args in layer_args):
-        # The chain routes inside C++ and reports nothing: module by module while counting.
+    reporting = expert_stats.recording() or routed_capture.capturing()
+    if reporting and any(args.moe is not None for args in layer_args):
+        # The chain routes inside C++ and reports nothing: module by module while counting
+        # or capturing routed experts.
         return None
     meta = _paged_meta_list(forward_batch)
     chain = chains.get(layer_args) if chains is not None else None

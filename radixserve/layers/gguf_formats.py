@@ -6,6 +6,7 @@ import torch
 
 from radixserve.kernels import gguf_dequant, gguf_types, ops
 
+FORMATS = gguf_types.FORMATS  # type -> BlockFormat(name, weights, bytes)
 QUANTIZED_TYPES = gguf_types.QUANTIZED_TYPES
 SUPPORTED_TYPES = frozenset(gguf_types.FORMATS)  # every type the loader reads
 type_name = gguf_types.type_name

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 if TYPE_CHECKING:
@@ -123,8 +122,14 @@ class ColumnParallelLinear(LinearBase):
     ) -> None:
         if shard_id is not None:
             raise ValueError(f"{type(self).__name__} is not fused; got shard_id {shard_id!r}")
-        size = param.shape[0]
-        copy_checked(param, loaded_weight.narrow(0, self.tp_rank * size, size))
+        start, size = self.output_shard(None)
+        copy_checked(param, loaded_weight.narrow(0, start, size))
+
+    def output_shard(self, shard_id: object) -> tuple[int, int]:
+        """(first row, rows) of this rank's slice of the checkpoint tensor for `shard_id`: the
+        float loader and the GGUF block loader (models/gguf_shard.py) cut the same rows."""
+        size = self.output_size_per_partition
+        return self.tp_rank * size, size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear_forward(self, x, self.bias)
@@ -149,14 +154,18 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
     ) -> None:
+        start, size = self.output_shard(shard_id)
+        offset = sum(self.output_sizes[:shard_id]) // self.tp_size  # type: ignore[misc]
+        target = param.data.narrow(0, offset, size)
+        copy_checked(target, loaded_weight.narrow(0, start, size))
+
+    def output_shard(self, shard_id: object) -> tuple[int, int]:
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):
             raise ValueError(
                 f"shard_id must be an index below {len(self.output_sizes)}, got {shard_id!r}"
             )
         size = self.output_sizes[shard_id] // self.tp_size
-        offset = sum(self.output_sizes[:shard_id]) // self.tp_size
-        target = param.data.narrow(0, offset, size)
-        copy_checked(target, loaded_weight.narrow(0, self.tp_rank * size, size))
+        return self.tp_rank * size, size
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -196,16 +205,19 @@ class QKVParallelLinear(ColumnParallelLinear):
     ) -> None:
         q_size = self.num_heads * self.head_size
         kv_size = self.num_kv_heads * self.head_size
-        if shard_id == "q":
-            offset, size, src_start = 0, q_size, self.tp_rank * q_size
-        elif shard_id in ("k", "v"):
-            offset = q_size if shard_id == "k" else q_size + kv_size
-            size = kv_size
-            src_start = (self.tp_rank // self.kv_replicas) * kv_size
-        else:
-            raise ValueError(f"shard_id must be 'q', 'k' or 'v', got {shard_id!r}")
+        src_start, size = self.output_shard(shard_id)
+        offset = {"q": 0, "k": q_size, "v": q_size + kv_size}[shard_id]  # type: ignore[index]
         target = param.data.narrow(0, offset, size)
         copy_checked(target, loaded_weight.narrow(0, src_start, size))
+
+    def output_shard(self, shard_id: object) -> tuple[int, int]:
+        if shard_id == "q":
+            q_size = self.num_heads * self.head_size
+            return self.tp_rank * q_size, q_size
+        if shard_id in ("k", "v"):
+            kv_size = self.num_kv_heads * self.head_size
+            return (self.tp_rank // self.kv_replicas) * kv_size, kv_size
+        raise ValueError(f"shard_id must be 'q', 'k' or 'v', got {shard_id!r}")
 
 
 class RowParallelLinear(LinearBase):
@@ -231,15 +243,22 @@ class RowParallelLinear(LinearBase):
     ) -> None:
         if shard_id is not None:
             raise ValueError(f"RowParallelLinear is not fused; got shard_id {shard_id!r}")
-        size = param.shape[1]
-        copy_checked(param, loaded_weight.narrow(1, self.tp_rank * size, size))
+        start, size = self.input_shard()
+        copy_checked(param, loaded_weight.narrow(1, start, size))
+
+    def input_shard(self) -> tuple[int, int]:
+        """(first column, columns) of this rank's slice of the checkpoint's input dimension
+        (the float loader and the GGUF block loader cut the same columns)."""
+        size = self.input_size_per_partition
+        return self.tp_rank * size, size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
             return linear_forward(self, x, self.bias)
-        # Sharded: plain float weights only (quantization runs with one rank), bias added once
-        # after the reduction.
-        out = ps.tensor_model_parallel_all_reduce(F.linear(x, self.weight))
+        # Sharded: float weights only (quantization runs with one rank), through the layer's
+        # method (the fast path's kernels, batch-invariant under deterministic inference);
+        # the bias is added once, after the reduction.
+        out = ps.tensor_model_parallel_all_reduce(self.quant_method.apply(self, x, None))
         if self.bias is not None:
             out = out + self.bias
         return out

@@ -80,16 +80,19 @@ class VocabParallelEmbedding(MethodLayer):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         blocks = self.quant_method.gguf_weight()
-        if blocks is not None:
-            # --quantization gguf (one rank only) dropped the float table: dequantize the rows
-            # looked up. Q8_0 and Q4_1 dequantize exactly as the table was made, so the result
-            # is bitwise the float lookup's.
-            return gguf_rows(blocks, input_ids).to(self.weight.dtype)
         if self.tp_size == 1:
+            if blocks is not None:
+                # --quantization gguf dropped the float table: dequantize the rows looked up.
+                # Q8_0 and Q4_1 dequantize exactly as the table was made, so the result is
+                # bitwise the float lookup's.
+                return gguf_rows(blocks, input_ids).to(self.weight.dtype)
             return F.embedding(input_ids, self.weight).to(self.output_dtype)
         owned = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)
         local_ids = torch.where(owned, input_ids - self.vocab_start, 0)
-        out = F.embedding(local_ids, self.weight).to(self.output_dtype)
+        if blocks is not None:  # this rank's vocabulary rows of the file's blocks
+            out = gguf_rows(blocks, local_ids).to(self.output_dtype)
+        else:
+            out = F.embedding(local_ids, self.weight).to(self.output_dtype)
         out = out * owned.unsqueeze(-1).to(self.output_dtype)
         return ps.tensor_model_parallel_all_reduce(out)
 

@@ -79,7 +79,7 @@ class KVManager:
         """Longest cached prefix of the request's tokens, never covering its last token, so the
         last token's logits are always computed. Ordering the queue passes update_stats=False,
         so looking does not count as a hit for lfu/slru eviction."""
-        fill = req.fill_ids
+        fill = req.key_ids
         key = namespaced_key(fill[: len(fill) - 1], req.lora_id)
         match = self.prefix_cache.match_prefix(key, update_stats=update_stats)
         if self.hicache is None or not update_stats:
@@ -211,7 +211,7 @@ class KVManager:
         if aligned <= req.cached_len:
             return
         slots = self.req_to_token_pool.read(req.req_pool_idx, 0, aligned)
-        key = namespaced_key(req.fill_ids[:aligned], req.lora_id)
+        key = namespaced_key(req.key_ids[:aligned], req.lora_id)
         self._write_through(key, slots, req.cached_len)
         already = self.prefix_cache.insert(key, slots, priority=req.priority)
         match = self.prefix_cache.match_prefix(key, update_stats=False)
@@ -235,7 +235,7 @@ class KVManager:
             hook(req)
         slots = self.req_to_token_pool.read(req.req_pool_idx, 0, req.kv_len)
         if self.prefix_cache.stores_kv and req.kv_len > 0:
-            key = namespaced_key(req.fill_ids[: req.kv_len], req.lora_id)
+            key = namespaced_key(req.key_ids[: req.kv_len], req.lora_id)
             self._write_through(key, slots, req.cached_len)
             prefix_len = self.prefix_cache.insert(key, slots.clone(), priority=req.priority)
             aligned = req.kv_len // self.page_size * self.page_size

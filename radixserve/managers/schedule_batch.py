@@ -42,6 +42,16 @@ class Req:
     # and, when it failed on this request's logits, why (the scheduler ends the request).
     custom_logit_processor: str | None = None
     custom_logit_error: str | None = None
+    # return_routed_experts: its ids by position while it runs (managers/routed_experts.py),
+    # dropped once sent.
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0  # the ids of positions before it are not returned
+    routed_experts: Any = None
+    # A vision model's images (multimodal/image_items.py's ImageItem), in prompt order, and the
+    # prompt as the prefix cache keys it: each image's placeholder tokens replaced by a value
+    # derived from the image's hash (None: the prompt itself).
+    images: list[Any] = field(default_factory=list)
+    origin_key_ids: list[int] | None = None
 
     output_ids: list[int] = field(default_factory=list)
     finished_reason: FinishReason | None = None
@@ -77,6 +87,13 @@ class Req:
     @property
     def fill_ids(self) -> list[int]:
         return self.origin_input_ids + self.output_ids
+
+    @property
+    def key_ids(self) -> list[int]:
+        """fill_ids as the prefix cache keys them (see origin_key_ids)."""
+        if self.origin_key_ids is None:
+            return self.fill_ids
+        return self.origin_key_ids + self.output_ids
 
     @property
     def seq_len(self) -> int:

@@ -19,6 +19,7 @@ from radixserve.managers.decode_logger import DecodeLogger
 from radixserve.managers.finish_checker import FinishChecker
 from radixserve.managers.grammar_backend import make_grammar_backend
 from radixserve.managers.grammar_manager import GrammarManager
+from radixserve.managers.image_intake import attach_images, image_preprocessor
 from radixserve.managers.kv_manager import KVManager
 from radixserve.managers.load_report import load_fields
 from radixserve.managers.lora_scheduling import LoRAScheduling
@@ -42,6 +43,7 @@ from radixserve.mem_cache.hicache.setup import make_hicache
 from radixserve.mem_cache.radix_cache import RadixCache
 from radixserve.mem_cache.req_to_token_pool import ReqToTokenPool
 from radixserve.messages import (
+    ROUTED_EXPERTS_DISABLED,
     AbortReq,
     DetokParams,
     FinishReason,
@@ -111,6 +113,8 @@ class Scheduler:
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked_req: Req | None = None
+        # A vision model's image processor (models/llava.py), None for a text-only model.
+        self.images = image_preprocessor(runner)
         self.in_flight: list[Req] = []  # the batch being run, for fail_all
         self.stream_reqs: set[str] = set()
         self.pending_outputs: list[ReqOutput] = []
@@ -152,9 +156,17 @@ class Scheduler:
             is_embedding=msg.embedding,
             lora_id=msg.lora_id,
             custom_logit_processor=msg.custom_logit_processor,
+            return_routed_experts=msg.return_routed_experts,
+            routed_experts_start_len=msg.routed_experts_start_len,
             session_id=(msg.session_params or {}).get("id") if problem is None else None,
         )
-        error = problem or self._admission_error(req) or self._processor_error(req)
+        error = (
+            problem
+            or self._admission_error(req)
+            or attach_images(req, msg, self.images)
+            or self._processor_error(req)
+            or self._routed_experts_error(req)
+        )
         args = self.args
         if error is None and msg.priority is not None and not args.enable_priority_scheduling:
             # SGLang ignores the value unless told to refuse it.
@@ -188,6 +200,13 @@ class Scheduler:
         for rid in cut_off:
             self.abort(AbortReq(rid=rid, message="Replaced in its session."))
         return ids, None
+
+    def _routed_experts_error(self, req: Req) -> str | None:
+        # TokenizerManager.build_request refuses it first; a message built another way is
+        # refused here, so a scheduler without the flag never captures.
+        if req.return_routed_experts and not self.args.enable_return_routed_experts:
+            return ROUTED_EXPERTS_DISABLED
+        return None
 
     def _processor_error(self, req: Req) -> str | None:
         if req.custom_logit_processor is None:
@@ -557,6 +576,11 @@ class Scheduler:
             # Positions inside a cached prefix get no logits; keep those the client asked for.
             keep = max(req.logprob_start_len - 1, 0) // self.page_size * self.page_size
             prefix = prefix[: min(len(prefix), keep)]
+        if req.return_routed_experts:
+            # Its ids cover every position from routed_experts_start_len on, and only a
+            # forward of this request routes them: the cache may serve the positions before.
+            keep = req.routed_experts_start_len // self.page_size * self.page_size
+            prefix = prefix[: min(len(prefix), keep)]
         extend_len = req.seq_len - len(prefix)
         if adder.would_reject(req, extend_len):
             return False
@@ -771,7 +795,17 @@ class Scheduler:
             input_token_logprobs=req.input_token_logprobs if start == 0 else [],
             input_top_logprobs=req.input_top_logprobs if start == 0 else [],
             input_token_ids_logprobs=req.input_token_ids_logprobs if start == 0 else [],
+            routed_experts=_take_routed_experts(req),
         )
+
+
+def _take_routed_experts(req: Req) -> str | None:
+    """A finished request's routed experts, encoded once; its record is freed here (finished
+    and aborted requests alike pass through _output)."""
+    if req.finished_reason is None or not req.return_routed_experts:
+        return None
+    record, req.routed_experts = req.routed_experts, None
+    return record.encode(req.routed_experts_start_len) if record is not None else None
 
 
 # A waiting request that shares at least this many not-yet-cached prompt tokens with a request
@@ -781,11 +815,11 @@ IN_BATCH_PREFIX_TOKENS = 32
 
 
 def _shares_uncached_prefix(req: Req, admitted: Sequence[Req]) -> bool:
-    fill = req.fill_ids
+    fill = req.key_ids
     for other in admitted:
         if other.lora_id != req.lora_id:  # another adapter's KV is never shared
             continue
-        other_fill = other.fill_ids
+        other_fill = other.key_ids
         if not fill or not other_fill or fill[0] != other_fill[0]:
             continue
         # Shorter prompts (n > 1 copies of one prompt, say) wait when all of theirs is covered.

@@ -138,6 +138,7 @@ def build_scheduler(
     """Load the model and make a scheduler; also what the API side needs to know about it.
     `decode_only_tokenizer` (the scheduler process): the tokenizer may be the decode-only one
     remembered from an earlier start (managers/scheduler_tokenizer.py)."""
+    from radixserve.managers.image_intake import image_prompt
     from radixserve.managers.scheduler import Scheduler
     from radixserve.model_executor.model_runner import ModelRunner
 
@@ -157,6 +158,7 @@ def build_scheduler(
         light_decoder=light_decoder,
         tokenizer_class=class_name,
         kernels=runner.kernel_summary,
+        image_prompt=image_prompt(runner.model),
     )
     return scheduler, tokenizer, ready
 

@@ -14,8 +14,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixserve.kernels import ops
 from radixserve.managers.grammar_manager import GrammarManager
+from radixserve.managers.routed_experts import keep_routed_experts
 from radixserve.model_executor.model_runner import StepInputs
+from radixserve.multimodal.image_items import ImageChunk, image_chunks
 from radixserve.sampling.custom_logit_processor import apply_processors
 from radixserve.sampling.output_counts import OutputTokenCounts, batch_token_counts
 from radixserve.sampling.sampler import Sampler
@@ -75,8 +78,13 @@ class StepRunner:
     def run(self, batch: ScheduledBatch) -> list[TokenResult | EmbeddingResult | None]:
         step, sample_pos, input_rows = self._build_inputs(batch)
         output = self.runner.forward(step, self.kv.req_to_token_pool.req_to_token)
+        _drop_finished_features(step.image_chunks)
         if output.features is not None and self.on_features is not None:
             self.on_features(batch.reqs, step.prefix_lens, step.extend_lens, output.features)
+        if output.routed_experts is not None:
+            keep_routed_experts(
+                batch.reqs, step.prefix_lens, step.extend_lens, output.routed_experts
+            )
         logits = output.logits
         results: list[TokenResult | EmbeddingResult | None] = [None] * len(batch.reqs)
         if output.hidden is not None:
@@ -94,8 +102,10 @@ class StepRunner:
         row_list = [p for p in sample_pos if p >= 0]
         if any(r.custom_logit_processor is not None for r in sampled_reqs):
             apply_processors(logits, row_list, sampled_reqs)
-        rows = torch.tensor(row_list, device=logits.device)
-        samples = iter(self.sample(sampled_reqs, logits[rows]))
+        if row_list != list(range(logits.shape[0])):
+            # (A decode step samples every row in order: no [B, V] copy then.)
+            logits = logits[torch.tensor(row_list, device=logits.device)]
+        samples = iter(self.sample(sampled_reqs, logits))
         for i, pos in enumerate(sample_pos):
             if pos >= 0:
                 results[i] = next(samples)
@@ -105,7 +115,7 @@ class StepRunner:
         """One token per request from its logits row (row i belongs to reqs[i])."""
         if _plain_greedy(reqs):
             # The common serving case: argmax, no per-step sampling tensors to build.
-            return [TokenResult(t, 0.0) for t in logits.argmax(dim=-1).tolist()]
+            return [TokenResult(t, 0.0) for t in ops.argmax_rows(logits).tolist()]
         info = SamplingBatchInfo.from_requests(
             [r.sampling_params for r in reqs],
             [r.output_ids for r in reqs],
@@ -158,6 +168,7 @@ class StepRunner:
         sample_pos: list[int] = []
         input_rows: dict[int, list[int]] = {}
         hidden_rows: list[int] = []
+        images: list[ImageChunk] = []
         pool = self.kv.req_to_token_pool
         for i, (req, n) in enumerate(zip(batch.reqs, batch.extend_lens, strict=True)):
             start = len(input_ids)
@@ -165,6 +176,8 @@ class StepRunner:
             input_ids.extend(fill[req.kv_len : req.kv_len + n])
             positions.extend(range(req.kv_len, req.kv_len + n))
             token_rows.extend([req.req_pool_idx] * n)
+            if req.images and not batch.is_decode:
+                images.extend(image_chunks(req.images, start, req.kv_len, n))
             reaches_end = req.kv_len + n == len(fill)
             if req.is_embedding:
                 if reaches_end:  # encoded as <= EMBED_POS_BASE: index into hidden_rows
@@ -192,6 +205,8 @@ class StepRunner:
             logits_rows=logits_rows,
             hidden_rows=tuple(hidden_rows),
             lora_ids=tuple(r.lora_id for r in batch.reqs) if self.runner.lora else (),
+            capture_routing=any(r.return_routed_experts for r in batch.reqs),
+            image_chunks=tuple(images),
         )
         return step, sample_pos, input_rows
 
@@ -222,6 +237,14 @@ class StepRunner:
                 req.input_top_logprobs.insert(0, None)
             if named:
                 req.input_token_ids_logprobs.insert(0, None)
+
+
+def _drop_finished_features(chunks: Sequence[ImageChunk]) -> None:
+    """Features are needed only until every placeholder token of their image has run; a
+    retracted request computes them again."""
+    for chunk in chunks:
+        if chunk.completes_image:
+            chunk.image.features = None
 
 
 def _gather_slots(table: torch.Tensor, rows: list[int], positions: list[int]) -> torch.Tensor:

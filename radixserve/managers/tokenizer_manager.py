@@ -16,7 +16,13 @@ from typing import Any
 
 from radixserve.errors import InvalidRequestError
 from radixserve.managers.session_params import SessionError, SessionParams
-from radixserve.messages import ReqOutput, TokenizedGenerateReq
+from radixserve.messages import (
+    ROUTED_EXPERTS_DISABLED,
+    ImageInput,
+    ReqOutput,
+    TokenizedGenerateReq,
+)
+from radixserve.multimodal.request_images import RequestImages
 from radixserve.sampling.constrained import GrammarError, GrammarSpec, spec_from_sampling_params
 from radixserve.sampling.custom_logit_processor import DISABLED_MESSAGE as CUSTOM_LOGIT_DISABLED
 from radixserve.sampling.custom_logit_processor import check_serialized
@@ -63,6 +69,10 @@ class TokenizerManager:
         self._make_grammar_backend = make_grammar_backend
         # --enable-custom-logit-processor (set by the Engine): else such requests answer 400.
         self.enable_custom_logit_processor = False
+        # --enable-return-routed-experts (set by the Engine): likewise.
+        self.enable_return_routed_experts = False
+        # A vision model's placeholder and the per-request image limit (set by the Engine).
+        self.images = RequestImages(None)
         self._grammar_backend: Any = None
         self._grammar_backend_lock = threading.Lock()
 
@@ -134,6 +144,9 @@ class TokenizerManager:
         session_params: Mapping[str, Any] | None = None,
         custom_logit_processor: str | None = None,
         token_ids_logprob: Any = None,
+        return_routed_experts: bool = False,
+        routed_experts_start_len: int = 0,
+        image_data: Sequence[str] | None = None,
     ) -> tuple[TokenizedGenerateReq, RequestState]:
         """Validate one request; raise RequestError (an InvalidRequestError) naming the bad field.
         check_grammar=False leaves the grammar to `check_grammar_async` (async callers)."""
@@ -155,6 +168,23 @@ class TokenizerManager:
                 raise RequestError(CUSTOM_LOGIT_DISABLED, "custom_logit_processor")
             check_serialized(custom_logit_processor)
         params.verify(self.vocab_size, with_custom_processor=custom_logit_processor is not None)
+        if return_routed_experts and not self.enable_return_routed_experts:
+            raise RequestError(ROUTED_EXPERTS_DISABLED, "return_routed_experts")
+        if (
+            isinstance(routed_experts_start_len, bool)
+            or not isinstance(routed_experts_start_len, int)
+            or routed_experts_start_len < 0
+        ):
+            raise RequestError(
+                "routed_experts_start_len must be an integer >= 0.", "routed_experts_start_len"
+            )
+        images: list[ImageInput] = []
+        if image_data:
+            if embedding or session_params is not None:
+                raise RequestError(
+                    "Images are not supported in embedding or session requests.", "image_data"
+                )
+            ids, images = self.images.expand(ids, image_data)
         if check_grammar:
             self._check_grammar(params)
         self._check_length(len(ids), params)
@@ -180,6 +210,9 @@ class TokenizerManager:
             embedding=embedding,
             session_params=dict(session_params) if session_params is not None else None,
             custom_logit_processor=custom_logit_processor,
+            return_routed_experts=bool(return_routed_experts),
+            routed_experts_start_len=routed_experts_start_len,
+            images=images,
         )
         state = RequestState(msg.rid, len(ids), msg.return_logprob)
         state.has_token_ids_logprob = msg.token_ids_logprob is not None
@@ -279,6 +312,8 @@ class TokenizerManager:
         }
         if out.cached_tokens_details is not None:
             meta["cached_tokens_details"] = out.cached_tokens_details
+        if out.routed_experts is not None:  # the final output of a request that asked
+            meta["routed_experts"] = out.routed_experts
         if out.spec_verify_ct is not None:
             meta.update(
                 spec_meta_info(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -67,6 +67,11 @@ class ForwardBatch:
     # Set by the model during the forward: the captured layer inputs (target), or the next draft
     # step's features (EAGLE head).
     captured: torch.Tensor | None = None
+    # A vision model's image pieces in this step (multimodal/image_items.py's ImageChunk), and
+    # what the model makes of them: flattened rows whose input embedding is replaced, and the
+    # replacement [len(rows), hidden] (models/llava.py sets it, LlamaModel applies it).
+    image_chunks: tuple[Any, ...] = ()
+    embedding_overrides: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def batch_size(self) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -20,12 +20,14 @@ from radixserve.kernels.kv_codes import is_fp8
 from radixserve.layers.attention.registry import FAST_KERNEL_BACKENDS, create_attention_backend
 from radixserve.layers.fast_path import use_fast_kernels
 from radixserve.layers.moe import expert_stats
+from radixserve.layers.moe.routed_capture import RoutedShape, capture_step, routed_shape
 from radixserve.mem_cache.kv_cache import KVCache
 from radixserve.mem_cache.kv_scales import KvScales, load_kv_scales
 from radixserve.mem_cache.kv_scales import ones as kv_ones
 from radixserve.model_executor.forward_batch import ForwardBatch, ForwardMode
 from radixserve.model_executor.memory_plan import plan_kv_pool
 from radixserve.models.kv_layout import kv_layout
+from radixserve.options.errors import ServerArgsError
 from radixserve.options.hardware import device_memory_bytes
 from radixserve.sampling.sampler import set_batch_invariant
 
@@ -57,6 +59,10 @@ class StepInputs(NamedTuple):
     lora_ids: tuple[int, ...] = ()  # per request, its LoRA adapter id (0: base); () all base
     # An EAGLE draft head's step: the feature each token reads ([num_tokens, feature size]).
     spec_hidden: torch.Tensor | None = None
+    # Some request of the step asked for its routed experts (--enable-return-routed-experts).
+    capture_routing: bool = False
+    # A vision model's image pieces this step runs (multimodal/image_items.py's ImageChunk).
+    image_chunks: tuple[Any, ...] = ()
 
 
 class ForwardOutput(NamedTuple):
@@ -65,6 +71,9 @@ class ForwardOutput(NamedTuple):
     # Every token's features for an EAGLE head, when the runner captures them (capture_final /
     # capture_layers; an EAGLE head's runner always): [num_tokens, feature size].
     features: torch.Tensor | None = None
+    # StepInputs.capture_routing: every token's expert ids, [num_tokens, layers, top_k] int32
+    # on the CPU (layers/moe/routed_capture.py).
+    routed_experts: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +126,7 @@ class ModelRunner:
         )
         self.model = loaded.model
         expert_stats.attach(self.model)  # MoE layers report routings under their layer index
+        self.routed_shape = self._init_routed_capture(server_args, loaded.config)
         self.model_config: ModelConfig = loaded.config
         self.model_dir = loaded.model_dir
         self.dtype = self.model_config.dtype
@@ -194,6 +204,20 @@ class ModelRunner:
             )
         self.server_args.validate_against_model(cfg.num_attention_heads, cfg.num_key_value_heads)
 
+    def _init_routed_capture(self, args: ServerArgs, cfg: ModelConfig) -> RoutedShape | None:
+        """--enable-return-routed-experts: the shape of a token's ids; refused for a model
+        with no MoE layer, where there is nothing to return."""
+        if not args.enable_return_routed_experts:
+            return None
+        shape = routed_shape(self.model, cfg.num_hidden_layers)
+        if shape is None:
+            raise ServerArgsError(
+                "--enable-return-routed-experts",
+                f"the model ({', '.join(cfg.architectures) or 'unknown architecture'}) has no "
+                "MoE layers: there are no routed experts to return",
+            )
+        return shape
+
     def _init_compile(self) -> CompiledDecode | None:
         """--enable-torch-compile: the compiled decode graphs (model_executor/compiled_decode.py),
         whose padded rows store their KV in one spare slot past the allocator's range."""
@@ -237,13 +261,8 @@ class ModelRunner:
 
     def _gguf_blocks(self) -> bool:
         """--quantization gguf: the model loads straight from the GGUF's blocks."""
-        from radixserve.distributed import parallel_state as ps
-
-        if self.server_args.quantization != "gguf":
-            return False
-        if ps.get_tp_size() != 1:
-            raise ValueError("--quantization gguf runs with --tp-size 1 only")
-        return True
+        # With --tp-size > 1 each rank keeps its slice of the blocks (models/gguf_shard.py).
+        return self.server_args.quantization == "gguf"
 
     def _kv_dtype(self) -> torch.dtype:
         if self.server_args.kv_cache_dtype == "auto":
@@ -347,7 +366,13 @@ class ModelRunner:
         if bucket is not None:
             return self._forward_compiled(step, req_to_token, bucket)
         fb = self.forward_batch(step, req_to_token)
-        hidden = self.model(fb.input_ids, fb.positions, fb)
+        if step.capture_routing and self.routed_shape is not None:
+            with capture_step(len(step.input_ids), self.routed_shape) as capture:
+                hidden = self.model(fb.input_ids, fb.positions, fb)
+            routed: torch.Tensor | None = capture.ids
+        else:
+            hidden = self.model(fb.input_ids, fb.positions, fb)
+            routed = None
         logits = self.model.compute_logits(hidden[fb.logits_indices]).float()
         pooled = None
         if step.hidden_rows:
@@ -356,7 +381,7 @@ class ModelRunner:
         features = fb.captured
         if features is None and self.capture_final:
             features = hidden
-        return ForwardOutput(logits, pooled, features)
+        return ForwardOutput(logits, pooled, features, routed)
 
     def _compiled_bucket(self, step: StepInputs) -> int | None:
         """The compiled graph's batch size for this step, None to run it eagerly (not a plain
@@ -365,6 +390,8 @@ class ModelRunner:
             return None
         if self.capture_final or self.capture_layers or step.spec_hidden is not None:
             return None  # EAGLE features: the compiled graphs return logits only
+        if step.capture_routing:
+            return None  # the graphs call the experts inside, where nothing is captured
         return self.compiled_decode.bucket(len(step.input_ids))
 
     def _forward_compiled(
@@ -403,6 +430,7 @@ class ModelRunner:
             logits_indices=torch.tensor(step.logits_rows, dtype=torch.int64, device=dev),
             spec_hidden=step.spec_hidden,
             capture_layers=self.capture_layers,
+            image_chunks=step.image_chunks,
         )
         backend.init_forward_metadata(fb)
         if self.lora is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -134,6 +135,22 @@ class ModelConfig:
     ) -> ModelConfig:
         """Normalise an in-memory transformers config (used directly by tests)."""
         hf = hf_config
+        text = _vision_language_text_config(hf)
+        if text is not None:
+            # The language model's numbers; the model keeps the whole config (its vision part).
+            inner = cls.from_hf_config(
+                text,
+                context_length=context_length,
+                dtype=dtype,
+                rope_theta_fallback=rope_theta_fallback,
+                generation_eos=generation_eos,
+            )
+            return dataclasses.replace(
+                inner,
+                architectures=tuple(getattr(hf, "architectures", None) or ()),
+                model_type=str(getattr(hf, "model_type", "")),
+                hf_config=hf,
+            )
         architectures = tuple(getattr(hf, "architectures", None) or ())
         num_heads = int(hf.num_attention_heads)
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // num_heads
@@ -184,6 +201,16 @@ class ModelConfig:
             hf_config=hf,
             partial_rotary_factor=_partial_rotary_factor(hf),
         )
+
+
+# Vision-language configs whose language model's fields sit in `text_config`.
+_VISION_LANGUAGE_TYPES = ("llava",)
+
+
+def _vision_language_text_config(hf_config: Any) -> Any:
+    if str(getattr(hf_config, "model_type", "")) not in _VISION_LANGUAGE_TYPES:
+        return None
+    return getattr(hf_config, "text_config", None)
 
 
 def derive_context_length(hf_config: Any, rope_scaling: Mapping[str, Any] | None) -> int:

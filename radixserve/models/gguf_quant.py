@@ -32,6 +32,11 @@ from radixserve.layers.gguf_formats import dequantize
 from radixserve.layers.moe import ExpertBlocks, FusedMoE, use_gguf_experts
 from radixserve.layers.quantization import use_gguf_blocks
 from radixserve.models.gguf import hf_float_value, hf_tensor_name, unpermute_qk
+from radixserve.models.gguf_shard import (
+    shard_expert_blocks,
+    shard_linear_blocks,
+    shard_vocab_blocks,
+)
 from radixserve.utils import gguf_prefetch
 from radixserve.utils.gguf_cache import TensorEntry, tensor_table
 
@@ -155,10 +160,12 @@ def _load(
                 kept += 1  # loaded as float below (or reported missing by the loader)
                 continue
             blocks = _read_fused(file, tensors, [heads.get(p) for p in parts], prefetch)
+            module = layer.get_submodule(path)
+            blocks = shard_linear_blocks(module, blocks, [t.rows for t in tensors])
             for _, qtype in blocks:
                 types[qtype] += 1
             bar.update(len(tensors))
-            use_gguf_blocks(layer.get_submodule(path), blocks)
+            use_gguf_blocks(module, blocks)
             on_blocks.update(names)
             quantized += 1
             nbytes += sum(b.numel() for b, _ in blocks)
@@ -173,6 +180,7 @@ def _load(
         blocks = _prefetched(prefetch, (name,), tensor.rows, tensor.n_bytes // tensor.rows)
         if blocks is None:
             blocks = _copy_blocks(file, tensor, None)
+        blocks = shard_vocab_blocks(module, blocks)
         use_gguf_blocks(module, [(blocks, qtype)])
         types[qtype] += 1
         on_blocks.add(name)
@@ -236,7 +244,9 @@ def _load_experts(
         if len({int(t.tensor_type) for t in group}) != 1:  # type: ignore[union-attr]
             return None  # experts of one projection in different types: float
     parts = [_read_expert_stack(file, group) for group in tensors]  # type: ignore[arg-type]
-    use_gguf_experts(experts, parts[:2], parts[2])
+    gate_up, down = shard_expert_blocks(experts, parts[:2], parts[2])
+    parts = [*gate_up, down]
+    use_gguf_experts(experts, gate_up, down)
     return [n for group in groups for n in group], parts
 
 

@@ -267,6 +267,10 @@ class LlamaModel(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
         hidden = self.embed(input_ids)
+        if forward_batch.embedding_overrides is not None:
+            # A vision model's image features in place of its placeholder tokens' embeddings.
+            rows, values = forward_batch.embedding_overrides
+            hidden = hidden.index_copy(0, rows, values.to(hidden.dtype))
         # From here on `positions` are the RoPE table rows the tokens read (the positions
         # themselves except under LongRoPE): positions serve nothing else in the layers.
         positions = self.rotary_emb.table_rows(positions, forward_batch)

@@ -21,6 +21,8 @@ _MODELS: dict[str, tuple[str, str]] = {
     # EAGLE draft heads (--speculative-algorithm EAGLE / EAGLE3 only).
     "LlamaForCausalLMEagle": ("llama_eagle", "LlamaForCausalLMEagle"),
     "LlamaForCausalLMEagle3": ("llama_eagle3", "LlamaForCausalLMEagle3"),
+    # LLaVA-1.5: CLIP vision tower + projector + Llama (models/llava.py).
+    "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
     "MistralForCausalLM": ("llama", "MistralForCausalLM"),
     "MixtralForCausalLM": ("mixtral", "MixtralForCausalLM"),
     "Olmo2ForCausalLM": ("olmo2", "Olmo2ForCausalLM"),

@@ -71,19 +71,6 @@ def version_file_names_gpu(text: str) -> bool:
     return values["cuda"] is not None or values["hip"] is not None
 
 
-@functools.cache
-def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
-    """The CPU feature flags of the first core (empty when /proc/cpuinfo is unreadable)."""
-    try:
-        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")) and ":" in line:
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
-
-
 def cpu_auto_dtype() -> DtypeChoice:
     """What --dtype auto means on this CPU: bfloat16 where BF16 units exist and measurably win,
     else float32 (radixserve/utils/auto_dtype.py)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from radixserve.defaults import DEFAULT_HOST, DEFAULT_PORT
 from radixserve.options.choices import REASONING_PARSER_CHOICES, TOOL_CALL_PARSER_CHOICES
 from radixserve.options.spec import IMPLEMENTED, OptionSpec, flag, value
 from radixserve.options.value_types import INT, JSON_LIST, JSON_OBJECT, STR
@@ -10,9 +11,9 @@ AREA = "HTTP server and API"
 
 OPTIONS: tuple[OptionSpec, ...] = (
     value(
-        "--host", STR, "127.0.0.1", "Host address the HTTP server binds to.", support=IMPLEMENTED
+        "--host", STR, DEFAULT_HOST, "Host address the HTTP server binds to.", support=IMPLEMENTED
     ),
-    value("--port", INT, 30000, "Port of the HTTP server.", support=IMPLEMENTED),
+    value("--port", INT, DEFAULT_PORT, "Port of the HTTP server.", support=IMPLEMENTED),
     value(
         "--fastapi-root-path",
         STR,

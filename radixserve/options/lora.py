@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
+from radixserve.lora.config import SUPPORTED_TARGET_MODULES
 from radixserve.options.choices import LORA_TARGET_MODULES_CHOICES
 from radixserve.options.spec import IMPLEMENTED, OptionSpec, bool_opt, flag, value
 from radixserve.options.value_types import FLOAT, INT, STR
 
 AREA = "LoRA"
 
-# The Llama-family projections radixserve applies adapters to (SGLang's fused names included).
-LORA_SUPPORTED_TARGET_MODULES = (
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-    "qkv_proj",
-    "gate_up_proj",
-    "all",
-)
+# The Llama-family projections radixserve applies adapters to (lora/config.py's list), plus
+# SGLang's fused names and "all".
+LORA_SUPPORTED_TARGET_MODULES = (*SUPPORTED_TARGET_MODULES, "qkv_proj", "gate_up_proj", "all")
 
 OPTIONS: tuple[OptionSpec, ...] = (
     flag("--enable-lora", "Enable LoRA adapters.", default=None, support=IMPLEMENTED),

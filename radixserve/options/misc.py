@@ -90,7 +90,14 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "Largest hidden-state return mode allowed.",
         choices=("last", "full"),
     ),
-    flag("--enable-return-routed-experts", "Return routed experts per layer."),
+    flag(
+        "--enable-return-routed-experts",
+        "Allow requests to ask for their routed experts (return_routed_experts on /generate "
+        "and the OpenAI completion routes): base64 of int32 [tokens, layers, top_k], -1 for "
+        "dense layers. MoE models only; a step that captures them runs its MoE layers without "
+        "the one-call C++ layer.",
+        support=IMPLEMENTED,
+    ),
     flag("--enable-return-indexer-topk", "Return indexer top-k indices."),
     value("--sampling-mask-max-tokens", INT, None, "Largest vocabulary mask used in sampling."),
     flag("--disable-outlines-disk-cache", "Disable the outlines disk cache."),

@@ -76,7 +76,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "Serve the model as an embedding model (last-token pooling, L2-normalised).",
         support=IMPLEMENTED,
     ),
-    flag("--enable-multimodal", "Enable multimodal inputs for a multimodal model.", default=None),
+    flag(
+        "--enable-multimodal",
+        "Enable multimodal inputs for a multimodal model. As in SGLang, a LLaVA model takes "
+        "images with or without it, and a text-only model is unchanged by it.",
+        default=None,
+        support=IMPLEMENTED,
+    ),
     value(
         "--revision",
         STR,

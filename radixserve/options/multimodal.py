@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from radixserve.options.spec import NOT_APPLICABLE, OptionSpec, flag, value
+from radixserve.options.spec import IMPLEMENTED, NOT_APPLICABLE, OptionSpec, flag, value
 from radixserve.options.value_types import INT, JSON, JSON_OBJECT, STR
 
 AREA = "Multimodal"
@@ -41,7 +41,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     flag("--trust-mm-content-hashes", "Trust client-supplied media content hashes."),
     value(
-        "--limit-mm-data-per-request", JSON, None, "JSON limits on multimodal inputs per request."
+        "--limit-mm-data-per-request",
+        JSON,
+        None,
+        'JSON limits on multimodal inputs per request; the "image" count is enforced (a 400 '
+        "above it), the only modality served.",
+        support=IMPLEMENTED,
     ),
     flag("--enable-mm-global-cache", "Global multimodal embedding cache."),
     value(

@@ -62,8 +62,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
         1,
         "Tensor parallelism size. Here: one scheduler/worker process per rank over "
         "torch.distributed (gloo on CPU, NCCL on CUDA), the CPU cores split between ranks; "
-        "heads must split (a clear error names the valid sizes); not with --quantization "
-        "gguf, w8a8_int8 or bitsandbytes.",
+        "heads must split (a clear error names the valid sizes); a GGUF's blocks are cut per "
+        "rank (each rank's input columns must fall on block boundaries: 32 weights, 256 for "
+        "K-quants); not with --quantization w8a8_int8 or bitsandbytes.",
         support=IMPLEMENTED,
         aliases=("--tensor-parallel-size",),
     ),

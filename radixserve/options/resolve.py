@@ -162,9 +162,8 @@ def _resolve_gguf_quantization(values: dict[str, Any]) -> None:
     blockers = []
     if values["device"] != "cpu":
         blockers.append(f"--device {values['device']}")
-    for dest in ("tp_size", "pp_size"):
-        if (values.get(dest) or 1) > 1:
-            blockers.append(f"--{dest.replace('_', '-')} {values[dest]}")
+    if (values.get("pp_size") or 1) > 1:  # (tensor parallel ranks cut the blocks)
+        blockers.append(f"--pp-size {values['pp_size']}")
     if blockers:
         logger.info(
             "GGUF model: weights dequantised to --dtype (the GGUF kernels do not run with %s)",

@@ -12,7 +12,9 @@ from radixserve.options import hardware
 from radixserve.options.compile_rules import check_torch_compile
 from radixserve.options.deterministic_rules import check_deterministic
 from radixserve.options.errors import ServerArgsError
+from radixserve.options.gguf_split_rules import check_gguf_split
 from radixserve.options.hicache_rules import check_hicache
+from radixserve.options.moe_rules import check_moe
 from radixserve.options.node_rules import check_nodes
 from radixserve.options.pipeline_rules import check_pipeline
 from radixserve.options.ray_rules import check_ray
@@ -80,8 +82,9 @@ def _check_parallel(v: Mapping[str, Any]) -> None:
         if size > 1 and dest in _NOT_YET_PARALLEL:
             raise _fail(dest, f"{kind} parallelism is not supported yet (got {size}); use 1")
     tp = v.get("tp_size", 1)
-    if tp > 1 and v.get("quantization") in ("gguf", "w8a8_int8", "bitsandbytes"):
-        # Their int8/GGUF blocks are not split over ranks (yet).
+    if tp > 1 and v.get("quantization") in ("w8a8_int8", "bitsandbytes"):
+        # Their blocks are made while loading, one rank's worth not yet (GGUF files' blocks
+        # are cut per rank: models/gguf_shard.py).
         raise _fail(
             "tp_size",
             f"{tp} cannot be combined with --quantization {v['quantization']} (its blocks are "
@@ -140,6 +143,8 @@ def validate(values: Mapping[str, Any]) -> None:
     check_torch_compile(values)
     check_deterministic(values)
     check_ray(values)
+    check_moe(values)
+    check_gguf_split(values)
 
 
 def valid_tp_sizes(num_attention_heads: int, num_kv_heads: int) -> list[int]:

@@ -81,12 +81,15 @@ def test_same_bits_in_other_prefill_chunks(default_gguf: Path, engine: Engine) -
         assert _run(chunked, [TARGET], GREEDY, 0) == alone
 
 
-def test_float_weights_are_refused(default_gguf: Path) -> None:
-    with pytest.raises(EngineStartupError, match="GGUF blocks"):
+def test_16_bit_float_weights_are_refused(default_gguf: Path) -> None:
+    """Float32 weights take the batch-invariant packed kernel (tests/unit/
+    test_deterministic_float.py); bfloat16 ones have none."""
+    with pytest.raises(EngineStartupError, match="--dtype float32"):
         Engine(
             model_path=str(default_gguf),
             enable_deterministic_inference=True,
             quantization="unquant",
+            dtype="bfloat16",
             max_total_tokens=1024,
         )
 

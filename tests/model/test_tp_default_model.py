@@ -33,3 +33,16 @@ def test_default_model_tp3_equals_tp1(default_gguf: Path) -> None:
     with Engine(tp_size=3, dist_timeout=120, **kwargs) as engine:
         got = [r["output_ids"] for r in engine.generate(PROMPTS, GREEDY)]
     assert got == expected
+
+
+@pytest.mark.slow
+def test_default_model_on_its_blocks_tp3_equals_tp1(default_gguf: Path) -> None:
+    """The Q4_1 blocks cut over 3 ranks (576 / 3 = 192 and 1,536 / 3 = 512 input columns: whole
+    blocks of 32): the same greedy tokens as one rank on the whole blocks."""
+    kwargs = {"model_path": str(default_gguf), "max_total_tokens": 4096}
+    with Engine(runtime="thread", **kwargs) as single:
+        expected = [r["output_ids"] for r in single.generate(PROMPTS, GREEDY)]
+    with Engine(tp_size=3, dist_timeout=120, **kwargs) as engine:
+        assert engine.server_args.quantization == "gguf"
+        got = [r["output_ids"] for r in engine.generate(PROMPTS, GREEDY)]
+    assert got == expected

@@ -228,3 +228,25 @@ def test_hierarchical_cache(tmp_path: Path) -> None:
     tiered = ask_each_twice(enable_hierarchical_cache=True, hicache_write_policy="write_through")
     assert [r["output_ids"] for r in tiered] == [r["output_ids"] for r in plain]
     assert [r["meta_info"]["cached_tokens_details"]["host"] for r in tiered[3:]] == [288] * 3
+
+
+@pytest.mark.parametrize("ep_size", [1, 2], ids=["tp2", "tp2-ep2"])
+def test_tensor_and_expert_parallel_equal_one_rank(checkpoint: tuple, ep_size: int) -> None:
+    """--tp-size 2 (attention replicated, MLPs and experts split) and with --ep-size 2 (each
+    rank whole experts): one rank's greedy tokens."""
+    folder, _ = checkpoint
+    kwargs = {
+        "model_path": str(folder),
+        "dtype": "float32",
+        "skip_tokenizer_init": True,
+        "max_total_tokens": 1024,
+        "random_seed": 0,
+    }
+    greedy = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+    with Engine(runtime="thread", **kwargs) as single:
+        expected = [
+            o["output_ids"] for o in single.generate(input_ids=PROMPTS, sampling_params=greedy)
+        ]
+    with Engine(tp_size=2, ep_size=ep_size, dist_timeout=30, **kwargs) as engine:
+        got = [o["output_ids"] for o in engine.generate(input_ids=PROMPTS, sampling_params=greedy)]
+    assert got == expected

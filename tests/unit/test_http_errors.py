@@ -138,7 +138,8 @@ GENERATE_CASES = [
     ({"text": "Hi", "sampling_params": {"n": 0}}, "sampling_params.n"),
     ({"text": ["a", "b"], "rid": ["x", "x"]}, "rid"),
     ({"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params"),
-    ({"text": "Hi", "image_data": "abc"}, None),
+    # A text-only model: image_data is refused, by name.
+    ({"text": "Hi", "image_data": "abc"}, "image_data"),
     ({"text": "Hi", "routed_dp_rank": 0}, None),
     ({"text": "Hi", "return_hidden_states": True}, None),
 ]

@@ -114,6 +114,8 @@ class FakeEngine:
         session_params: Any = None,
         custom_logit_processor: Any = None,
         token_ids_logprob: Any = None,
+        return_routed_experts: bool = False,
+        routed_experts_start_len: int = 0,
     ) -> Any:
         if lora_path is not None and any(
             p is not None for p in (lora_path if isinstance(lora_path, list) else [lora_path])
@@ -159,6 +161,9 @@ class FakeEngine:
                     session_params=sessions[i],
                     custom_logit_processor=processors[i],
                     token_ids_logprob=token_ids_logprob,
+                    # Refused (400) as by a real engine without --enable-return-routed-experts.
+                    return_routed_experts=return_routed_experts,
+                    routed_experts_start_len=routed_experts_start_len,
                 )
             )
         if stream:

@@ -50,7 +50,10 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "radixserve.sampling.sampling_params",
         "radixserve.sampling.constrained",  # grammar validation before queueing
         "radixserve.sampling.custom_logit_processor",  # its string's shape, checked (not loaded)
+        "radixserve.multimodal.request_images",  # images checked and placeholders expanded
     ),
+    # Image reading, keying and processing: request-side leaves, no model code.
+    "radixserve.multimodal": ("radixserve.multimodal", "radixserve.errors", "radixserve.messages"),
 }
 # package prefix -> radixserve modules it must never import
 FORBIDDEN: dict[str, tuple[str, ...]] = {

@@ -99,6 +99,15 @@ def test_unimplemented_moe_options_are_refused(argv: list[str], refused: str) ->
     assert refused in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("argv", [["--enable-eplb"], ["--ep-num-redundant-experts", "2"]])
+def test_load_balancing_refusals_say_why(argv: list[str]) -> None:
+    from radixserve.options.errors import ServerArgsError
+    from radixserve.server_args import ServerArgs
+
+    with pytest.raises(ServerArgsError, match="no expert-parallel load balancing"):
+        ServerArgs.from_cli(argv)
+
+
 def test_ep_size_must_divide_the_experts(monkeypatch: pytest.MonkeyPatch) -> None:
     from radixserve.distributed import parallel_state as ps
     from radixserve.layers.moe import FusedMoE

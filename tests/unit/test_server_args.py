@@ -119,9 +119,10 @@ def test_a_gguf_model_runs_quantized_where_the_kernels_can(
     # where the GGUF kernels do not run, the blocks are dequantised (and the log says why)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="radixserve.options.resolve"):
-        assert _cpu(model_path="/m/x.gguf", tp_size=2).quantization is None
-    assert "do not run with --tp-size 2" in caplog.text
-    assert _cpu(model_path="/m/x.gguf", pp_size=2).quantization is None
+        assert _cpu(model_path="/m/x.gguf", pp_size=2).quantization is None
+    assert "do not run with --pp-size 2" in caplog.text
+    # tensor parallel ranks each keep their slice of the blocks (models/gguf_shard.py)
+    assert _cpu(model_path="/m/x.gguf", tp_size=2).quantization == "gguf"
     monkeypatch.setattr(hardware, "cuda_available", lambda: True)
     monkeypatch.setattr(hardware, "cuda_memory_bytes", lambda index=0: 80 << 30)
     monkeypatch.setattr(hardware, "cuda_supports_bf16", lambda: True)

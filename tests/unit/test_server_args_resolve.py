@@ -74,14 +74,6 @@ def test_dtype_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_kv_cache_dtype("bf16", "float32") == "bfloat16"
 
 
-def test_cpu_flags(tmp_path: Path) -> None:
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16\n", encoding="utf-8")
-    flags = hardware.cpu_flags(str(cpuinfo))
-    assert "avx512_bf16" in flags
-    assert hardware.cpu_flags(str(tmp_path / "missing")) == frozenset()
-
-
 def test_cpu_memory_respects_cgroup_limit(tmp_path: Path) -> None:
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       25165824 kB\nMemFree: 1 kB\n", encoding="utf-8")

@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from radixserve.entrypoints.openai.chat_images import is_image_part
 from radixserve.entrypoints.openai.errors import ApiError, scrub
 from radixserve.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -35,6 +36,21 @@ SERVER_OWNED_KWARGS = frozenset(
         "max_length",
     }
 )
+
+
+def folder_chat_template(model_dir: str | Path | None) -> str | None:
+    """The chat template a model folder keeps beside its processor (chat_template.jinja, or
+    chat_template.json's "chat_template", as LLaVA checkpoints ship it), or None."""
+    if not model_dir:
+        return None
+    folder = Path(model_dir)
+    with contextlib.suppress(OSError):
+        return (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        value = json.loads((folder / "chat_template.json").read_text(encoding="utf-8"))
+        template = value.get("chat_template")
+        return template if isinstance(template, str) else None
+    return None
 
 
 def load_chat_template(value: str | None) -> str | None:
@@ -72,6 +88,28 @@ def _content_text(msg: ChatMessage, index: int) -> str | None:
     return "".join(texts)
 
 
+def _content_parts(msg: ChatMessage, index: int) -> list[dict[str, Any]]:
+    """A vision model's message content as transformers' processors hand it to their chat
+    templates: a list of {"type": "text", "text"} and {"type": "image"} parts (a string
+    content becomes one text part), whose image parts the template writes as placeholders."""
+    if msg.content is None or isinstance(msg.content, str):
+        return [{"type": "text", "text": msg.content or ""}]
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(msg.content):
+        if is_image_part(part):
+            parts.append({"type": "image"})
+        elif part.type in ("text", "input_text"):
+            parts.append({"type": "text", "text": part.text or ""})
+        else:
+            raise ApiError(
+                400,
+                f"Content parts of type {part.type!r} are not supported by this model "
+                "(it reads text and images).",
+                param=f"messages[{index}].content[{j}].type",
+            )
+    return parts
+
+
 def _tool_calls_text(tool_calls: list[MessageToolCall]) -> str:
     """Earlier tool calls written back as the model emits them (the Hermes/Qwen style
     `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`), for templates that would
@@ -89,7 +127,7 @@ def _tool_calls_text(tool_calls: list[MessageToolCall]) -> str:
 
 
 def to_template_messages(
-    messages: list[ChatMessage], template: str | None = None
+    messages: list[ChatMessage], template: str | None = None, takes_images: bool = False
 ) -> list[dict[str, Any]]:
     """Messages as chat templates expect them. `content: null` (an assistant turn that only
     calls tools, as the openai client sends it) becomes "" (templates concatenate content);
@@ -98,10 +136,16 @@ def to_template_messages(
     renders_tool_calls = template is None or "tool_calls" in template
     out = []
     for i, msg in enumerate(messages):
-        content = _content_text(msg, i) or ""
-        if msg.tool_calls and not renders_tool_calls:
-            calls = _tool_calls_text(msg.tool_calls)
-            content = f"{content}\n{calls}" if content else calls
+        content: str | list[dict[str, Any]]
+        if takes_images:
+            content = _content_parts(msg, i)
+            if msg.tool_calls and not renders_tool_calls:
+                content.append({"type": "text", "text": _tool_calls_text(msg.tool_calls)})
+        else:
+            content = _content_text(msg, i) or ""
+            if msg.tool_calls and not renders_tool_calls:
+                calls = _tool_calls_text(msg.tool_calls)
+                content = f"{content}\n{calls}" if content else calls
         item: dict[str, Any] = {"role": msg.role, "content": content}
         for key in ("name", "tool_call_id", "reasoning_content"):
             value = getattr(msg, key)
@@ -141,11 +185,15 @@ def render_chat(
     template: str | None,
     allow_request_template: bool = False,
     add_generation_prompt: bool = True,
+    takes_images: bool = False,
 ) -> list[int]:
     """Prompt token ids for a chat request (`add_generation_prompt` False: /v1/tokenize's
-    option to render the messages alone)."""
+    option to render the messages alone). `takes_images`: a vision model, whose messages reach
+    the template as lists of parts, an image part written as the model's placeholder."""
     active = template if template is not None else getattr(tokenizer, "chat_template", None)
-    messages = to_template_messages(req.messages, active if isinstance(active, str) else None)
+    messages = to_template_messages(
+        req.messages, active if isinstance(active, str) else None, takes_images
+    )
     continue_final = bool(req.continue_final_message)
     if continue_final and messages[-1]["role"] != "assistant":
         raise ApiError(

@@ -59,6 +59,15 @@ def usage_of(metas: Sequence[Mapping[str, Any]], n: int, cache_report: bool) -> 
     return usage
 
 
+def with_sgl_ext(choice: dict[str, Any], meta: Mapping[str, Any], req: Any) -> dict[str, Any]:
+    """`choice` with SGLang's `sgl_ext` extras for a request that set return_routed_experts
+    (the routed experts arrive with the finished output only); unchanged otherwise, so plain
+    responses keep OpenAI's shape."""
+    if getattr(req, "return_routed_experts", False) and meta.get("routed_experts") is not None:
+        choice["sgl_ext"] = {"routed_experts": meta["routed_experts"]}
+    return choice
+
+
 class LogprobFormatter:
     """Turns SGLang's `[logprob, token_id, text]` entries into OpenAI's logprob shapes."""
 

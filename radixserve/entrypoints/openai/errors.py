@@ -93,10 +93,6 @@ def error_body(
     }
 
 
-def bad_request(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param)
-
-
 def from_request_error(
     exc: InvalidRequestError, param_names: Mapping[str, str] | None = None
 ) -> ApiError:

@@ -71,6 +71,9 @@ class SamplingExtensions(RefusesUnimplementedFields):
 class CompletionRequest(SamplingExtensions):
     unimplemented_fields = COMPLETION_FIELDS
 
+    # SGLang's extras (--enable-return-routed-experts): each choice's sgl_ext.routed_experts.
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = Field(default=0, ge=0)
     model: str | None = None
     prompt: str | list[str] | TokenIds | list[TokenIds]
     best_of: int | None = None
@@ -161,6 +164,9 @@ class ResponseFormat(BaseModel):
 class ChatCompletionRequest(SamplingExtensions):
     unimplemented_fields = CHAT_FIELDS
 
+    # As CompletionRequest's (not on SamplingExtensions: /v1/responses does not take them).
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = Field(default=0, ge=0)
     messages: list[ChatMessage] = Field(json_schema_extra={"minItems": 1})
     model: str | None = None
     frequency_penalty: float | None = 0.0
@@ -267,6 +273,13 @@ class GenerateReqInput(RefusesUnimplementedFields):
     lora_path: str | list[str | None] | None = None
     session_params: dict[str, Any] | list[dict[str, Any]] | None = None
     custom_logit_processor: str | list[str] | None = None
+    # meta_info["routed_experts"] in the final result (needs --enable-return-routed-experts),
+    # from position routed_experts_start_len on.
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = Field(default=0, ge=0)
+    # A vision model's images (multimodal/request_images.py's ImageData): for one prompt an
+    # image or a list; for a batch one entry per prompt. Data URL, base64 or a local path.
+    image_data: str | list[str | list[str] | None] | None = None
     unimplemented_fields = GENERATE_FIELDS
 
     @model_validator(mode="after")

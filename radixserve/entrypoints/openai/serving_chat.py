@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
 from radixserve.entrypoints.generation import GenItem, LogprobOptions
+from radixserve.entrypoints.openai.chat_images import ChatImages, chat_images
 from radixserve.entrypoints.openai.chat_template import render_chat
 from radixserve.entrypoints.openai.common import (
     LogprobCursor,
@@ -20,6 +21,7 @@ from radixserve.entrypoints.openai.common import (
     new_id,
     now_s,
     usage_of,
+    with_sgl_ext,
 )
 from radixserve.entrypoints.openai.errors import ApiError
 from radixserve.entrypoints.openai.execute import start_generation
@@ -43,6 +45,8 @@ class ChatPlan:
     items: list[GenItem]
     opts: LogprobOptions
     output: OutputPlan
+    # image_data[k] -> the message part it came from (400s name the client's field).
+    image_params: dict[str, str] = field(default_factory=dict)
 
 
 def _finish_reason(reason: str | None, made_tool_calls: bool) -> str | None:
@@ -88,23 +92,36 @@ def plan_chat(
         output = plan_output(ctx.server_args, req)
     except ToolChoiceError as exc:
         raise ApiError(400, str(exc), param=exc.param) from exc
+    tokenizer = ctx.require_tokenizer("Chat completion")
     prompt_ids = render_chat(
-        ctx.require_tokenizer("Chat completion"),
+        tokenizer,
         req,
-        ctx.chat_template,
+        ctx.chat_template_for(tokenizer),
         allow_request_template=ctx.config.allow_request_chat_template,
+        takes_images=ctx.takes_images,
     )
+    images = chat_images(req.messages) if ctx.takes_images else ChatImages([], {})
     rid = response_id or new_id("chatcmpl")
     if isinstance(req.rid, str) and req.rid:
         rids = [req.rid] if req.n == 1 else [f"{req.rid}-{k}" for k in range(req.n)]
     else:
         rids = [f"{rid}-{k}" for k in range(req.n)]
     items = [
-        GenItem(dict(params), None, list(prompt_ids), r, lora_path=adapter, priority=req.priority)
+        GenItem(
+            dict(params),
+            None,
+            list(prompt_ids),
+            r,
+            lora_path=adapter,
+            priority=req.priority,
+            return_routed_experts=req.return_routed_experts,
+            routed_experts_start_len=req.routed_experts_start_len,
+            image_data=list(images.sources) or None,
+        )
         for r in rids
     ]
     opts = LogprobOptions(return_logprob=req.logprobs, top_logprobs_num=req.top_logprobs or 0)
-    return ChatPlan(req, rid, items, opts, output)
+    return ChatPlan(req, rid, items, opts, output, images.param_names)
 
 
 def _response(ctx: ServingContext, plan: ChatPlan, results: Sequence[dict[str, Any]]) -> dict:
@@ -124,15 +141,14 @@ def _response(ctx: ServingContext, plan: ChatPlan, results: Sequence[dict[str, A
             "reasoning_content": parsed.reasoning,
             "tool_calls": parsed.tool_calls or None,
         }
-        choices.append(
-            {
-                "index": k,
-                "message": message,
-                "logprobs": logprobs,
-                "finish_reason": _finish_reason(finish.reason, bool(parsed.tool_calls)),
-                "matched_stop": None if parsed.tool_calls else finish.matched,
-            }
-        )
+        choice = {
+            "index": k,
+            "message": message,
+            "logprobs": logprobs,
+            "finish_reason": _finish_reason(finish.reason, bool(parsed.tool_calls)),
+            "matched_stop": None if parsed.tool_calls else finish.matched,
+        }
+        choices.append(with_sgl_ext(choice, meta, plan.req))
     return {
         "id": plan.rid,
         "object": "chat.completion",
@@ -207,7 +223,7 @@ async def _stream_chunks(
             "finish_reason": _finish_reason(finish.reason, made_calls),
             "matched_stop": None if made_calls else finish.matched,
         }
-        yield _chunk(plan, ctx, created, choice)
+        yield _chunk(plan, ctx, created, with_sgl_ext(choice, meta, plan.req))
     usage = usage_of(metas, plan.req.n, ctx.config.enable_cache_report)
     if include_usage(ctx, plan.req.stream_options):
         yield {
@@ -234,7 +250,7 @@ async def create_chat_completion(request: Request) -> Response:
         plan.items,
         plan.opts,
         stream=req.stream,
-        param_names=chat_param_names(req),
+        param_names=chat_param_names(req) | plan.image_params,
     )
     if started.streams is not None:
         return streaming_response(

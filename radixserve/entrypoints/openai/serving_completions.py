@@ -19,6 +19,7 @@ from radixserve.entrypoints.openai.common import (
     new_id,
     now_s,
     usage_of,
+    with_sgl_ext,
 )
 from radixserve.entrypoints.openai.errors import ApiError
 from radixserve.entrypoints.openai.execute import start_generation
@@ -98,7 +99,14 @@ def plan_completion(ctx: ServingContext, req: CompletionRequest) -> _Plan:
             lora = adapter[i] if isinstance(adapter, list) else adapter
             items.append(
                 GenItem(
-                    dict(params), text, ids, rids[len(items)], lora_path=lora, priority=req.priority
+                    dict(params),
+                    text,
+                    ids,
+                    rids[len(items)],
+                    lora_path=lora,
+                    priority=req.priority,
+                    return_routed_experts=req.return_routed_experts,
+                    routed_experts_start_len=req.routed_experts_start_len,
                 )
             )
     want_logprobs = req.logprobs is not None
@@ -134,15 +142,14 @@ def _response(ctx: ServingContext, plan: _Plan, results: Sequence[dict[str, Any]
         logprobs = None
         if plan.opts.return_logprob:
             logprobs = _logprobs(fmt, meta, plan.req.echo)
-        choices.append(
-            {
-                "index": k,
-                "text": prefix + res.get("text", ""),
-                "logprobs": logprobs,
-                "finish_reason": finish.reason,
-                "matched_stop": finish.matched,
-            }
-        )
+        choice = {
+            "index": k,
+            "text": prefix + res.get("text", ""),
+            "logprobs": logprobs,
+            "finish_reason": finish.reason,
+            "matched_stop": finish.matched,
+        }
+        choices.append(with_sgl_ext(choice, meta, plan.req))
     return {
         "id": plan.rid,
         "object": "text_completion",
@@ -191,6 +198,7 @@ async def _stream_chunks(
             "finish_reason": finish.reason,
             "matched_stop": finish.matched,
         }
+        with_sgl_ext(choice, meta, plan.req)
         yield {
             "id": plan.rid,
             "object": "text_completion",

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
+from radixserve.entrypoints.openai.chat_images import chat_images
 from radixserve.entrypoints.openai.chat_template import render_chat
 from radixserve.entrypoints.openai.errors import ApiError
 from radixserve.entrypoints.openai.protocol import (
@@ -16,6 +17,8 @@ from radixserve.entrypoints.openai.protocol import (
 )
 from radixserve.entrypoints.request_body import parse_model, read_json, read_model
 from radixserve.entrypoints.serving_context import ServingContext, get_ctx
+from radixserve.errors import InvalidRequestError
+from radixserve.multimodal.image_prompt import expand_placeholders
 
 
 async def tokenize(request: Request) -> Response:
@@ -54,13 +57,23 @@ def _tokenize_chat(ctx: ServingContext, body: dict[str, Any]) -> Response:
         )
     req = parse_model(ChatCompletionRequest, fields)
     ctx.check_model(req.model)
+    tokenizer = ctx.require_tokenizer("Tokenization")
     tokens = render_chat(
-        ctx.require_tokenizer("Tokenization"),
+        tokenizer,
         req,
-        ctx.chat_template,
+        ctx.chat_template_for(tokenizer),
         allow_request_template=ctx.config.allow_request_chat_template,
         add_generation_prompt=add_generation_prompt,
+        takes_images=ctx.takes_images,
     )
+    if ctx.takes_images:
+        # The tokens the model runs: each image's placeholder expanded (images not read).
+        prompt = ctx.engine.tokenizer_manager.images.prompt
+        count = len(chat_images(req.messages).sources)
+        try:
+            tokens, _ = expand_placeholders(tokens, prompt, count)
+        except InvalidRequestError as exc:
+            raise ApiError(400, str(exc), param="messages") from exc
     return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": ctx.context_len})
 
 

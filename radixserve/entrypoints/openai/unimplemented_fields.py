@@ -16,8 +16,6 @@ from pydantic import BaseModel, model_validator
 # Both the OpenAI routes and /generate.
 _COMMON = (
     "return_hidden_states",
-    "return_routed_experts",
-    "routed_experts_start_len",
     "return_cached_tokens_details",
     "return_prompt_token_ids",
     "routed_dp_rank",
@@ -39,7 +37,6 @@ _COMMON = (
 GENERATE_FIELDS = (
     *_COMMON,
     "input_embeds",
-    "image_data",
     "video_data",
     "audio_data",
     "mm_hashes",

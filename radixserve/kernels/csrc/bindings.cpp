@@ -12,6 +12,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &radixserve::rms_norm);
   m.def("fused_add_rms_norm", &radixserve::fused_add_rms_norm);
   m.def("silu_and_mul", &radixserve::silu_and_mul);
+  m.def("argmax_rows", &radixserve::argmax_rows);
   m.def("rope_store_kv", &radixserve::rope_store_kv);
   m.def("paged_attention", &radixserve::paged_attention);
   m.def("paged_attention_sinks", &radixserve::paged_attention_sinks);

@@ -139,7 +139,7 @@ at::Tensor moe_rows_gguf(const at::Tensor& x, const at::Tensor& experts, const a
   const int64_t up_chunks = (inter2 + kColumnChunk - 1) / kColumnChunk;
   std::vector<float> gu(assignments * inter2);
   const int64_t n_used = static_cast<int64_t>(used.size());
-  at::parallel_for(0, n_used * up_chunks, 1, [&](int64_t begin, int64_t end) {
+  parallel_grab(n_used * up_chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t e = used[item / up_chunks];
       const int64_t c0 = item % up_chunks * kColumnChunk;
@@ -168,7 +168,7 @@ at::Tensor moe_rows_gguf(const at::Tensor& x, const at::Tensor& experts, const a
 
   const int64_t down_chunks = (hidden + kColumnChunk - 1) / kColumnChunk;
   std::vector<float> ys(assignments * hidden);
-  at::parallel_for(0, n_used * down_chunks, 1, [&](int64_t begin, int64_t end) {
+  parallel_grab(n_used * down_chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t e = used[item / down_chunks];
       const int64_t c0 = item % down_chunks * kColumnChunk;

@@ -31,7 +31,7 @@ from torch import nn
 from radixserve.distributed import parallel_state as ps
 from radixserve.layers.activation import get_act_and_mul
 from radixserve.layers.linear import copy_checked
-from radixserve.layers.moe import expert_stats
+from radixserve.layers.moe import expert_stats, routed_capture
 from radixserve.layers.moe.methods import ExpertsMethod, UnquantizedExpertsMethod
 from radixserve.layers.moe.router import RouterSpec, route
 from radixserve.options.errors import ServerArgsError
@@ -146,13 +146,15 @@ class FusedMoE(nn.Module):
     def fused_call_allowed(self) -> bool:
         """Whether the one-call C++ decoder layer may run this layer in its place
         (layers/moe/fused_call.py): it routes and runs every expert on one rank, without
-        expert biases, and records nothing (so not while expert counts are recorded)."""
+        expert biases, and records nothing (so not while expert counts are recorded, nor
+        while a step's routed experts are captured)."""
         return (
             self.tp_size == 1
             and self.holds_all_experts()
             and self.w13_bias is None
             and self.w2_bias is None
             and not expert_stats.recording()
+            and not routed_capture.capturing()
         )
 
     # Under --enable-torch-compile the data-dependent expert loop runs eagerly between
@@ -166,6 +168,7 @@ class FusedMoE(nn.Module):
         weights, experts = route(router_logits, self.router, hidden.dtype)
         if self.layer_id is not None:
             expert_stats.observe(self.layer_id, experts, self.num_experts)
+            routed_capture.observe(self.layer_id, experts)
         out = self._fused(hidden, weights, experts)
         if out is None:
             out = (

@@ -1,0 +1,130 @@
+"""LLaVA-1.5 (LlavaForConditionalGeneration): a CLIP vision tower and a projector turn each image
+into features (models/vision_tower.py) that replace the embeddings of its placeholder tokens;
+the language model is the project's Llama, so its KV is paged and its prefixes cached like any
+text model's (an image's tokens are keyed by its content hash, multimodal/image_prompt.py).
+
+Checkpoints are read as transformers writes them: `language_model.model.*` /
+`language_model.lm_head.*` (LLaVA-1.5 on the hub, and transformers 5's save_pretrained), or
+`model.language_model.*` / `lm_head.*`; `vision_tower.*` and `multi_modal_projector.*` with or
+without a leading `model.`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from radixserve.models.llama import LlamaForCausalLM
+from radixserve.models.vision_tower import VisionEncoder, tokens_per_image
+
+if TYPE_CHECKING:
+    from radixserve.model_executor.forward_batch import ForwardBatch
+    from radixserve.models.config import ModelConfig
+
+_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
+VISION = "vision."  # the VisionEncoder's attribute name, prefixing its parameters
+_TEXT_MODEL_TYPES = ("llama",)
+
+
+class ImageOfStep(Protocol):
+    """An image as a step hands it over (the scheduler's multimodal/image_items.ImageItem):
+    pixels, its placeholder count, and its features once encoded (kept there by the model)."""
+
+    pixel_values: torch.Tensor
+    length: int
+    features: torch.Tensor | None
+
+
+class ImagePiece(Protocol):
+    """Placeholder tokens of one image in one step (multimodal/image_items.ImageChunk):
+    flattened rows [row, row + length) take the image's features [start, start + length)."""
+
+    row: int
+    image: ImageOfStep
+    start: int
+    length: int
+
+
+def language_config(config: ModelConfig) -> ModelConfig:
+    """The language model's view of a LLaVA config: its text_config as the HF config."""
+    text = config.hf_config.text_config
+    model_type = str(getattr(text, "model_type", "llama"))
+    if model_type not in _TEXT_MODEL_TYPES:
+        raise ValueError(f"LLaVA with a {model_type!r} language model is not supported (llama)")
+    return dataclasses.replace(
+        config, hf_config=text, architectures=("LlamaForCausalLM",), model_type=model_type
+    )
+
+
+class LlavaForConditionalGeneration(LlamaForCausalLM):
+    def __init__(self, config: ModelConfig) -> None:
+        from radixserve.distributed import parallel_state
+
+        if parallel_state.get_pp_size() != 1:
+            # The pipeline runs the stages' bodies directly, past forward's image features.
+            raise ValueError("LLaVA runs with --pp-size 1 only")
+        super().__init__(language_config(config))
+        hf = config.hf_config
+        self.vision = VisionEncoder(hf, config.hidden_size)
+        token_id = getattr(hf, "image_token_index", None)
+        if token_id is None:
+            token_id = hf.image_token_id
+        # Read by the scheduler (image intake), whose ImagePrompt reaches the API side.
+        self.image_token_id = int(token_id)
+        self.tokens_per_image = tokens_per_image(hf)
+        self.image_size = int(hf.vision_config.image_size)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        if forward_batch.image_chunks:
+            forward_batch.embedding_overrides = self._image_rows(
+                forward_batch.image_chunks, input_ids.device
+            )
+        return self.model(input_ids, positions, forward_batch)
+
+    def _image_rows(
+        self, chunks: Iterable[ImagePiece], device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(flattened rows, their features) for this step's image pieces; images not encoded
+        yet are encoded together, once, and keep their features until their last piece runs."""
+        chunks = list(chunks)
+        fresh = list({id(c.image): c.image for c in chunks if c.image.features is None}.values())
+        if fresh:
+            pixels = torch.stack([im.pixel_values for im in fresh]).to(device)
+            features = self.vision(pixels)
+            for image, feats in zip(fresh, features, strict=True):
+                if feats.shape[0] != image.length:
+                    raise ValueError(
+                        f"an image gave {feats.shape[0]} features for {image.length} tokens"
+                    )
+                image.features = feats
+        rows = torch.cat([torch.arange(c.row, c.row + c.length, device=device) for c in chunks])
+        values = torch.cat([c.image.features[c.start : c.start + c.length] for c in chunks])
+        return rows, values
+
+    def checkpoint_tensors(
+        self, weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """The checkpoint's tensors under this model's names: the language model's as
+        LlamaForCausalLM names them, the vision side's under `vision.`."""
+        for name, tensor in weights:
+            plain = name.removeprefix("model.") if name.startswith("model.") else name
+            if plain.startswith(_VISION_PREFIXES):
+                target = self.vision.param_name(plain)
+                if target is None:
+                    continue  # e.g. CLIP's stored position_ids, a buffer built at construction
+                yield f"{VISION}{target}", tensor
+            elif plain.startswith(("language_model.lm_head.", "language_model.model.")):
+                yield plain.removeprefix("language_model."), tensor
+            elif plain.startswith("language_model."):
+                yield "model." + plain.removeprefix("language_model."), tensor
+            else:
+                yield name, tensor  # lm_head.* of the newer layout
+
+    def param_shard(self, name: str) -> tuple[str, object] | None:
+        # The vision side's tensors load whole (CLIP's q/k/v projections are not stacked).
+        return (name, None) if name.startswith(VISION) else None

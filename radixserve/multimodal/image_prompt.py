@@ -1,0 +1,80 @@
+"""How a vision model's prompt holds an image: one placeholder token per image feature.
+
+A picklable description (ImagePrompt) travels in SchedulerReady from the loaded model to the API
+side, which expands each placeholder the prompt has (the chat template writes one per image,
+`<image>`) into `tokens_per_image` copies, as transformers' LlavaProcessor does with the text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from radixserve.errors import InvalidRequestError
+
+# Cache keys of image tokens live in [2**31, 2**32): above every vocabulary, below the LoRA
+# namespace stride (mem_cache/namespace.py adds multiples of 2**32).
+IMAGE_KEY_BASE = 1 << 31
+
+
+@dataclass(frozen=True)
+class ImagePrompt:
+    """A vision model's placeholder: its token id and how many features an image becomes."""
+
+    token_id: int
+    tokens_per_image: int
+
+
+@dataclass(frozen=True)
+class ImageSpan:
+    """Where an image's placeholder tokens sit in the expanded prompt."""
+
+    offset: int
+    length: int
+
+
+def expand_placeholders(
+    ids: Sequence[int], prompt: ImagePrompt, num_images: int
+) -> tuple[list[int], list[ImageSpan]]:
+    """`ids` with each placeholder token (one per image, in order) expanded to one per image
+    feature, and where each image's tokens went. A prompt already expanded (tokens_per_image
+    placeholders in a row per image) is kept as it is. Raises InvalidRequestError when the
+    placeholders and the images disagree."""
+    n = prompt.tokens_per_image
+    found = [i for i, tok in enumerate(ids) if tok == prompt.token_id]
+    if len(found) == num_images:
+        out: list[int] = []
+        spans: list[ImageSpan] = []
+        pos = 0
+        for at in found:
+            out.extend(ids[pos:at])
+            spans.append(ImageSpan(len(out), n))
+            out.extend([prompt.token_id] * n)
+            pos = at + 1
+        out.extend(ids[pos:])
+        return out, spans
+    blocks = [found[k : k + n] for k in range(0, len(found), n)]
+    if len(found) == num_images * n and all(b[-1] - b[0] == n - 1 for b in blocks):
+        return list(ids), [ImageSpan(b[0], n) for b in blocks]
+    raise InvalidRequestError(
+        f"The prompt has {len(found)} image placeholder token(s) for {num_images} image(s); "
+        "write one image token per image.",
+        "image_data",
+    )
+
+
+def image_key(image_hash: int) -> int:
+    """The cache-key value that stands for every placeholder token of an image: derived from
+    the image's content hash, so a repeated image shares a cached prefix and another image,
+    whose placeholder token ids are the same, does not."""
+    return IMAGE_KEY_BASE + image_hash % IMAGE_KEY_BASE
+
+
+def keyed_ids(ids: list[int], spans: Sequence[tuple[int, int, int]]) -> list[int]:
+    """`ids` with each image's tokens replaced by its key; spans are (offset, length, hash)."""
+    if not spans:
+        return ids
+    out = list(ids)
+    for offset, length, image_hash in spans:
+        out[offset : offset + length] = [image_key(image_hash)] * length
+    return out

@@ -1,0 +1,63 @@
+"""The C++ row-wise argmax that greedy sampling takes (kernels/csrc/sampling.cpp) gives
+torch.argmax(dim=-1)'s answer: the first index of the largest value, NaN counted as the largest,
+for rows shorter than a vector, with ties across and within lanes, with a strided batch; the
+dispatch falls back to torch where the extension does not take the logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixserve.kernels import ops, reference
+from radixserve.kernels.build import load_extension
+
+ext = load_extension()
+needs_ext = pytest.mark.skipif(ext is None, reason="needs the C++ kernels")
+
+
+def _rows() -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    rows = [torch.randn(n) for n in (1, 7, 8, 9, 31, 32, 33, 1000, 49152)]
+    tie = torch.zeros(40)
+    tie[[5, 13, 21, 37]] = 3.0  # the same maximum in several lanes and the tail
+    rows.append(tie)
+    same_lane = torch.zeros(40)
+    same_lane[[3, 11]] = 2.0  # one lane, twice: the earlier index
+    rows.append(same_lane)
+    rows.append(torch.full((20,), float("-inf")))
+    with_nan = torch.randn(50)
+    with_nan[[17, 30]] = float("nan")
+    rows.append(with_nan)
+    tail_nan = torch.randn(19)
+    tail_nan[18] = float("nan")
+    rows.append(tail_nan)
+    inf = torch.randn(64)
+    inf[[9, 40]] = float("inf")
+    rows.append(inf)
+    return rows
+
+
+@needs_ext
+@pytest.mark.parametrize("row", _rows(), ids=lambda r: f"n{r.numel()}")
+def test_one_row_equals_torch(row: torch.Tensor) -> None:
+    logits = row.unsqueeze(0)
+    assert ext.argmax_rows(logits).tolist() == logits.argmax(dim=-1).tolist()
+
+
+@needs_ext
+def test_a_batch_and_a_strided_batch_equal_torch() -> None:
+    torch.manual_seed(1)
+    logits = torch.randn(64, 1000)
+    logits[3, 500] = logits[3].max()  # a tie with the earlier maximum
+    assert torch.equal(ext.argmax_rows(logits), logits.argmax(dim=-1))
+    wide = torch.randn(16, 1200)
+    view = wide[:, :1000]  # rows 1,200 apart
+    assert torch.equal(ext.argmax_rows(view), view.argmax(dim=-1))
+
+
+def test_dispatch_takes_float32_rows_and_falls_back_otherwise() -> None:
+    torch.manual_seed(2)
+    logits = torch.randn(5, 300)
+    assert torch.equal(ops.argmax_rows(logits), reference.argmax_rows(logits))
+    half = logits.bfloat16()  # not the kernel's dtype: torch's argmax
+    assert torch.equal(ops.argmax_rows(half), half.argmax(dim=-1))
