@@ -76,6 +76,7 @@ class ServerArgs:
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"
     quantization: str | None = None
+    quantization_param_path: str | None = None
     # Memory and scheduling
     mem_fraction_static: float | None = None
     max_running_requests: int | None = None

@@ -181,8 +181,47 @@ FUSED_ADD_RMS_NORM = KernelOp(
 )
 SILU_AND_MUL = KernelOp("silu_and_mul", reference.silu_and_mul, accepts=_unit_stride_rows)
 ARGMAX_ROWS = KernelOp("argmax_rows", reference.argmax_rows, accepts=_float32_rows)
+
+
+def _rope_store_cpp(
+    kernel: Callable[..., Any],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    head_dim: int,
+    rot_dim: int,
+    neox: bool,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
+    # The binding takes the KV scales always (1 for float caches); the reference defaults them.
+    kernel(
+        q,
+        k,
+        v,
+        positions,
+        cos_sin,
+        k_cache,
+        v_cache,
+        slots,
+        head_dim,
+        rot_dim,
+        neox,
+        k_scale,
+        v_scale,
+    )
+
+
 ROPE_STORE_KV = KernelOp(
-    "rope_store_kv", reference.rope_store_kv, mutates=("q", "k", "k_cache", "v_cache")
+    "rope_store_kv",
+    reference.rope_store_kv,
+    call_cpp=_rope_store_cpp,
+    mutates=("q", "k", "k_cache", "v_cache"),
 )
 GGUF_LINEAR = KernelOp("gguf_linear", reference.gguf_linear, accepts=_gguf_accepts, fake=_gguf_fake)
 HALF_WEIGHT_LINEAR = KernelOp(

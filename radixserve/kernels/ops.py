@@ -132,9 +132,12 @@ def paged_attention(
     sliding_window: int | None = None,
     logit_cap: float | None = None,
     sinks: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its KV (see RadixAttention for
-    `sliding_window`, `logit_cap` and `sinks`). The C++ kernel has no soft-capping: those
+    `sliding_window`, `logit_cap` and `sinks`; an 8-bit cache holds K / k_scale and
+    V / v_scale, which both paths widen as they read). The C++ kernel has no soft-capping: those
     layers take the PyTorch reference, and so does a window, except where the kernel sees
     exactly the window anyway (window_table: decode steps, and prompts no longer than the
     window). Sinks (gpt-oss) it adds to the softmax denominator (paged_attention_sinks)."""
@@ -160,8 +163,9 @@ def paged_attention(
             scale,
         )
         if sinks is None:
-            return ext.paged_attention(*args)
-        return ext.paged_attention_sinks(*args, sinks.to(torch.float32).contiguous())
+            return ext.paged_attention(*args, k_scale, v_scale)
+        sink_logits = sinks.to(torch.float32).contiguous()
+        return ext.paged_attention_sinks(*args, sink_logits, k_scale, v_scale)
     return reference.paged_attention(
         q,
         k_cache,
@@ -176,6 +180,8 @@ def paged_attention(
         sliding_window,
         logit_cap,
         sinks,
+        k_scale,
+        v_scale,
     )
 
 

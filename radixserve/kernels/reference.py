@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from radixserve.kernels import gguf_dequant
+from radixserve.kernels import gguf_dequant, kv_codes
 
 GGML_Q4_1 = 3
 GGML_Q8_0 = 8
@@ -67,14 +67,17 @@ def rope_store_kv(
     head_dim: int,
     rot_dim: int,
     neox: bool,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
-    """RoPE on q and k in place, then k and v stored at `slots` of the caches."""
+    """RoPE on q and k in place, then k and v stored at `slots` of the caches (an 8-bit cache
+    stores k / k_scale and v / v_scale: kernels/kv_codes.py)."""
     cos, sin = cos_sin[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
     q.copy_(_rotate(q, cos, sin, head_dim, rot_dim, neox))
     k.copy_(_rotate(k, cos, sin, head_dim, rot_dim, neox))
     kv_heads = k_cache.shape[1]
-    k_cache[slots] = k.reshape(-1, kv_heads, head_dim).to(k_cache.dtype)
-    v_cache[slots] = v.reshape(-1, kv_heads, head_dim).to(v_cache.dtype)
+    k_cache[slots] = kv_codes.encode(k.reshape(-1, kv_heads, head_dim), k_cache.dtype, k_scale)
+    v_cache[slots] = kv_codes.encode(v.reshape(-1, kv_heads, head_dim), v_cache.dtype, v_scale)
 
 
 def paged_attention(
@@ -91,9 +94,12 @@ def paged_attention(
     sliding_window: int | None = None,
     logit_cap: float | None = None,
     sinks: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its prefix and themselves; with
-    `sliding_window`, `logit_cap` or `sinks`, windowed_attention's."""
+    `sliding_window`, `logit_cap` or `sinks`, windowed_attention's. An 8-bit cache's codes
+    are widened (times k_scale, v_scale) one request's gathered keys at a time."""
     if sliding_window is not None or logit_cap is not None or sinks is not None:
         return windowed_attention(
             q,
@@ -109,6 +115,8 @@ def paged_attention(
             sliding_window,
             logit_cap,
             sinks,
+            k_scale,
+            v_scale,
         )
     kv_heads, dim = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty(q.shape[0], heads * dim, dtype=q.dtype)
@@ -118,8 +126,8 @@ def paged_attention(
         if new == 0:
             continue
         slots = req_to_token[row, : prefix + new]
-        k = k_cache.index_select(0, slots).to(q.dtype).transpose(0, 1)  # [Hkv, L, D]
-        v = v_cache.index_select(0, slots).to(q.dtype).transpose(0, 1)
+        k = kv_codes.decode(k_cache.index_select(0, slots), q.dtype, k_scale).transpose(0, 1)
+        v = kv_codes.decode(v_cache.index_select(0, slots), q.dtype, v_scale).transpose(0, 1)
         qi = q[start : start + new].reshape(new, heads, dim).transpose(0, 1)  # [H, n, D]
         mask = torch.arange(prefix + new)[None, :] <= torch.arange(prefix, prefix + new)[:, None]
         o = F.scaled_dot_product_attention(
@@ -206,6 +214,8 @@ def windowed_attention(
     sliding_window: int | None,
     logit_cap: float | None,
     sinks: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """paged_attention with a sliding window, soft-capped scores and/or sinks (see attention), in
     blocks of QUERY_BLOCK query rows, each reading only the keys its rows can see: under a
@@ -220,8 +230,9 @@ def windowed_attention(
             first, end = prefix + r0, prefix + r0 + n  # positions [first, end) attend
             key_start = 0 if sliding_window is None else max(0, first - sliding_window + 1)
             slots = req_to_token[row, key_start:end]
-            k = k_cache.index_select(0, slots).to(q.dtype).transpose(0, 1)  # [Hkv, L, D]
-            v = v_cache.index_select(0, slots).to(q.dtype).transpose(0, 1)
+            k = kv_codes.decode(k_cache.index_select(0, slots), q.dtype, k_scale)
+            v = kv_codes.decode(v_cache.index_select(0, slots), q.dtype, v_scale)
+            k, v = k.transpose(0, 1), v.transpose(0, 1)  # [Hkv, L, D]
             rows = q[start + r0 : start + r0 + n].reshape(n, heads, dim).transpose(0, 1)
             mask = visible_keys(
                 torch.arange(first, end, device=q.device),

@@ -56,7 +56,7 @@ def check_rope_and_attention(ext: object) -> None:
         ):
             t = qkv.clone()
             q, k, v = t.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
-            fn(q, k, v, positions, cos_sin, kc, vc, slots, dim, dim, neox)
+            fn(q, k, v, positions, cos_sin, kc, vc, slots, dim, dim, neox, 1.0, 1.0)
             results.append(t)
         _close("rope q/k", results[0], results[1], 1e-5)
         _close("k_cache", caches[0], caches[2], 1e-5)
@@ -94,6 +94,8 @@ def check_rope_and_attention(ext: object) -> None:
                 t(starts),
                 heads,
                 0.25,
+                1.0,
+                1.0,
             )
             want = reference.paged_attention(
                 q,

@@ -30,6 +30,7 @@ from radixserve.layers.linear import LinearBase, fused_operands
 from radixserve.layers.moe import MoECallArgs, expert_stats, moe_call_args, routed_capture
 
 if TYPE_CHECKING:
+    from radixserve.mem_cache.kv_cache import KVCache
     from radixserve.model_executor.forward_batch import ForwardBatch
 
 # A Llama-shaped decoder layer (models/llama.py's LlamaDecoderLayer; layers/ may not import
@@ -202,7 +203,9 @@ def _call_fused(
     forward_batch: ForwardBatch,
     meta: list[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    k_buf, v_buf = forward_batch.kv_cache.get_kv(args.layer_id)
+    kv = forward_batch.kv_cache
+    k_buf, v_buf = kv.get_kv(args.layer_id)
+    k_scale, v_scale = kv.scales(args.layer_id)
     return ops.llama_layer(
         hidden,
         residual if residual is not None else _NO_BIAS,
@@ -225,6 +228,8 @@ def _call_fused(
         args.kv_heads,
         args.head_dim,
         args.scale,
+        k_scale,
+        v_scale,
     )
 
 
@@ -257,6 +262,8 @@ class LayerChainCache:
     def __init__(self) -> None:
         self._args: list[FusedLayerArgs] = []
         self._chain: object | None = None
+        # The KV cache whose per-layer scales the chain holds (an 8-bit cache's; 1 otherwise).
+        self._scales_of: KVCache | None = None
 
     @property
     def current(self) -> object | None:
@@ -285,9 +292,18 @@ class LayerChainCache:
                 [a.head_dim for a in layer_args],
                 [a.scale for a in layer_args],
             )
+            self._scales_of = None
             if self._chain is not None:
                 _set_chain_extras(self._chain, layer_args)
         return self._chain
+
+    def set_kv_scales(self, kv: KVCache, layer_args: Sequence[FusedLayerArgs]) -> None:
+        """Give the chain `kv`'s per-layer K/V scales (once per cache: they are fixed)."""
+        if self._chain is None or self._scales_of is kv:
+            return
+        for i, args in enumerate(layer_args):
+            self._chain.set_kv_scales(i, *kv.scales(args.layer_id))  # type: ignore[attr-defined]
+        self._scales_of = kv
 
 
 def _set_chain_extras(chain: object, layer_args: Sequence[FusedLayerArgs]) -> None:
@@ -327,6 +343,8 @@ def run_fused_layers(
     chain = chains.get(layer_args) if chains is not None else None
     if chain is not None:
         kv = forward_batch.kv_cache
+        assert chains is not None
+        chains.set_kv_scales(kv, layer_args)
         caches = [kv.get_kv(args.layer_id) for args in layer_args]
         return ops.run_layer_chain(
             chain,

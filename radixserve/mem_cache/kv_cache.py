@@ -9,6 +9,8 @@ import logging
 
 import torch
 
+from radixserve.kernels import kv_codes
+
 logger = logging.getLogger(__name__)
 
 
@@ -17,7 +19,12 @@ class KVCache:
 
     `v_shares_k` (multi-head latent attention, DeepSeek-V2): a token's cache row is one latent
     "head" that serves as both its key and its value (the model keeps the latent part of the
-    output), so V is the very same buffer as K: stored once, and `get_kv` returns it twice."""
+    output), so V is the very same buffer as K: stored once, and `get_kv` returns it twice.
+
+    An 8-bit `dtype` (float8_e4m3fn / float8_e5m2, --kv-cache-dtype fp8_e4m3 / fp8_e5m2) stores
+    K / k_scales[layer] and V / v_scales[layer] (kernels/kv_codes.py); the attention kernels
+    read the codes as they are and apply the scales themselves (`scales`). Float caches have
+    scales of 1."""
 
     def __init__(
         self,
@@ -29,6 +36,8 @@ class KVCache:
         device: torch.device | str,
         owned_layers: range | None = None,
         v_shares_k: bool = False,
+        k_scales: list[float] | None = None,
+        v_scales: list[float] | None = None,
     ) -> None:
         self.size = size
         self.num_layers = num_layers
@@ -37,6 +46,12 @@ class KVCache:
         self.dtype = dtype
         self.v_shares_k = v_shares_k
         self.device = torch.device(device)
+        self.k_scales = list(k_scales) if k_scales is not None else [1.0] * num_layers
+        self.v_scales = list(v_scales) if v_scales is not None else [1.0] * num_layers
+        if len(self.k_scales) != num_layers or len(self.v_scales) != num_layers:
+            raise ValueError(f"KV scales: one per layer ({num_layers}) for K and for V")
+        if not kv_codes.is_fp8(dtype) and any(s != 1.0 for s in self.k_scales + self.v_scales):
+            raise ValueError(f"KV scales apply to an 8-bit KV cache only, not {dtype}")
         # One extra slot, kept at zero, that padded reads point at. The rest is left
         # uninitialised: every slot is written before it is read, and not touching a large pool
         # keeps a CPU process's resident memory proportional to what is used.
@@ -75,10 +90,15 @@ class KVCache:
     def set_kv(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v: [num_tokens, num_kv_heads, head_dim] for the tokens stored at `slots` (v is
         ignored when it shares K's buffer: the model passes k for it)."""
-        self.k_buffers[layer_id][slots] = k.to(self.dtype)
+        k_scale, v_scale = self.scales(layer_id)
+        self.k_buffers[layer_id][slots] = kv_codes.encode(k, self.dtype, k_scale)
         if self.v_shares_k:
             return
-        self.v_buffers[layer_id][slots] = v.to(self.dtype)
+        self.v_buffers[layer_id][slots] = kv_codes.encode(v, self.dtype, v_scale)
+
+    def scales(self, layer_id: int) -> tuple[float, float]:
+        """(k_scale, v_scale) of a layer: what its stored codes are multiplied by when read."""
+        return self.k_scales[layer_id], self.v_scales[layer_id]
 
     def get_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_buffers[layer_id], self.v_buffers[layer_id]

@@ -16,11 +16,14 @@ import torch
 from radixserve.distributed import parallel_state as ps
 from radixserve.distributed.launch import RankLostError
 from radixserve.kernels.describe import describe_kernels, kernel_summary
+from radixserve.kernels.kv_codes import is_fp8
 from radixserve.layers.attention.registry import FAST_KERNEL_BACKENDS, create_attention_backend
 from radixserve.layers.fast_path import use_fast_kernels
 from radixserve.layers.moe import expert_stats
 from radixserve.layers.moe.routed_capture import RoutedShape, capture_step, routed_shape
 from radixserve.mem_cache.kv_cache import KVCache
+from radixserve.mem_cache.kv_scales import KvScales, load_kv_scales
+from radixserve.mem_cache.kv_scales import ones as kv_ones
 from radixserve.model_executor.forward_batch import ForwardBatch, ForwardMode
 from radixserve.model_executor.memory_plan import plan_kv_pool
 from radixserve.models.kv_layout import kv_layout
@@ -139,6 +142,7 @@ class ModelRunner:
         cfg = self.model_config
         self.compiled_decode = self._init_compile()
         layout = kv_layout(cfg, ps.kv_heads_per_rank(cfg.num_key_value_heads))
+        scales = self._kv_scales(layout.v_shares_k)
         self.kv_cache = KVCache(
             size=self.kv_cache_size,
             num_layers=cfg.num_hidden_layers,
@@ -148,6 +152,8 @@ class ModelRunner:
             device=self.device,
             owned_layers=self.model.model.stage.layers,
             v_shares_k=layout.v_shares_k,
+            k_scales=scales.k,
+            v_scales=scales.v,
         )
         if ps.get_pp_size() > 1:
             from radixserve.model_executor.pipeline import PipelineExecutor
@@ -267,6 +273,38 @@ class ModelRunner:
         if self.server_args.kv_cache_dtype == "auto":
             return self.dtype
         return getattr(torch, self.server_args.resolved_kv_cache_dtype)
+
+    def _kv_scales(self, v_shares_k: bool) -> KvScales:
+        """An 8-bit KV cache's per-layer scales (mem_cache/kv_scales.py), after refusing the
+        paths that cannot read one; 1.0 for a float cache."""
+        cfg = self.model_config
+        args = self.server_args
+        dtype = self._kv_dtype()
+        if not is_fp8(dtype):
+            if args.quantization_param_path is not None:
+                raise ValueError(
+                    "--quantization-param-path holds FP8 KV cache scales: it needs "
+                    "--kv-cache-dtype fp8_e4m3 or fp8_e5m2"
+                )
+            return kv_ones(cfg.num_hidden_layers)
+        option = f"--kv-cache-dtype {args.kv_cache_dtype}"
+        if v_shares_k:
+            raise ValueError(
+                f"{option}: multi-head latent attention (DeepSeek-V2 style) keeps a float "
+                "latent KV cache; use --kv-cache-dtype auto or bf16"
+            )
+        if args.enable_torch_compile:
+            raise ValueError(f"{option} does not run with --enable-torch-compile")
+        scales = load_kv_scales(
+            kv_dtype=dtype,
+            num_layers=cfg.num_hidden_layers,
+            tp_rank=ps.get_tp_rank(),
+            tp_size=ps.get_tp_size(),
+            param_path=args.quantization_param_path,
+            model_dir=None if args.load_format == "dummy" else self.model_dir,
+        )
+        logger.info("KV cache: %s, scales from %s", dtype, scales.source)
+        return scales
 
     def _plan_memory(self) -> MemoryPlan:
         cfg = self.model_config

@@ -224,6 +224,7 @@ def resume_memory(runner: ModelRunner, tags: tuple[str, ...]) -> None:
     if "kv_cache" in tags and runner.kv_cache is None:
         cfg = runner.model_config
         layout = kv_layout(cfg, cfg.num_key_value_heads)
+        scales = runner._kv_scales(layout.v_shares_k)
         runner.kv_cache = KVCache(
             size=runner.kv_cache_size,
             num_layers=cfg.num_hidden_layers,
@@ -232,6 +233,8 @@ def resume_memory(runner: ModelRunner, tags: tuple[str, ...]) -> None:
             dtype=runner._kv_dtype(),
             device=runner.device,
             v_shares_k=layout.v_shares_k,
+            k_scales=scales.k,
+            v_scales=scales.v,
         )
     if "weights" in tags and runner.model is None:
         path, fmt = weights_source(runner)

@@ -180,6 +180,23 @@ def _read_tensor(f: BinaryIO, path: Path, name: str, info: Any, base: int) -> to
         raise ValueError(f"corrupt safetensors file {path} ({name}): {e}") from e
 
 
+def read_named_tensors(
+    model_dir: Path, wanted: Callable[[str], bool]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of a folder's safetensors checkpoint whose names `wanted` accepts, read
+    alone (headers first: nothing else is read). Nothing for a folder without safetensors
+    files (a GGUF's converted folder, a *.bin checkpoint)."""
+    files = _indexed_or_globbed(model_dir, SAFETENSORS_INDEX, "*.safetensors")
+    for path in files:
+        header, base = _safetensors_header(path)
+        names = [name for name in sorted(header) if wanted(name)]
+        if not names:
+            continue
+        with path.open("rb") as f:
+            for name in names:
+                yield name, _read_tensor(f, path, name, header[name], base)
+
+
 def _iterate_bin(paths: Sequence[Path], progress: bool) -> Iterator[tuple[str, torch.Tensor]]:
     for path in tqdm(paths, desc="Loading weights", unit="file", disable=not progress):
         try:

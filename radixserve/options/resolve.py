@@ -106,10 +106,17 @@ def resolve_dtype(dtype: str, device: str) -> str:
     return hardware.cpu_auto_dtype().dtype
 
 
+# SGLang's 8-bit KV cache names -> the torch dtypes their codes are stored as.
+_KV_FP8_DTYPES = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+
+
 def resolve_kv_cache_dtype(kv_cache_dtype: str, dtype: str) -> str:
-    """'auto' follows the model dtype; 'bf16' is spelled 'bfloat16'."""
+    """'auto' follows the model dtype; 'bf16' is spelled 'bfloat16'; fp8_e4m3 / fp8_e5m2 are
+    float8_e4m3fn / float8_e5m2 (scaled 8-bit codes: mem_cache/kv_scales.py)."""
     if kv_cache_dtype == "auto":
         return dtype
+    if kv_cache_dtype in _KV_FP8_DTYPES:
+        return _KV_FP8_DTYPES[kv_cache_dtype]
     return _DTYPE_ALIASES.get(kv_cache_dtype, kv_cache_dtype)
 
 

@@ -45,7 +45,9 @@ def draft_server_args(
     target_args: ServerArgs, path: str, pool_tokens: int, **overrides: Any
 ) -> ServerArgs:
     """The target's settings for a draft's own runner: its checkpoint, a KV pool of
-    `pool_tokens` one-token pages, unquantized (plus `overrides`)."""
+    `pool_tokens` one-token pages, unquantized (plus `overrides`). An FP8 KV cache's
+    --quantization-param-path scales are the target's layers': the draft takes its own
+    checkpoint's, else 1.0."""
     return dataclasses.replace(
         target_args,
         model_path=path,
@@ -53,6 +55,7 @@ def draft_server_args(
         max_total_tokens=pool_tokens,
         page_size=1,
         quantization=None,
+        quantization_param_path=None,
         **overrides,
     )
 

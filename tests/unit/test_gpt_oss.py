@@ -383,7 +383,11 @@ def _forward_batch(batch: tuple, decode: bool) -> SimpleNamespace:
     """What the backends read of a ForwardBatch, for KV already in the caches."""
     _, k_cache, v_cache, req_to_token, meta, _ = batch
     seq_lens = [p + n for p, n in zip(meta.prefix_lens_list, meta.extend_lens_list, strict=True)]
-    cache = SimpleNamespace(pad_slot=0, get_kv=lambda layer_id: (k_cache, v_cache))
+    cache = SimpleNamespace(
+        pad_slot=0,
+        get_kv=lambda layer_id: (k_cache, v_cache),
+        scales=lambda layer_id: (1.0, 1.0),  # a float cache's
+    )
     return SimpleNamespace(
         forward_mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND,
         req_to_token=req_to_token,

@@ -114,6 +114,39 @@ inline __m256 load8(const c10::BFloat16* p) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
 }
+// The 8-bit caches, widened in registers (no float copy of the cache is made). Both formats
+// are fp16 with fewer bits, widened by F16C: e5m2 is an fp16's high byte exactly; e4m3's seven
+// magnitude bits placed at fp16 bit 7 make an fp16 of its value / 256 (fp16's exponent bias is
+// 15, e4m3's 7; subnormals map onto fp16 subnormals alike). load8 returns value / kLoadGain<C>:
+// its two callers multiply by the gain once per score and per probability instead of once per
+// loaded vector (one instruction fewer per 8 values in the inner loops, which the widening
+// otherwise dominates while the cache is in L2). e4m3's NaN code is never stored (from_float
+// saturates).
+template <typename C>
+constexpr float kLoadGain = 1.0f;
+#if defined(__F16C__)
+template <>
+constexpr float kLoadGain<c10::Float8_e4m3fn> = 256.0f;
+inline __m256 load8(const c10::Float8_e5m2* p) {
+  const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtph_ps(_mm_unpacklo_epi8(_mm_setzero_si128(), raw));  // each byte to bits 15..8
+}
+inline __m256 load8(const c10::Float8_e4m3fn* p) {
+  // Sign-extended to 16 bits and shifted by 7: the sign lands on bits 15 and 14, the magnitude
+  // on 13..7; clearing bit 14 leaves an fp16 of value / 256.
+  const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  const __m128i half = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(raw), 7),
+                                     _mm_set1_epi16(static_cast<int16_t>(0xBFFF)));
+  return _mm256_cvtph_ps(half);
+}
+#else
+template <typename C>
+inline __m256 load8(const C* p) {
+  alignas(32) float lanes[8];
+  for (int i = 0; i < 8; ++i) lanes[i] = to_float(p[i]);
+  return _mm256_load_ps(lanes);
+}
+#endif
 
 // Scores of Q (<= 3) query vectors against four key rows: 4Q independent accumulator chains
 // (one chain per dot product would wait on every FMA's latency), each key slice loaded once for
@@ -141,7 +174,7 @@ inline void dots_q4(const float* q, int64_t dim, const C* k0, const C* k1, const
                                     _mm256_hadd_ps(a[i][2], a[i][3]));
     alignas(16) float four[4];
     _mm_store_ps(four, _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)));
-    for (int64_t t = 0; t < count; ++t) out[i * out_stride + t] = four[t];
+    for (int64_t t = 0; t < count; ++t) out[i * out_stride + t] = four[t] * kLoadGain<C>;
   }
 }
 
@@ -157,7 +190,7 @@ inline void pv_slices(const float* scores, int64_t kb, const C* const* vrow, int
   }
   for (int64_t j = 0; j < kb; ++j) {
     __m256 p[M];
-    for (int i = 0; i < M; ++i) p[i] = _mm256_set1_ps(scores[i * kKeyBlock + j]);
+    for (int i = 0; i < M; ++i) p[i] = _mm256_set1_ps(scores[i * kKeyBlock + j] * kLoadGain<C>);
     for (int s = 0; s < S; ++s) {
       const __m256 v = load8(vrow[j] + d0 + 8 * s);
       for (int i = 0; i < M; ++i) a[i][s] = _mm256_fmadd_ps(p[i], v, a[i][s]);
@@ -419,7 +452,12 @@ template <typename T, typename C>
 void attend_item(const WorkItem& item, const T* q, int64_t q_stride, const C* k_cache,
                  const C* v_cache, const int64_t* token_row, int64_t prefix, int64_t n_new,
                  int64_t q_start, int64_t heads, int64_t kv_heads, int64_t dim, float scale,
-                 T* out, const float* sinks = nullptr) {
+                 T* out, const float* sinks = nullptr, float k_scale = 1.0f,
+                 float v_scale = 1.0f) {
+  // An 8-bit cache holds K / k_scale and V / v_scale: the K scale joins the query's (q.k_scale
+  // k = k_scale (q.k)) and the V scale the normalisation, so the inner loops only widen codes.
+  // Both are 1 for float caches, which leaves their arithmetic as it was.
+  const float q_scale = scale * k_scale;
   const int64_t group = heads / kv_heads;
   const int64_t rows = std::min(g_query_rows.load(std::memory_order_relaxed), n_new - item.row0);
   const int64_t m_count = rows * group;  // query vectors per KV head
@@ -449,7 +487,7 @@ void attend_item(const WorkItem& item, const T* q, int64_t q_stride, const C* k_
         const int64_t i = r * group + g;
         const T* src = qrow + (h * group + g) * dim;
         float* dst = qv.data() + ((h - item.h0) * m_count + i) * dim;
-        for (int64_t d = 0; d < dim; ++d) dst[d] = to_float(src[d]) * scale;
+        for (int64_t d = 0; d < dim; ++d) dst[d] = to_float(src[d]) * q_scale;
       }
     }
   }
@@ -482,7 +520,7 @@ void attend_item(const WorkItem& item, const T* q, int64_t q_stride, const C* k_
         // A sink (gpt-oss) is one more term of the denominator, exp(sink - max) in the running
         // softmax's scale, and none of the numerator: only the normalization changes.
         const float sink = sinks ? std::exp(sinks[h * group + g] - run_max[i]) : 0.0f;
-        const float inv = 1.0f / (run_sum[i] + sink);
+        const float inv = v_scale / (run_sum[i] + sink);
         T* dst = orow + (h * group + g) * dim;
         for (int64_t d = 0; d < dim; ++d) dst[d] = from_float<T>(acc[i * dim + d] * inv);
       }
@@ -493,20 +531,29 @@ void attend_item(const WorkItem& item, const T* q, int64_t q_stride, const C* k_
 }  // namespace
 
 void decode_attention_heads(const float* q_row, const void* k_cache, const void* v_cache,
-                            bool bf16_cache, int64_t kv_heads, int64_t head_dim,
-                            const int64_t* token_row, int64_t prefix, int64_t heads, int64_t h0,
-                            int64_t h1, float scale, float* out_row) {
+                            KvElem cache, float k_scale, float v_scale, int64_t kv_heads,
+                            int64_t head_dim, const int64_t* token_row, int64_t prefix,
+                            int64_t heads, int64_t h0, int64_t h1, float scale, float* out_row) {
   // The work item paged_attention makes for one new token of a request (keys [0, prefix]).
   const WorkItem item{0, 0, h0, h1, 0};
-  if (bf16_cache) {
-    attend_item<float, c10::BFloat16>(item, q_row, heads * head_dim,
-                                      static_cast<const c10::BFloat16*>(k_cache),
-                                      static_cast<const c10::BFloat16*>(v_cache), token_row,
-                                      prefix, 1, 0, heads, kv_heads, head_dim, scale, out_row);
-  } else {
-    attend_item<float, float>(item, q_row, heads * head_dim, static_cast<const float*>(k_cache),
-                              static_cast<const float*>(v_cache), token_row, prefix, 1, 0, heads,
-                              kv_heads, head_dim, scale, out_row);
+  auto attend = [&](auto tag) {
+    using C = decltype(tag);
+    attend_item<float, C>(item, q_row, heads * head_dim, static_cast<const C*>(k_cache),
+                          static_cast<const C*>(v_cache), token_row, prefix, 1, 0, heads,
+                          kv_heads, head_dim, scale, out_row, nullptr, k_scale, v_scale);
+  };
+  switch (cache) {
+    case KvElem::kBFloat16:
+      attend(c10::BFloat16{});
+      break;
+    case KvElem::kFp8E4M3:
+      attend(c10::Float8_e4m3fn{});
+      break;
+    case KvElem::kFp8E5M2:
+      attend(c10::Float8_e5m2{});
+      break;
+    default:
+      attend(float{});
   }
 }
 
@@ -518,7 +565,8 @@ void set_attention_query_rows(int64_t rows) {
 
 int64_t attention_query_rows() { return g_query_rows.load(); }
 
-// q: [T, H*D] (rows may be strided); k_cache, v_cache: [S, Hkv, D]; req_to_token: [R, L] int64;
+// q: [T, H*D] (rows may be strided); k_cache, v_cache: [S, Hkv, D] (float32, bfloat16, or 8-bit
+// codes of K / k_scale and V / v_scale); req_to_token: [R, L] int64;
 // per request b: req_pool_indices[b], prefix_lens[b], extend_lens[b], and q_starts[b], the row
 // of its first new token in q. Returns out [T, H*D].
 namespace {
@@ -528,8 +576,9 @@ at::Tensor paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
                                 const at::Tensor& req_pool_indices,
                                 const at::Tensor& prefix_lens, const at::Tensor& extend_lens,
                                 const at::Tensor& q_starts, int64_t heads, double scale,
-                                const float* sinks) {
+                                const float* sinks, double k_scale, double v_scale) {
   check_cpu(q, "q");
+  TORCH_CHECK(k_scale > 0.0 && v_scale > 0.0, "KV scales must be positive");
   TORCH_CHECK(q.dim() == 2 && q.stride(1) == 1, "q must be [tokens, heads * dim], unit stride");
   TORCH_CHECK(k_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous(),
               "KV caches must be contiguous [slots, kv_heads, dim]");
@@ -582,7 +631,7 @@ at::Tensor paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
   dispatch_float_bf16(q.scalar_type(), "attn_q", [&](auto tag_) {
     using scalar_t = decltype(tag_);
     using T = scalar_t;
-    dispatch_float_bf16(k_cache.scalar_type(), "attn_kv", [&](auto tag_) {
+    dispatch_kv_cache(k_cache.scalar_type(), "attn_kv", [&](auto tag_) {
     using scalar_t = decltype(tag_);
           using C = scalar_t;
           const T* qp = q.data_ptr<T>();
@@ -594,7 +643,8 @@ at::Tensor paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
               const WorkItem& it = items[w];
               attend_item<T, C>(it, qp, q.stride(0), kc, vc, r2t + rp[it.req] * max_len,
                                 pp[it.req], ep[it.req], sp[it.req], heads, kv_heads, dim,
-                                static_cast<float>(scale), op, sinks);
+                                static_cast<float>(scale), op, sinks,
+                                static_cast<float>(k_scale), static_cast<float>(v_scale));
             }
           });
         });
@@ -608,9 +658,9 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& req_to_token,
                            const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
                            const at::Tensor& extend_lens, const at::Tensor& q_starts,
-                           int64_t heads, double scale) {
+                           int64_t heads, double scale, double k_scale, double v_scale) {
   return paged_attention_impl(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens,
-                              extend_lens, q_starts, heads, scale, nullptr);
+                              extend_lens, q_starts, heads, scale, nullptr, k_scale, v_scale);
 }
 
 // paged_attention with a learned sink logit per query head (gpt-oss): sinks float32 [heads].
@@ -619,12 +669,13 @@ at::Tensor paged_attention_sinks(const at::Tensor& q, const at::Tensor& k_cache,
                                  const at::Tensor& req_pool_indices,
                                  const at::Tensor& prefix_lens, const at::Tensor& extend_lens,
                                  const at::Tensor& q_starts, int64_t heads, double scale,
-                                 const at::Tensor& sinks) {
+                                 const at::Tensor& sinks, double k_scale, double v_scale) {
   TORCH_CHECK(sinks.scalar_type() == at::kFloat && sinks.is_contiguous() &&
                   sinks.numel() == heads,
               "sinks must be a contiguous float32 [heads]");
   return paged_attention_impl(q, k_cache, v_cache, req_to_token, req_pool_indices, prefix_lens,
-                              extend_lens, q_starts, heads, scale, sinks.data_ptr<float>());
+                              extend_lens, q_starts, heads, scale, sinks.data_ptr<float>(),
+                              k_scale, v_scale);
 }
 
 }  // namespace radixserve

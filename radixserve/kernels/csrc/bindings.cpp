@@ -59,6 +59,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     const std::vector<int64_t>&, const std::vector<double>&>())
       .def("run", &radixserve::LlamaLayerChain::run)
       .def("set_qk_norm", &radixserve::LlamaLayerChain::set_qk_norm)
+      .def("set_kv_scales", &radixserve::LlamaLayerChain::set_kv_scales)
       .def("set_moe", &radixserve::LlamaLayerChain::set_moe)
       .def("__len__", &radixserve::LlamaLayerChain::size)
       .def("single_row_runs", &radixserve::LlamaLayerChain::single_row_runs);

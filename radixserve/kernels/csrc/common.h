@@ -7,6 +7,8 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
 #include <c10/util/Half.h>
 
 #include <algorithm>
@@ -27,6 +29,21 @@ inline float to_float(T v) {
 template <typename T>
 inline T from_float(float v) {
   return static_cast<T>(v);
+}
+
+// An 8-bit KV cache (--kv-cache-dtype fp8_e4m3 / fp8_e5m2) saturates: c10's conversion turns
+// e4m3 values past 448 into NaN (the format has no infinity) and e5m2 ones past 57344 into
+// infinity, either of which would poison a whole softmax. NaN inputs stay NaN.
+template <>
+inline c10::Float8_e4m3fn from_float<c10::Float8_e4m3fn>(float v) {
+  constexpr float kMax = 448.0f;
+  return static_cast<c10::Float8_e4m3fn>(v > kMax ? kMax : (v < -kMax ? -kMax : v));
+}
+
+template <>
+inline c10::Float8_e5m2 from_float<c10::Float8_e5m2>(float v) {
+  constexpr float kMax = 57344.0f;
+  return static_cast<c10::Float8_e5m2>(v > kMax ? kMax : (v < -kMax ? -kMax : v));
 }
 
 // exp(x), written branch-free so that loops calling it vectorise: x = k ln2 + r, exp(r) by a
@@ -83,6 +100,24 @@ inline void dispatch_float_bf16(at::ScalarType type, const char* name, F&& f) {
     f(c10::BFloat16{});
   } else {
     TORCH_CHECK(false, name, ": only float32 and bfloat16 are supported, got ", type);
+  }
+}
+
+// Calls f(C{}) for the KV cache element types: float, bfloat16 and the two 8-bit formats
+// (their values times a per-layer scale; the kernels widen them to float in registers).
+template <typename F>
+inline void dispatch_kv_cache(at::ScalarType type, const char* name, F&& f) {
+  if (type == at::kFloat) {
+    f(float{});
+  } else if (type == at::kBFloat16) {
+    f(c10::BFloat16{});
+  } else if (type == at::kFloat8_e4m3fn) {
+    f(c10::Float8_e4m3fn{});
+  } else if (type == at::kFloat8_e5m2) {
+    f(c10::Float8_e5m2{});
+  } else {
+    TORCH_CHECK(false, name, ": KV caches are float32, bfloat16, float8_e4m3fn or float8_e5m2, got ",
+                type);
   }
 }
 

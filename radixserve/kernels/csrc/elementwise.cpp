@@ -153,22 +153,24 @@ inline void rotate_head(T* x, const float* cos, const float* sin, int64_t rot, b
   }
 }
 
+// dst = src / scale in the cache's type. Float caches have scale 1 (x / 1 is x exactly); an
+// 8-bit cache divides, as the PyTorch reference does, so both round to the same code.
 template <typename T, typename C>
-inline void store_row(C* dst, const T* src, int64_t n) {
+inline void store_row(C* dst, const T* src, int64_t n, float scale) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dst[i] = from_float<C>(to_float(src[i]));
+  for (int64_t i = 0; i < n; ++i) dst[i] = from_float<C>(to_float(src[i]) / scale);
 }
 
 // One token: RoPE on its q and k heads in place, then k and v stored into KV rows kc_row, vc_row.
 template <typename T, typename C>
 inline void rope_store_token(T* qt, T* kt, const T* vt, const float* cos, int64_t heads,
                              int64_t kv_heads, int64_t head_dim, int64_t rot_dim, bool neox,
-                             C* kc_row, C* vc_row) {
+                             C* kc_row, C* vc_row, float k_scale, float v_scale) {
   const float* sin = cos + rot_dim / 2;
   for (int64_t h = 0; h < heads; ++h) rotate_head(qt + h * head_dim, cos, sin, rot_dim, neox);
   for (int64_t h = 0; h < kv_heads; ++h) rotate_head(kt + h * head_dim, cos, sin, rot_dim, neox);
-  store_row(kc_row, kt, kv_heads * head_dim);
-  store_row(vc_row, vt, kv_heads * head_dim);
+  store_row(kc_row, kt, kv_heads * head_dim, k_scale);
+  store_row(vc_row, vt, kv_heads * head_dim, v_scale);
 }
 
 }  // namespace
@@ -187,23 +189,37 @@ void silu_mul_span_f32(const float* gate, const float* up, float* out, int64_t n
 
 void rope_store_token_f32(float* q, float* k, const float* v, const float* cos, int64_t heads,
                           int64_t kv_heads, int64_t head_dim, int64_t rot_dim, bool neox,
-                          void* k_cache_row, void* v_cache_row, bool bf16_cache) {
-  if (bf16_cache) {
+                          void* k_cache_row, void* v_cache_row, KvElem cache, float k_scale,
+                          float v_scale) {
+  auto store = [&](auto tag) {
+    using C = decltype(tag);
     rope_store_token(q, k, v, cos, heads, kv_heads, head_dim, rot_dim, neox,
-                     static_cast<c10::BFloat16*>(k_cache_row),
-                     static_cast<c10::BFloat16*>(v_cache_row));
-  } else {
-    rope_store_token(q, k, v, cos, heads, kv_heads, head_dim, rot_dim, neox,
-                     static_cast<float*>(k_cache_row), static_cast<float*>(v_cache_row));
+                     static_cast<C*>(k_cache_row), static_cast<C*>(v_cache_row), k_scale,
+                     v_scale);
+  };
+  switch (cache) {
+    case KvElem::kBFloat16:
+      store(c10::BFloat16{});
+      break;
+    case KvElem::kFp8E4M3:
+      store(c10::Float8_e4m3fn{});
+      break;
+    case KvElem::kFp8E5M2:
+      store(c10::Float8_e5m2{});
+      break;
+    default:
+      store(float{});
   }
 }
 
 // RoPE on q [T, H*D] and k [T, Hkv*D] in place (rows may be strided views of a fused qkv),
-// then k and v [T, Hkv*D] stored at KV slots `slots` of k_cache / v_cache [S, Hkv, D].
+// then k / k_scale and v / v_scale [T, Hkv*D] stored at KV slots `slots` of k_cache / v_cache
+// [S, Hkv, D] (an 8-bit cache saturating at its format's largest value; scales 1 otherwise).
 void rope_store_kv(at::Tensor& q, at::Tensor& k, const at::Tensor& v,
                    const at::Tensor& positions, const at::Tensor& cos_sin, at::Tensor& k_cache,
                    at::Tensor& v_cache, const at::Tensor& slots, int64_t head_dim,
-                   int64_t rot_dim, bool neox) {
+                   int64_t rot_dim, bool neox, double k_scale, double v_scale) {
+  TORCH_CHECK(k_scale > 0.0 && v_scale > 0.0, "KV scales must be positive");
   check_cpu(q, "q");
   TORCH_CHECK(q.dim() == 2 && k.dim() == 2 && v.dim() == 2, "q, k, v must be 2-D");
   TORCH_CHECK(q.stride(1) == 1 && k.stride(1) == 1 && v.stride(1) == 1,
@@ -234,7 +250,7 @@ void rope_store_kv(at::Tensor& q, at::Tensor& k, const at::Tensor& v,
   dispatch_float_bf16(q.scalar_type(), "rope", [&](auto tag_) {
     using scalar_t = decltype(tag_);
     using T = scalar_t;
-    dispatch_float_bf16(k_cache.scalar_type(), "rope_store", [&](auto tag_) {
+    dispatch_kv_cache(k_cache.scalar_type(), "rope_store", [&](auto tag_) {
     using scalar_t = decltype(tag_);
           using C = scalar_t;
           T* qp = q.data_ptr<T>();
@@ -247,7 +263,8 @@ void rope_store_kv(at::Tensor& q, at::Tensor& k, const at::Tensor& v,
             for (int64_t t = b; t < e; ++t) {
               rope_store_token(qp + t * q.stride(0), kp + t * k.stride(0), vp + t * v.stride(0),
                                table + pos[t] * rot_dim, heads, kv_heads, head_dim, rot_dim,
-                               neox, kc + slot[t] * row, vc + slot[t] * row);
+                               neox, kc + slot[t] * row, vc + slot[t] * row,
+                               static_cast<float>(k_scale), static_cast<float>(v_scale));
             }
           });
         });

@@ -68,9 +68,10 @@ std::vector<at::Tensor> run_layer(const LlamaLayerChain::Layer& l, const at::Ten
     k = norm_heads(k, l.k_norm, l.qk_eps, l.head_dim);
   }
   at::Tensor kc = k_cache, vc = v_cache;
-  rope_store_kv(q, k, v, positions, l.cos_sin, kc, vc, slots, l.head_dim, l.rot_dim, l.neox);
+  rope_store_kv(q, k, v, positions, l.cos_sin, kc, vc, slots, l.head_dim, l.rot_dim, l.neox,
+                l.k_scale, l.v_scale);
   auto attn = paged_attention(q, k_cache, v_cache, req_to_token, meta[0], meta[1], meta[2],
-                              meta[3], l.heads, l.scale);
+                              meta[3], l.heads, l.scale, l.k_scale, l.v_scale);
   auto o = proj(attn, 1);
   fused_add_rms_norm(o, res, l.norms[1], l.eps);
   if (l.moe) return {moe_block_forward(*l.moe, o), res};
@@ -147,13 +148,16 @@ std::vector<at::Tensor> llama_layer(
     const at::Tensor& positions, const at::Tensor& cos_sin,
     int64_t rot_dim, bool neox, const at::Tensor& k_cache, const at::Tensor& v_cache,
     const at::Tensor& slots, const at::Tensor& req_to_token, const std::vector<at::Tensor>& meta,
-    int64_t heads, int64_t kv_heads, int64_t head_dim, double scale) {
+    int64_t heads, int64_t kv_heads, int64_t head_dim, double scale, double k_scale,
+    double v_scale) {
   TORCH_CHECK(norms.size() == 2, "norms: input and post-attention weights");
   TORCH_CHECK(part_counts.size() == 4 && biases.size() == 4,
               "part_counts, biases: qkv, o, gate_up, down");
   size_t part = 0;
-  const auto layer = make_layer(norms, eps, weights, qtypes, part_counts, biases, 0, part,
-                                cos_sin, rot_dim, neox, heads, kv_heads, head_dim, scale);
+  auto layer = make_layer(norms, eps, weights, qtypes, part_counts, biases, 0, part, cos_sin,
+                          rot_dim, neox, heads, kv_heads, head_dim, scale);
+  layer.k_scale = k_scale;
+  layer.v_scale = v_scale;
   TORCH_CHECK(part == weights.size(), "weights, qtypes: one per part");
   return run_layer(layer, hidden, residual, positions, k_cache, v_cache, slots, req_to_token,
                    meta);
@@ -219,6 +223,13 @@ void LlamaLayerChain::set_qk_norm(int64_t layer, const at::Tensor& q_norm,
   l.q_norm = q_norm;
   l.k_norm = k_norm;
   l.qk_eps = eps;
+}
+
+void LlamaLayerChain::set_kv_scales(int64_t layer, double k_scale, double v_scale) {
+  TORCH_CHECK(layer >= 0 && layer < size(), "no layer ", layer);
+  TORCH_CHECK(k_scale > 0.0 && v_scale > 0.0, "KV scales must be positive");
+  layers_[layer].k_scale = k_scale;
+  layers_[layer].v_scale = v_scale;
 }
 
 void LlamaLayerChain::set_moe(int64_t layer, const at::Tensor& router, int64_t router_qtype,

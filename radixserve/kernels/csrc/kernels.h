@@ -15,18 +15,19 @@ at::Tensor silu_and_mul(const at::Tensor& x);
 at::Tensor argmax_rows(const at::Tensor& logits);
 void rope_store_kv(at::Tensor& q, at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                    const at::Tensor& cos_sin, at::Tensor& k_cache, at::Tensor& v_cache,
-                   const at::Tensor& slots, int64_t head_dim, int64_t rot_dim, bool neox);
+                   const at::Tensor& slots, int64_t head_dim, int64_t rot_dim, bool neox,
+                   double k_scale, double v_scale);
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& req_to_token,
                            const at::Tensor& req_pool_indices, const at::Tensor& prefix_lens,
                            const at::Tensor& extend_lens, const at::Tensor& q_starts,
-                           int64_t heads, double scale);
+                           int64_t heads, double scale, double k_scale, double v_scale);
 at::Tensor paged_attention_sinks(const at::Tensor& q, const at::Tensor& k_cache,
                                  const at::Tensor& v_cache, const at::Tensor& req_to_token,
                                  const at::Tensor& req_pool_indices,
                                  const at::Tensor& prefix_lens, const at::Tensor& extend_lens,
                                  const at::Tensor& q_starts, int64_t heads, double scale,
-                                 const at::Tensor& sinks);
+                                 const at::Tensor& sinks, double k_scale, double v_scale);
 at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
                        int64_t out_features);
 std::vector<at::Tensor> llama_layer(
@@ -36,7 +37,8 @@ std::vector<at::Tensor> llama_layer(
     const at::Tensor& positions, const at::Tensor& cos_sin,
     int64_t rot_dim, bool neox, const at::Tensor& k_cache, const at::Tensor& v_cache,
     const at::Tensor& slots, const at::Tensor& req_to_token, const std::vector<at::Tensor>& meta,
-    int64_t heads, int64_t kv_heads, int64_t head_dim, double scale);
+    int64_t heads, int64_t kv_heads, int64_t head_dim, double scale, double k_scale,
+    double v_scale);
 at::Tensor gguf_linear_tiled(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
                              int64_t out_features);
 bool gguf_tiled_available();
@@ -114,6 +116,8 @@ class LlamaLayerChain {
   // before RoPE.
   void set_qk_norm(int64_t layer, const at::Tensor& q_norm, const at::Tensor& k_norm,
                    double eps);
+  // Layer i's KV cache holds 8-bit codes of K / k_scale and V / v_scale (1 and 1 otherwise).
+  void set_kv_scales(int64_t layer, double k_scale, double v_scale);
   // Layer i's MLP is a mixture of experts (its gate_up/down part counts are 0).
   void set_moe(int64_t layer, const at::Tensor& router, int64_t router_qtype, int64_t top_k,
                bool renormalize, const std::vector<at::Tensor>& gate_up,
@@ -133,6 +137,7 @@ class LlamaLayerChain {
       return i;
     }
     double eps = 0.0, scale = 0.0;
+    double k_scale = 1.0, v_scale = 1.0;  // an 8-bit KV cache's per-layer scales
     at::Tensor cos_sin;
     int64_t rot_dim = 0, heads = 0, kv_heads = 0, head_dim = 0;
     bool neox = false;

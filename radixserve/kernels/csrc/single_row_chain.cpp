@@ -187,6 +187,7 @@ struct LayerPointers {
   void *k_row, *v_row;  // the new token's KV rows
   const void *k_cache, *v_cache;
   float eps, scale, qk_eps = 0.0f;
+  float k_scale = 1.0f, v_scale = 1.0f;  // an 8-bit KV cache's
   int64_t inter = 0;  // the dense MLP's intermediate size (0 for a MoE layer)
   std::shared_ptr<const ExpertStacks> experts;  // a MoE layer's
 };
@@ -253,7 +254,9 @@ bool single_row_chain_applies(const std::vector<LlamaLayerChain::Layer>& layers,
     }
     const at::Tensor& kc = k_caches[i];
     const at::Tensor& vc = v_caches[i];
-    const bool cache_type = kc.scalar_type() == at::kFloat || kc.scalar_type() == at::kBFloat16;
+    const at::ScalarType ct = kc.scalar_type();
+    const bool cache_type = ct == at::kFloat || ct == at::kBFloat16 ||
+                            ct == at::kFloat8_e4m3fn || ct == at::kFloat8_e5m2;
     if (!cache_type || vc.scalar_type() != kc.scalar_type() || !kc.is_contiguous() ||
         !vc.is_contiguous() || kc.dim() != 3 || kc.size(1) != l.kv_heads ||
         kc.size(2) != l.head_dim || vc.sizes() != kc.sizes()) {
@@ -285,8 +288,12 @@ std::vector<at::Tensor> run_single_row_chain(const std::vector<LlamaLayerChain::
   TORCH_CHECK(prefix >= 0 && prefix + 1 <= req_to_token.size(1), "lengths out of range");
   TORCH_CHECK(slot >= 0 && slot < k_caches[0].size(0), "KV slot out of range");
   const int64_t* token_row = req_to_token.data_ptr<int64_t>() + pool_row * req_to_token.size(1);
-  const bool bf16_cache = k_caches[0].scalar_type() == at::kBFloat16;
-  const int64_t elem = bf16_cache ? 2 : 4;
+  const at::ScalarType cache_type = k_caches[0].scalar_type();
+  const KvElem cache = cache_type == at::kBFloat16       ? KvElem::kBFloat16
+                       : cache_type == at::kFloat8_e4m3fn ? KvElem::kFp8E4M3
+                       : cache_type == at::kFloat8_e5m2   ? KvElem::kFp8E5M2
+                                                          : KvElem::kFloat;
+  const int64_t elem = k_caches[0].element_size();
   std::vector<LayerPointers> ptrs(n_layers);
   int64_t max_inter = 0, max_top_k = 0, max_moe_inter = 0;
   for (int64_t i = 0; i < n_layers; ++i) {
@@ -330,6 +337,8 @@ std::vector<at::Tensor> run_single_row_chain(const std::vector<LlamaLayerChain::
     p.v_row = static_cast<char*>(v_caches[i].data_ptr()) + slot * kv_size * elem;
     p.eps = static_cast<float>(l.eps);
     p.scale = static_cast<float>(l.scale);
+    p.k_scale = static_cast<float>(l.k_scale);
+    p.v_scale = static_cast<float>(l.v_scale);
   }
   // The residual starts as the embeddings (llama_layer's first layer: residual = hidden).
   at::Tensor residual = hidden.clone();
@@ -424,14 +433,15 @@ std::vector<at::Tensor> run_single_row_chain(const std::vector<LlamaLayerChain::
             }
           }
           rope_store_token_f32(q, q + q_size, q + q_size + kv_size, p.cos, heads, kv_heads,
-                               head_dim, rot_dim, layers[i].neox, p.k_row, p.v_row, bf16_cache);
+                               head_dim, rot_dim, layers[i].neox, p.k_row, p.v_row, cache,
+                               p.k_scale, p.v_scale);
         }
 #pragma omp barrier
         for (int64_t it = next_item[i].fetch_add(1); it < items; it = next_item[i].fetch_add(1)) {
           const int64_t h0 = kv_heads > 1 ? it : 0, h1 = kv_heads > 1 ? it + 1 : kv_heads;
-          decode_attention_heads(qkv.data(), p.k_cache, p.v_cache, bf16_cache, kv_heads,
-                                 head_dim, token_row, prefix, heads, h0, h1, p.scale,
-                                 attn.data());
+          decode_attention_heads(qkv.data(), p.k_cache, p.v_cache, cache, p.k_scale,
+                                 p.v_scale, kv_heads, head_dim, token_row, prefix, heads, h0,
+                                 h1, p.scale, attn.data());
         }
 #pragma omp barrier
         if (t == 0) ptrs[i].inputs[kO].quantize(attn.data(), q_size, 0, q_size);

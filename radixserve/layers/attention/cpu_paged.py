@@ -85,6 +85,7 @@ class CpuPagedAttnBackend(AttentionBackend):
             layer.head_dim,
             rotary.rotary_dim,
             rotary.is_neox_style,
+            *forward_batch.kv_cache.scales(layer.layer_id),
         )
         return self._attend(q, layer, forward_batch)
 
@@ -127,7 +128,9 @@ class CpuPagedAttnBackend(AttentionBackend):
     def _attend(
         self, q: torch.Tensor, layer: RadixAttention, forward_batch: ForwardBatch
     ) -> torch.Tensor:
-        k_buf, v_buf = forward_batch.kv_cache.get_kv(layer.layer_id)
+        kv = forward_batch.kv_cache
+        k_buf, v_buf = kv.get_kv(layer.layer_id)
+        k_scale, v_scale = kv.scales(layer.layer_id)
         return ops.paged_attention(
             q,
             k_buf,
@@ -139,6 +142,8 @@ class CpuPagedAttnBackend(AttentionBackend):
             layer.sliding_window,
             layer.logit_cap,
             layer.sinks,
+            k_scale,
+            v_scale,
         )
 
     def forward_extend(

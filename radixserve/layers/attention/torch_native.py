@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from radixserve.kernels import reference
+from radixserve.kernels import kv_codes, reference
 from radixserve.layers.attention.base import AttentionBackend
 
 if TYPE_CHECKING:
@@ -55,7 +55,8 @@ class TorchNativeAttnBackend(AttentionBackend):
     def _windowed(
         self, q: torch.Tensor, layer: RadixAttention, forward_batch: ForwardBatch
     ) -> torch.Tensor:
-        k_buf, v_buf = forward_batch.kv_cache.get_kv(layer.layer_id)
+        kv = forward_batch.kv_cache
+        k_buf, v_buf = kv.get_kv(layer.layer_id)
         out = reference.windowed_attention(
             q.reshape(q.shape[0], -1),
             k_buf,
@@ -70,6 +71,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             layer.sliding_window,
             layer.logit_cap,
             layer.sinks,
+            *kv.scales(layer.layer_id),
         )
         return out.view_as(q)
 
@@ -79,13 +81,17 @@ class TorchNativeAttnBackend(AttentionBackend):
         if _needs_windowed(layer):
             return self._windowed(q, layer, forward_batch)
         k_buf, v_buf = forward_batch.kv_cache.get_kv(layer.layer_id)
+        k_scale, v_scale = forward_batch.kv_cache.scales(layer.layer_id)
         out = torch.empty_like(q)
         start = 0
         for i, new_len in enumerate(forward_batch.extend_seq_lens_cpu):
             slots = self._extend_slots[i]
             q_i = q[start : start + new_len].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-            k_i = k_buf[slots].to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
-            v_i = v_buf[slots].to(q.dtype).transpose(0, 1).unsqueeze(0)
+            # An 8-bit cache: only this request's gathered keys are widened.
+            k_i = kv_codes.decode(k_buf[slots], q.dtype, k_scale)
+            v_i = kv_codes.decode(v_buf[slots], q.dtype, v_scale)
+            k_i = k_i.transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+            v_i = v_i.transpose(0, 1).unsqueeze(0)
             o = F.scaled_dot_product_attention(
                 q_i,
                 k_i,
@@ -104,8 +110,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         if _needs_windowed(layer):
             return self._windowed(q, layer, forward_batch)
         k_buf, v_buf = forward_batch.kv_cache.get_kv(layer.layer_id)
-        k = k_buf[self._decode_slots].to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
-        v = v_buf[self._decode_slots].to(q.dtype).transpose(1, 2)
+        k_scale, v_scale = forward_batch.kv_cache.scales(layer.layer_id)
+        k = kv_codes.decode(k_buf[self._decode_slots], q.dtype, k_scale).transpose(1, 2)
+        v = kv_codes.decode(v_buf[self._decode_slots], q.dtype, v_scale).transpose(1, 2)
         o = F.scaled_dot_product_attention(
             q.unsqueeze(2),  # [B, H, 1, D]
             k,

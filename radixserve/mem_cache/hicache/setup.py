@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from radixserve.mem_cache.hicache.config import HiCacheConfig
 from radixserve.mem_cache.hicache.controller import HiCacheController
 from radixserve.mem_cache.kv_cache import KVCache
@@ -22,6 +24,9 @@ def model_identity(args: Any, kv_cache: KVCache) -> str:
         f"head_dim={kv_cache.head_dim}",
         f"dtype={kv_cache.dtype}",
     ]
+    if kv_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        # 8-bit codes mean K / k_scale: other scales make other codes.
+        parts.append(f"kv_scales={kv_cache.k_scales},{kv_cache.v_scales}")
     if args.load_format == "dummy":
         parts.append(f"seed={args.random_seed}")
     return ";".join(parts)
