@@ -9,7 +9,7 @@ import logging
 
 import torch
 
-from radixserve.kernels import kv_codes
+from radixserve.kernels.kv_codes import encode, is_fp8
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class KVCache:
         self.v_scales = list(v_scales) if v_scales is not None else [1.0] * num_layers
         if len(self.k_scales) != num_layers or len(self.v_scales) != num_layers:
             raise ValueError(f"KV scales: one per layer ({num_layers}) for K and for V")
-        if not kv_codes.is_fp8(dtype) and any(s != 1.0 for s in self.k_scales + self.v_scales):
+        if not is_fp8(dtype) and any(s != 1.0 for s in self.k_scales + self.v_scales):
             raise ValueError(f"KV scales apply to an 8-bit KV cache only, not {dtype}")
         # One extra slot, kept at zero, that padded reads point at. The rest is left
         # uninitialised: every slot is written before it is read, and not touching a large pool
@@ -91,10 +91,10 @@ class KVCache:
         """k, v: [num_tokens, num_kv_heads, head_dim] for the tokens stored at `slots` (v is
         ignored when it shares K's buffer: the model passes k for it)."""
         k_scale, v_scale = self.scales(layer_id)
-        self.k_buffers[layer_id][slots] = kv_codes.encode(k, self.dtype, k_scale)
+        self.k_buffers[layer_id][slots] = encode(k, self.dtype, k_scale)
         if self.v_shares_k:
             return
-        self.v_buffers[layer_id][slots] = kv_codes.encode(v, self.dtype, v_scale)
+        self.v_buffers[layer_id][slots] = encode(v, self.dtype, v_scale)
 
     def scales(self, layer_id: int) -> tuple[float, float]:
         """(k_scale, v_scale) of a layer: what its stored codes are multiplied by when read."""

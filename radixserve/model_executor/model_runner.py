@@ -22,9 +22,9 @@ from radixserve.layers.fast_path import use_fast_kernels
 from radixserve.layers.moe import expert_stats
 from radixserve.layers.moe.routed_capture import RoutedShape, capture_step, routed_shape
 from radixserve.mem_cache.kv_cache import KVCache
-from radixserve.mem_cache.kv_scales import KvScales, load_kv_scales
-from radixserve.mem_cache.kv_scales import ones as kv_ones
 from radixserve.model_executor.forward_batch import ForwardBatch, ForwardMode
+from radixserve.model_executor.kv_scales import KvScales, load_kv_scales
+from radixserve.model_executor.kv_scales import ones as kv_ones
 from radixserve.model_executor.memory_plan import plan_kv_pool
 from radixserve.models.kv_layout import kv_layout
 from radixserve.models.vision_feature_cache import VisionFeatureCache, budget_bytes

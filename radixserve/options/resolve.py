@@ -112,7 +112,7 @@ _KV_FP8_DTYPES = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
 
 def resolve_kv_cache_dtype(kv_cache_dtype: str, dtype: str) -> str:
     """'auto' follows the model dtype; 'bf16' is spelled 'bfloat16'; fp8_e4m3 / fp8_e5m2 are
-    float8_e4m3fn / float8_e5m2 (scaled 8-bit codes: mem_cache/kv_scales.py)."""
+    float8_e4m3fn / float8_e5m2 (scaled 8-bit codes: model_executor/kv_scales.py)."""
     if kv_cache_dtype == "auto":
         return dtype
     if kv_cache_dtype in _KV_FP8_DTYPES:

@@ -37,7 +37,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "radixserve.utils.startup_cache",
         "radixserve.utils.cache_dir",
     ),
-    "radixserve.mem_cache": ("radixserve.mem_cache",),
+    # kv_codes: the 8-bit KV codes' conversion in PyTorch (a leaf of torch calls).
+    "radixserve.mem_cache": ("radixserve.mem_cache", "radixserve.kernels.kv_codes"),
     # KV transfer and bootstrap: no scheduler, model or cache code (they get buffers and
     # payloads handed in), so both sides of a PD pair can use them from any process.
     "radixserve.disaggregation": ("radixserve.disaggregation",),

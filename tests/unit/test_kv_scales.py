@@ -13,7 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from radixserve.mem_cache.kv_scales import load_kv_scales
+from radixserve.model_executor.kv_scales import load_kv_scales
 from tests.unit.tiny_model import make_tiny_engine, write_tiny_llama
 
 E4M3 = torch.float8_e4m3fn
@@ -79,7 +79,7 @@ def test_checkpoint_scales(tmp_path: Path) -> None:
 def test_no_scales_anywhere_is_one_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="radixserve.mem_cache.kv_scales"):
+    with caplog.at_level(logging.WARNING, logger="radixserve.model_executor.kv_scales"):
         scales = _load(None, tmp_path)
     assert scales.k == [1.0, 1.0] and scales.v == [1.0, 1.0]
     assert "without scaling factors" in caplog.text
