@@ -183,38 +183,14 @@ SILU_AND_MUL = KernelOp("silu_and_mul", reference.silu_and_mul, accepts=_unit_st
 ARGMAX_ROWS = KernelOp("argmax_rows", reference.argmax_rows, accepts=_float32_rows)
 
 
-def _rope_store_cpp(
-    kernel: Callable[..., Any],
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slots: torch.Tensor,
-    head_dim: int,
-    rot_dim: int,
-    neox: bool,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
-) -> None:
+# rope_store_kv's arguments before its two KV scales (q ... neox), and the scales' defaults.
+_ROPE_STORE_ARGS = 11
+_UNIT_KV_SCALES = (1.0, 1.0)
+
+
+def _rope_store_cpp(kernel: Callable[..., Any], *args: Any) -> None:
     # The binding takes the KV scales always (1 for float caches); the reference defaults them.
-    kernel(
-        q,
-        k,
-        v,
-        positions,
-        cos_sin,
-        k_cache,
-        v_cache,
-        slots,
-        head_dim,
-        rot_dim,
-        neox,
-        k_scale,
-        v_scale,
-    )
+    kernel(*args, *_UNIT_KV_SCALES[len(args) - _ROPE_STORE_ARGS :])
 
 
 ROPE_STORE_KV = KernelOp(

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from radixserve.managers.background_work import BackgroundQueue
 from radixserve.sampling.constrained import (
     GrammarBackend,
     GrammarError,
@@ -29,7 +29,7 @@ class GrammarManager:
     def __init__(self, make_backend: Any) -> None:
         self._make_backend = make_backend  # built on first use: loading vocab info costs time
         self._backend: GrammarBackend | None = None
-        self.compiling: list[tuple[Req, Future[Any]]] = []
+        self.compiling: BackgroundQueue[Any] = BackgroundQueue((GrammarError,))
 
     @property
     def backend(self) -> GrammarBackend | None:
@@ -51,29 +51,17 @@ class GrammarManager:
         try:
             spec = spec_from_sampling_params(req.sampling_params)
             assert spec is not None
-            self.compiling.append((req, backend.compile_async(spec)))
+            self.compiling.add(req, backend.compile_async(spec))
         except GrammarError as exc:
             return str(exc)
         return None
 
     def collect_ready(self) -> tuple[list[Req], list[tuple[Req, str]]]:
         """Requests whose grammar finished compiling (now with a matcher), and failures."""
-        ready: list[Req] = []
-        failed: list[tuple[Req, str]] = []
-        pending = []
-        for req, future in self.compiling:
-            if req.finished:
-                continue
-            if not future.done():
-                pending.append((req, future))
-                continue
-            try:
-                req.grammar = self.backend.matcher(future.result())  # type: ignore[union-attr]
-                ready.append(req)
-            except GrammarError as exc:
-                failed.append((req, str(exc)))
-        self.compiling = pending
-        return ready, failed
+        return self.compiling.collect(self._give_matcher)
+
+    def _give_matcher(self, req: Req, compiled: Any) -> None:
+        req.grammar = self.backend.matcher(compiled)  # type: ignore[union-attr]
 
     @staticmethod
     def grammar_mask(reqs: Sequence[Req], vocab_size: int) -> PackedVocabMask | None:

@@ -4,10 +4,11 @@ their content (multimodal/image_prompt.py), each refusal a message for a 400 of 
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from radixserve.errors import InvalidRequestError
+from radixserve.managers.background_work import BackgroundQueue
 from radixserve.multimodal.image_prompt import ImagePrompt, keyed_ids
 
 if TYPE_CHECKING:
@@ -62,13 +63,12 @@ def _apply(req: Req, items: list[ImageItem]) -> None:
 
 class ImageIntake:
     """Requests whose images are being processed to pixels (resize, normalize: tens of ms per
-    image, more for a large one) on a worker thread, each waiting in this queue as a compiling
-    grammar waits in its own, so processing never stalls the other requests' steps. The
-    scheduler collects them once processed; an aborted one is dropped when its turn comes."""
+    image, more for a large one) on a worker thread, waiting in a BackgroundQueue as a
+    compiling grammar waits in its own."""
 
     def __init__(self, preprocessor: ImagePreprocessor | None) -> None:
         self.preprocessor = preprocessor
-        self.preparing: list[tuple[Req, Future[list[ImageItem]]]] = []
+        self.preparing: BackgroundQueue[list[ImageItem]] = BackgroundQueue((InvalidRequestError,))
         self._pool: ThreadPoolExecutor | None = None
 
     def refusal(self, req: Req, msg: TokenizedGenerateReq) -> str | None:
@@ -79,27 +79,12 @@ class ImageIntake:
         assert self.preprocessor is not None and msg.images
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="image-intake")
-        self.preparing.append((req, self._pool.submit(self.preprocessor.prepare, msg.images)))
+        self.preparing.add(req, self._pool.submit(self.preprocessor.prepare, msg.images))
 
     def collect_ready(self) -> tuple[list[Req], list[tuple[Req, str]]]:
         """Requests whose images are processed (given their images and cache key), and the
         ones whose images failed, with the reason."""
-        ready: list[Req] = []
-        failed: list[tuple[Req, str]] = []
-        pending = []
-        for req, future in self.preparing:
-            if req.finished:
-                continue
-            if not future.done():
-                pending.append((req, future))
-                continue
-            try:
-                _apply(req, future.result())
-                ready.append(req)
-            except InvalidRequestError as exc:
-                failed.append((req, str(exc)))
-        self.preparing = pending
-        return ready, failed
+        return self.preparing.collect(_apply)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -501,8 +501,8 @@ class Scheduler:
             self.pending_outputs.append(self._output(req))
 
     def _live_reqs(self) -> list[Req]:
-        live = [*self.waiting, *self.running, *(r for r, _ in self.grammars.compiling)]
-        live.extend(r for r, _ in self.image_intake.preparing)
+        live = [*self.waiting, *self.running, *self.grammars.compiling.reqs()]
+        live.extend(self.image_intake.preparing.reqs())
         if self.chunked_req is not None:
             live.append(self.chunked_req)
         return live
