@@ -542,19 +542,7 @@ void decode_attention_heads(const float* q_row, const void* k_cache, const void*
                           static_cast<const C*>(v_cache), token_row, prefix, 1, 0, heads,
                           kv_heads, head_dim, scale, out_row, nullptr, k_scale, v_scale);
   };
-  switch (cache) {
-    case KvElem::kBFloat16:
-      attend(c10::BFloat16{});
-      break;
-    case KvElem::kFp8E4M3:
-      attend(c10::Float8_e4m3fn{});
-      break;
-    case KvElem::kFp8E5M2:
-      attend(c10::Float8_e5m2{});
-      break;
-    default:
-      attend(float{});
-  }
+  with_kv_elem(cache, attend);
 }
 
 void set_attention_query_rows(int64_t rows) {

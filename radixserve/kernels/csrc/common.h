@@ -19,6 +19,8 @@
 #include <immintrin.h>
 #endif
 
+#include "single_row.h"
+
 namespace radixserve {
 
 template <typename T>
@@ -123,6 +125,25 @@ inline void dispatch_kv_cache(at::ScalarType type, const char* name, F&& f) {
 
 inline void check_cpu(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
+}
+
+// f(element{}) for a raw KV cache row of element type `cache` (single_row.h's KvElem): the
+// single-row pieces' one switch from the enum to the element type.
+template <typename F>
+void with_kv_elem(KvElem cache, const F& f) {
+  switch (cache) {
+    case KvElem::kBFloat16:
+      f(c10::BFloat16{});
+      return;
+    case KvElem::kFp8E4M3:
+      f(c10::Float8_e4m3fn{});
+      return;
+    case KvElem::kFp8E5M2:
+      f(c10::Float8_e5m2{});
+      return;
+    default:
+      f(float{});
+  }
 }
 
 // fn(begin, end) over [0, n) in ranges of `grab`, which the threads take from a shared counter

@@ -197,19 +197,7 @@ void rope_store_token_f32(float* q, float* k, const float* v, const float* cos, 
                      static_cast<C*>(k_cache_row), static_cast<C*>(v_cache_row), k_scale,
                      v_scale);
   };
-  switch (cache) {
-    case KvElem::kBFloat16:
-      store(c10::BFloat16{});
-      break;
-    case KvElem::kFp8E4M3:
-      store(c10::Float8_e4m3fn{});
-      break;
-    case KvElem::kFp8E5M2:
-      store(c10::Float8_e5m2{});
-      break;
-    default:
-      store(float{});
-  }
+  with_kv_elem(cache, store);
 }
 
 // RoPE on q [T, H*D] and k [T, Hkv*D] in place (rows may be strided views of a fused qkv),
