@@ -172,9 +172,7 @@ class Scheduler:
             # SGLang ignores the value unless told to refuse it.
             error = PRIORITY_DISABLED_MESSAGE if args.abort_on_priority_when_disabled else None
         if error is not None:
-            req.finished_reason = FinishReason("abort", message=error, status_code=400)
-            self.sessions.on_finish(req, 0)
-            self.pending_outputs.append(self._output(req))
+            self._refuse(req, error)
             return
         if msg.stream:
             self.stream_reqs.add(req.rid)
@@ -188,10 +186,7 @@ class Scheduler:
         if self.grammars.needs_grammar(req):
             problem = self.grammars.start(req)  # it joins the queue once compiled
             if problem is not None:
-                self.stream_reqs.discard(req.rid)
-                req.finished_reason = FinishReason("abort", message=problem, status_code=400)
-                self.sessions.on_finish(req, 0)
-                self.pending_outputs.append(self._output(req))
+                self._refuse(req, problem)
             return
         self.waiting.append(req)
 
@@ -485,9 +480,7 @@ class Scheduler:
         for req in ready:
             self._queue(req)
         for req, message in failed:
-            self.stream_reqs.discard(req.rid)
-            req.finished_reason = FinishReason("abort", message=message, status_code=400)
-            self.pending_outputs.append(self._output(req))
+            self._refuse(req, message)
 
     def _admit_compiled_grammars(self) -> None:
         if not self.grammars.compiling:
@@ -495,10 +488,15 @@ class Scheduler:
         ready, failed = self.grammars.collect_ready()
         self.waiting.extend(ready)
         for req, message in failed:
-            self.stream_reqs.discard(req.rid)
-            req.finished_reason = FinishReason("abort", message=message, status_code=400)
-            self.sessions.on_finish(req, 0)
-            self.pending_outputs.append(self._output(req))
+            self._refuse(req, message)
+
+    def _refuse(self, req: Req, message: str) -> None:
+        """End a request the server will not run (the client's fault: a 400 with `message`)
+        before it computed anything."""
+        self.stream_reqs.discard(req.rid)
+        req.finished_reason = FinishReason("abort", message=message, status_code=400)
+        self.sessions.on_finish(req, 0)
+        self.pending_outputs.append(self._output(req))
 
     def _live_reqs(self) -> list[Req]:
         live = [*self.waiting, *self.running, *self.grammars.compiling.reqs()]
