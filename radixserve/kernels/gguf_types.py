@@ -84,6 +84,13 @@ def row_bytes(qtype: int, k: int) -> int:
     return k // fmt.weights * fmt.bytes
 
 
+def whole_blocks(qtype: int, start: int, width: int) -> bool:
+    """Whether weights [start, start + width) of a row of `qtype` are whole blocks (a tensor
+    parallel rank's slice of a row-split layer must be)."""
+    weights = FORMATS[qtype].weights
+    return start % weights == 0 and width % weights == 0
+
+
 def row_weights(qtype: int, nbytes: int) -> int:
     """K of a row of `nbytes` bytes of `qtype` blocks (row_bytes' inverse)."""
     fmt = FORMATS[qtype]

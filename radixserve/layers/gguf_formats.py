@@ -10,6 +10,7 @@ FORMATS = gguf_types.FORMATS  # type -> BlockFormat(name, weights, bytes)
 QUANTIZED_TYPES = gguf_types.QUANTIZED_TYPES
 SUPPORTED_TYPES = frozenset(gguf_types.FORMATS)  # every type the loader reads
 type_name = gguf_types.type_name
+whole_blocks = gguf_types.whole_blocks
 
 
 def dequantize(data: torch.Tensor, qtype: int, shape: tuple[int, ...]) -> torch.Tensor:

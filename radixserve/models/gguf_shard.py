@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from radixserve.layers.gguf_formats import FORMATS, type_name
+from radixserve.layers.gguf_formats import FORMATS, type_name, whole_blocks
 from radixserve.layers.moe import ExpertBlocks
 
 Parts = list[tuple[torch.Tensor, int]]
@@ -95,7 +95,7 @@ def _input_columns(
 ) -> torch.Tensor:
     """Input columns [start, start + width) of blocks whose rows run along `dim` in bytes."""
     fmt = FORMATS[qtype]
-    if start % fmt.weights or width % fmt.weights:
+    if not whole_blocks(qtype, start, width):
         raise ValueError(
             f"--tp-size: a rank's slice of {width} input columns (from column {start}) does not "
             f"fall on {type_name(qtype)} block boundaries ({fmt.weights} weights a block); use a "

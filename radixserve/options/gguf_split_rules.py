@@ -24,7 +24,7 @@ def check_gguf_split(v: Mapping[str, Any]) -> None:
         return
     if not path.is_file():
         return  # the loader reports a missing file
-    from radixserve.kernels.gguf_types import FORMATS, QUANTIZED_TYPES
+    from radixserve.kernels.gguf_types import FORMATS, QUANTIZED_TYPES, whole_blocks
     from radixserve.utils.gguf_cache import tensor_table
 
     try:
@@ -38,7 +38,8 @@ def check_gguf_split(v: Mapping[str, Any]) -> None:
             continue
         fmt = FORMATS[tensor.tensor_type]
         k = tensor.shape[0]  # GGUF order: the input dimension first
-        if k % ranks or (k // ranks) % fmt.weights:
+        # Rank r's columns start at r * (k // ranks): whole blocks when the width is.
+        if k % ranks or not whole_blocks(tensor.tensor_type, 0, k // ranks):
             raise ServerArgsError(
                 "--tp-size",
                 f"{tp} splits {tensor.name}'s {k} input columns into {k // ranks}, which cuts "
