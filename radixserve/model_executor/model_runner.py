@@ -275,7 +275,7 @@ class ModelRunner:
         return getattr(torch, self.server_args.resolved_kv_cache_dtype)
 
     def _kv_scales(self, v_shares_k: bool) -> KvScales:
-        """An 8-bit KV cache's per-layer scales (mem_cache/kv_scales.py), after refusing the
+        """An 8-bit KV cache's per-layer scales (model_executor/kv_scales.py), after refusing the
         paths that cannot read one; 1.0 for a float cache."""
         cfg = self.model_config
         args = self.server_args
