@@ -9,7 +9,6 @@ builder).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,39 +22,12 @@ from radixserve.sampling.custom_logit_processor import apply_processors
 from radixserve.sampling.output_counts import OutputTokenCounts, batch_token_counts
 from radixserve.sampling.sampler import Sampler
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
+from radixserve.sampling.token_result import EmbeddingResult, TokenResult
 
 if TYPE_CHECKING:
     from radixserve.managers.kv_manager import KVManager
     from radixserve.managers.schedule_batch import Req, ScheduledBatch
     from radixserve.model_executor.model_runner import ModelRunner
-    from radixserve.sampling.sampling_params import SamplingParams
-
-
-@dataclass
-class TokenResult:
-    """What one step produced for one request that reached the end of its tokens."""
-
-    token_id: int
-    logprob: float
-    top_logprobs: list[tuple[float, int]] = field(default_factory=list)
-    ids_logprobs: list[tuple[float, int]] = field(default_factory=list)
-
-    def apply(self, req: Req) -> None:
-        req.output_ids.append(self.token_id)
-        if req.return_logprob:
-            req.output_token_logprobs.append((self.logprob, self.token_id))
-            if req.top_logprobs_num:
-                req.output_top_logprobs.append(self.top_logprobs)
-            if req.token_ids_logprob:
-                req.output_token_ids_logprobs.append(self.ids_logprobs)
-
-
-@dataclass
-class EmbeddingResult:
-    vector: list[float]
-
-    def apply(self, req: Req) -> None:
-        req.embedding = self.vector
 
 
 # sample_pos values at or below this mark an embedding request (its index into hidden_rows is
@@ -68,7 +40,7 @@ class StepRunner:
         self.runner = runner
         self.kv = kv
         self.eos_token_ids = list(eos_token_ids)
-        self.sampler = Sampler()
+        self.sampler = Sampler(argmax=ops.argmax_rows)
         # EAGLE speculation: called with each forward's per-token features (the batch's
         # requests, their first positions and token counts, the features).
         self.on_features: (
@@ -261,7 +233,7 @@ def _plain_greedy(reqs: Sequence[Req]) -> bool:
     return all(
         not req.return_logprob
         and req.grammar is None
-        and argmax_of_raw_logits(req.sampling_params, len(req.output_ids))
+        and req.sampling_params.samples_raw_argmax(len(req.output_ids))
         for req in reqs
     )
 
@@ -272,7 +244,7 @@ def _output_counts(
     """The batch's output-token counts from each penalised request's incremental counter
     (made on its first penalised step); None when no request has a penalty."""
     trackers = [
-        _output_counter(r, vocab_size) if _penalised(r.sampling_params) else None for r in reqs
+        _output_counter(r, vocab_size) if r.sampling_params.has_penalty else None for r in reqs
     ]
     if all(t is None for t in trackers):
         return None
@@ -283,18 +255,3 @@ def _output_counter(req: Req, vocab_size: int) -> OutputTokenCounts:
     if req.output_counts is None or req.output_counts.vocab_size != vocab_size:
         req.output_counts = OutputTokenCounts(vocab_size)
     return req.output_counts
-
-
-def _penalised(p: SamplingParams) -> bool:
-    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
-
-
-def argmax_of_raw_logits(p: SamplingParams, num_output_tokens: int) -> bool:
-    """Whether a row with these parameters, after num_output_tokens generated tokens, samples
-    the argmax of its raw logits (greedy; no penalty, logit bias or pending min_new_tokens)."""
-    return (
-        p.is_greedy
-        and not p.logit_bias
-        and not _penalised(p)
-        and num_output_tokens >= p.min_new_tokens
-    )

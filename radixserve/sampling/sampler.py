@@ -19,6 +19,7 @@ filtering. Greedy rows use temperature 1, i.e. the plain log-softmax of the proc
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -54,7 +55,7 @@ def _check_logits(logits: torch.Tensor, info: SamplingBatchInfo) -> None:
         raise ValueError(f"logits must have shape {expected}, got {tuple(logits.shape)}.")
 
 
-def _scale(processed: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+def scale_by_temperature(processed: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     if info.is_all_greedy:
         return processed  # every temperature is 1.0
     return processed / info.temperatures
@@ -71,7 +72,7 @@ def compute_logprobs(logits: torch.Tensor, info: SamplingBatchInfo | None = None
     if info is not None:
         if x.shape[0] != len(info):
             raise ValueError(f"logits has {x.shape[0]} rows for a batch of {len(info)}.")
-        x = _scale(x, info)
+        x = scale_by_temperature(x, info)
     return torch.log_softmax(x, dim=-1).clamp_(min=_LOGPROB_FLOOR)
 
 
@@ -105,7 +106,7 @@ def chosen_logprobs(
     return SampleOutput(next_ids.to(torch.int64), logprobs, top, scaled)
 
 
-def _filter_sorted(probs_sorted: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+def filter_sorted(probs_sorted: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     """Zero the tail that top-k, top-p and min-p exclude; rows are sorted descending.
 
     Each filter keeps a prefix of the sorted row, so the result is a prefix of non-zeros.
@@ -151,7 +152,7 @@ def _sample_rows(scaled: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     uniforms = _row_uniforms(info, scaled.device)
     if info.need_top_k or info.need_top_p:
         probs_sorted, order = probs.sort(dim=-1, descending=True, stable=True)
-        chosen = _draw(_filter_sorted(probs_sorted, info), uniforms)
+        chosen = _draw(filter_sorted(probs_sorted, info), uniforms)
         return order.gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
     if info.need_min_p:
         threshold = probs.amax(dim=-1, keepdim=True) * info.min_ps.view(-1, 1)
@@ -159,8 +160,20 @@ def _sample_rows(scaled: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     return _draw(probs, uniforms)
 
 
+def _torch_argmax(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(dim=-1)
+
+
 class Sampler:
-    """Samples the next token of every row; see the module docstring for the exact rules."""
+    """Samples the next token of every row; see the module docstring for the exact rules.
+
+    `argmax` picks greedy rows' tokens (the first index of each row's maximum). The serving
+    path passes the C++ one (kernels' argmax_rows): `sampling/` may not import kernels, and
+    the bare argmax of an all-greedy batch is a measurable share of a decode step's host time.
+    """
+
+    def __init__(self, argmax: Callable[[torch.Tensor], torch.Tensor] = _torch_argmax) -> None:
+        self.argmax = argmax
 
     def __call__(
         self,
@@ -176,14 +189,14 @@ class Sampler:
             raise ValueError(f"top_logprobs_num must be >= 0, got {top_logprobs_num}.")
         plain = info.is_all_greedy and not info.needs_logit_processing
         if plain and not need_logprobs and not top_logprobs_num:
-            return SampleOutput(logits.argmax(dim=-1), torch.zeros(len(info)), None)
+            return SampleOutput(self.argmax(logits), torch.zeros(len(info)), None)
         processed = info.process_logits(logits)
-        argmax = processed.argmax(dim=-1)
+        argmax = self.argmax(processed)
         if info.is_all_greedy:
             next_ids = argmax
             scaled = processed
         else:
-            scaled = _scale(processed, info)
+            scaled = scale_by_temperature(processed, info)
             sampled = _sample_rows(scaled, info)
             next_ids = torch.where(info.is_greedy, argmax, sampled)
         if info.needs_logit_processing:

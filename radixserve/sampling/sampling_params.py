@@ -251,6 +251,26 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS or self.top_k == 1
 
+    @property
+    def has_penalty(self) -> bool:
+        """A repetition, frequency or presence penalty: the output's token counts matter."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+        )
+
+    def samples_raw_argmax(self, num_output_tokens: int) -> bool:
+        """Whether a row with these parameters, after num_output_tokens generated tokens,
+        samples the argmax of its raw logits (greedy; no penalty, logit bias or pending
+        min_new_tokens)."""
+        return (
+            self.is_greedy
+            and not self.logit_bias
+            and not self.has_penalty
+            and num_output_tokens >= self.min_new_tokens
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict that ``from_dict`` turns back into an equal object."""
         out = dataclasses.asdict(self)

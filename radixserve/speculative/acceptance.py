@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from radixserve.sampling.sampler import _filter_sorted, _scale
+from radixserve.sampling.sampler import filter_sorted, scale_by_temperature
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 from radixserve.speculative.draft_tree import DraftTree
 
@@ -35,10 +35,10 @@ def target_probs(processed: torch.Tensor, info: SamplingBatchInfo) -> torch.Tens
     logits (`info.process_logits`: penalties, logit bias, masks; rows without any of these are
     their raw logits): temperature, then top-k / top-p / min-p as the sampler applies them,
     renormalised."""
-    probs = torch.softmax(_scale(processed, info), dim=-1)
+    probs = torch.softmax(scale_by_temperature(processed, info), dim=-1)
     if info.need_top_k or info.need_top_p:
         probs_sorted, order = probs.sort(dim=-1, descending=True, stable=True)
-        kept = _filter_sorted(probs_sorted, info)
+        kept = filter_sorted(probs_sorted, info)
         probs = torch.zeros_like(probs).scatter_(-1, order, kept)
     elif info.need_min_p:
         threshold = probs.amax(dim=-1, keepdim=True) * info.min_ps.view(-1, 1)

@@ -31,13 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from radixserve.managers.step_runner import TokenResult, argmax_of_raw_logits
 from radixserve.model_executor.model_runner import StepInputs
 from radixserve.sampling.constrained.bitmask import allocate_bitmask
 from radixserve.sampling.constrained.mask_apply import PackedVocabMask
 from radixserve.sampling.custom_logit_processor import apply_processors
-from radixserve.sampling.sampler import _scale, chosen_logprobs
+from radixserve.sampling.sampler import chosen_logprobs, scale_by_temperature
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
+from radixserve.sampling.token_result import TokenResult
 from radixserve.speculative.acceptance import accept_tree, target_probs
 from radixserve.speculative.adaptive import DraftBudget
 from radixserve.speculative.draft_model import DraftModel
@@ -48,8 +48,8 @@ from radixserve.speculative.ngram_cache import NgramCache
 
 if TYPE_CHECKING:
     from radixserve.managers.schedule_batch import Req
-    from radixserve.managers.step_runner import StepRunner
     from radixserve.speculative.config import SpecConfig
+    from radixserve.speculative.target import TargetSteps
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def speculable(req: Req) -> bool:
 
 
 class SpecWorker:
-    def __init__(self, config: SpecConfig, step_runner: StepRunner, context_len: int) -> None:
+    def __init__(self, config: SpecConfig, step_runner: TargetSteps, context_len: int) -> None:
         self.config = config
         self.step_runner = step_runner
         self.context_len = context_len
@@ -252,7 +252,7 @@ class SpecWorker:
         params = [reqs[i].sampling_params for i in drafted for _ in node_rows[i]]
         mask = self._verify_grammar_mask(reqs, trees, drafted, block.shape[-1])
         raw = all(
-            argmax_of_raw_logits(reqs[i].sampling_params, len(reqs[i].output_ids) + depth)
+            reqs[i].sampling_params.samples_raw_argmax(len(reqs[i].output_ids) + depth)
             for i in drafted
             for depth in trees[i].depths
         )
@@ -282,7 +282,7 @@ class SpecWorker:
             if not all(p.is_greedy for p in params):
                 probs = target_probs(processed, info).cpu()
             if want_logprobs:
-                scaled = _scale(processed, info)
+                scaled = scale_by_temperature(processed, info)
         out: list[tuple[list[TokenResult], list[int]]] = []
         offset = 0
         for i in drafted:

@@ -76,6 +76,17 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "radixserve.utils",
     ),
     "radixserve.server_args": ("radixserve.options", "radixserve.defaults"),
+    # Drafting and verification run on the target's model, KV and sampler, handed in through
+    # speculative/target.py's protocols; of managers/ only the request type is read.
+    "radixserve.speculative": (
+        "radixserve.speculative",
+        "radixserve.sampling",
+        "radixserve.model_executor",
+        "radixserve.mem_cache",
+        "radixserve.models.eagle_common",
+        "radixserve.managers.schedule_batch",
+        "radixserve.server_args",
+    ),
 }
 # package prefix -> radixserve modules it must never import
 FORBIDDEN: dict[str, tuple[str, ...]] = {

@@ -248,3 +248,37 @@ def test_bad_shapes_raise() -> None:
 def test_top_k_minus_one_and_huge_mean_all() -> None:
     info = _info([SamplingParams(top_k=-1), SamplingParams(top_k=1 << 30), SamplingParams(top_k=4)])
     assert info.top_ks.tolist() == [VOCAB, VOCAB, 4]
+
+
+def test_injected_argmax_picks_greedy_rows() -> None:
+    """The serving path hands the sampler the C++ argmax; it must pick every greedy row, bare
+    or after processing (logit bias here), and give what torch's argmax gives."""
+    from radixserve.kernels import ops
+
+    calls: list[tuple[int, ...]] = []
+
+    def counting(x: torch.Tensor) -> torch.Tensor:
+        calls.append(tuple(x.shape))
+        return ops.argmax_rows(x)
+
+    injected = Sampler(argmax=counting)
+    logits = torch.randn(6, VOCAB)
+    greedy = [SamplingParams(temperature=0.0)] * 6
+    bare = injected(logits, _info(greedy), need_logprobs=False)
+    assert torch.equal(bare.next_token_ids, logits.argmax(-1))
+    biased = [SamplingParams(temperature=0.0, logit_bias={3: 100.0})] * 6
+    out = injected(logits, _info(biased), need_logprobs=False)
+    assert out.next_token_ids.tolist() == [3] * 6
+    assert calls == [(6, VOCAB), (6, VOCAB)]
+
+
+def test_samples_raw_argmax_rules() -> None:
+    assert SamplingParams(temperature=0.0).samples_raw_argmax(0)
+    assert SamplingParams(top_k=1).samples_raw_argmax(0)
+    assert not SamplingParams(temperature=0.7).samples_raw_argmax(0)
+    assert not SamplingParams(temperature=0.0, logit_bias={1: 1.0}).samples_raw_argmax(0)
+    assert not SamplingParams(temperature=0.0, repetition_penalty=1.1).samples_raw_argmax(0)
+    assert SamplingParams(temperature=0.0, repetition_penalty=1.1).has_penalty
+    pending = SamplingParams(temperature=0.0, min_new_tokens=2)
+    assert not pending.samples_raw_argmax(1)
+    assert pending.samples_raw_argmax(2)
