@@ -110,7 +110,7 @@ class StaticBatch:
     def extend(self, new_tokens: Sequence[Sequence[int]], is_decode: bool = False) -> torch.Tensor:
         """Append new_tokens[i] to request i (new requests get a table row); returns the logits
         of each request's last new token."""
-        from radixserve.model_executor.model_runner import StepInputs
+        from radixserve.model_executor.step_builder import StepBuilder
 
         while len(self.rows) < len(new_tokens):
             row = self.pool.alloc()
@@ -118,10 +118,7 @@ class StaticBatch:
                 raise MemoryError("no free request rows")
             self.rows.append(row)
             self.lens.append(0)
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[torch.Tensor] = []
-        logits_rows: list[int] = []
+        builder = StepBuilder()
         for i, tokens in enumerate(new_tokens):
             row, start, n = self.rows[i], self.lens[i], len(tokens)
             last = int(self.pool.req_to_token[row, start - 1]) if start else -1
@@ -129,22 +126,10 @@ class StaticBatch:
             if got is None:
                 raise MemoryError("the KV pool is full: raise --max-total-tokens")
             self.pool.write(row, start, got)
-            slots.append(got)
-            input_ids.extend(int(t) for t in tokens)
-            positions.extend(range(start, start + n))
-            logits_rows.append(len(input_ids) - 1)
-        step = StepInputs(
-            is_decode=is_decode,
-            input_ids=input_ids,
-            positions=positions,
-            req_pool_indices=self.rows[: len(new_tokens)],
-            prefix_lens=self.lens[: len(new_tokens)],
-            extend_lens=[len(t) for t in new_tokens],
-            out_cache_loc=torch.cat(slots),
-            logits_rows=logits_rows,
-        )
+            builder.add(row, start, [int(t) for t in tokens], slots=got)
+        step = builder.build(is_decode=is_decode)
         logits = self.runner.forward(step, self.pool.req_to_token).logits
-        self.last_cost = self.cost.step(step.prefix_lens, step.extend_lens, len(logits_rows))
+        self.last_cost = self.cost.step(step.prefix_lens, step.extend_lens, len(step.logits_rows))
         for i, tokens in enumerate(new_tokens):
             self.lens[i] += len(tokens)
         return logits

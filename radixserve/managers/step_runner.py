@@ -17,6 +17,7 @@ from radixserve.kernels import ops
 from radixserve.managers.grammar_manager import GrammarManager
 from radixserve.managers.routed_experts import keep_routed_experts
 from radixserve.model_executor.model_runner import StepInputs
+from radixserve.model_executor.step_builder import LogitsWanted, StepBuilder
 from radixserve.multimodal.image_items import ImageChunk, image_chunks
 from radixserve.sampling.custom_logit_processor import apply_processors
 from radixserve.sampling.output_counts import OutputTokenCounts, batch_token_counts
@@ -131,56 +132,47 @@ class StepRunner:
         """Flatten the batch. sample_pos[i] is the logits row to sample request i from (-1 for
         a chunk that does not reach the end); input_rows maps request index -> logits rows of
         all its new tokens, for prompt logprobs."""
-        input_ids: list[int] = []
-        positions: list[int] = []
-        # (row, position) of every new token: its slot comes from one gather of the table
-        # below, instead of a read, clone and cat per request.
-        token_rows: list[int] = []
-        logits_rows: list[int] = []
+        step = StepBuilder(with_lora=self.runner.lora is not None)
         sample_pos: list[int] = []
         input_rows: dict[int, list[int]] = {}
-        hidden_rows: list[int] = []
         images: list[ImageChunk] = []
-        pool = self.kv.req_to_token_pool
         for i, (req, n) in enumerate(zip(batch.reqs, batch.extend_lens, strict=True)):
-            start = len(input_ids)
             fill = req.fill_ids
-            input_ids.extend(fill[req.kv_len : req.kv_len + n])
-            positions.extend(range(req.kv_len, req.kv_len + n))
-            token_rows.extend([req.req_pool_idx] * n)
+            reaches_end = req.kv_len + n == len(fill)
+            prompt_logprobs = (
+                req.needs_input_logprobs() and not batch.is_decode and not req.output_ids
+            )
+            if req.is_embedding:
+                wanted: LogitsWanted = "none"
+            elif prompt_logprobs:
+                wanted = "all"
+            else:
+                wanted = "last" if reaches_end else "none"
+            first_logit = len(step.logits_rows)
+            start = step.add(
+                req.req_pool_idx,
+                req.kv_len,
+                fill[req.kv_len : req.kv_len + n],
+                lora_id=req.lora_id,
+                logits=wanted,
+            )
             if req.images and not batch.is_decode:
                 images.extend(image_chunks(req.images, start, req.kv_len, n))
-            reaches_end = req.kv_len + n == len(fill)
             if req.is_embedding:
-                if reaches_end:  # encoded as <= EMBED_POS_BASE: index into hidden_rows
-                    sample_pos.append(EMBED_POS_BASE - len(hidden_rows))
-                    hidden_rows.append(start + n - 1)
-                else:
-                    sample_pos.append(-1)
-            elif req.needs_input_logprobs() and not batch.is_decode and not req.output_ids:
-                input_rows[i] = list(range(len(logits_rows), len(logits_rows) + n))
-                logits_rows.extend(range(start, start + n))
-                sample_pos.append(len(logits_rows) - 1 if reaches_end else -1)
-            elif reaches_end:
-                sample_pos.append(len(logits_rows))
-                logits_rows.append(start + n - 1)
-            else:
-                sample_pos.append(-1)
-        step = StepInputs(
+                # Encoded as <= EMBED_POS_BASE: an index into the step's hidden rows.
+                at = step.want_hidden(start + n - 1) if reaches_end else None
+                sample_pos.append(-1 if at is None else EMBED_POS_BASE - at)
+                continue
+            if prompt_logprobs:
+                input_rows[i] = list(range(first_logit, first_logit + n))
+            sample_pos.append(len(step.logits_rows) - 1 if reaches_end else -1)
+        inputs = step.build(
+            slot_table=self.kv.req_to_token_pool.req_to_token,
             is_decode=batch.is_decode,
-            input_ids=input_ids,
-            positions=positions,
-            req_pool_indices=[r.req_pool_idx for r in batch.reqs],
-            prefix_lens=[r.kv_len for r in batch.reqs],
-            extend_lens=list(batch.extend_lens),
-            out_cache_loc=_gather_slots(pool.req_to_token, token_rows, positions),
-            logits_rows=logits_rows,
-            hidden_rows=tuple(hidden_rows),
-            lora_ids=tuple(r.lora_id for r in batch.reqs) if self.runner.lora else (),
             capture_routing=any(r.return_routed_experts for r in batch.reqs),
             image_chunks=tuple(images),
         )
-        return step, sample_pos, input_rows
+        return inputs, sample_pos, input_rows
 
     def _input_logprobs(self, req: Req, n: int, logits: torch.Tensor, rows: list[int]) -> None:
         """Logprob of each prompt token given the tokens before it, from logprob_start_len on.
@@ -217,14 +209,6 @@ def _drop_finished_features(chunks: Sequence[ImageChunk]) -> None:
     for chunk in chunks:
         if chunk.completes_image:
             chunk.image.features = None
-
-
-def _gather_slots(table: torch.Tensor, rows: list[int], positions: list[int]) -> torch.Tensor:
-    """table[rows[i], positions[i]] for every i, as a fresh 1-D int64 tensor on the table's
-    device (advanced indexing copies, so later table writes do not change it)."""
-    idx_rows = torch.tensor(rows, dtype=torch.int64, device=table.device)
-    idx_pos = torch.tensor(positions, dtype=torch.int64, device=table.device)
-    return table[idx_rows, idx_pos]
 
 
 def _plain_greedy(reqs: Sequence[Req]) -> bool:

@@ -31,6 +31,7 @@ import torch
 
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.model_executor.model_runner import ModelRunner, StepInputs
+from radixserve.model_executor.step_builder import StepBuilder
 from radixserve.speculative.draft_tree import DraftTree, paths_table
 from radixserve.speculative.tree_search import Frontier, ScratchSlots, TreeSearch, grow_searches
 
@@ -168,20 +169,18 @@ class DraftModel:
                 for (i, _), path, s in zip(frontier, paths, seen, strict=True)
             ],
         )
-        positions = [s + len(p) - 1 for s, p in zip(seen, paths, strict=True)]
-        step = StepInputs(
-            # One-token extends, not decode steps: under --enable-torch-compile a decode step
-            # runs a graph compiled for a fixed table shape, and this table's changes per round.
-            is_decode=False,
-            input_ids=[searches[i].nodes[node].token for i, node in frontier],
-            positions=positions,
-            req_pool_indices=list(range(len(frontier))),
-            prefix_lens=positions,
-            extend_lens=[1] * len(frontier),
-            out_cache_loc=torch.tensor([scratch[f] for f in frontier], dtype=torch.int64),
-            logits_rows=list(range(len(frontier))),
-        )
-        return step, table
+        step = StepBuilder()
+        for k, ((i, node), path, s) in enumerate(zip(frontier, paths, seen, strict=True)):
+            position = s + len(path) - 1
+            step.add(
+                k,
+                position,
+                [searches[i].nodes[node].token],
+                slots=[scratch[(i, node)]],
+            )
+        # One-token extends, not decode steps: under --enable-torch-compile a decode step runs
+        # a graph compiled for a fixed table shape, and this table's changes per round.
+        return step.build(is_decode=False), table
 
     def _reserve(self, req: Req, room: int) -> bool:
         """Draft slots for the catch-up tokens and room - 1 fed-back drafts."""
@@ -198,45 +197,25 @@ class DraftModel:
         return True
 
     def _catch_up_inputs(self, reqs: Sequence[Req]) -> StepInputs:
-        input_ids: list[int] = []
-        positions: list[int] = []
-        extend: list[int] = []
-        slots: list[torch.Tensor] = []
-        rows: list[int] = []
+        step = StepBuilder()
         for req in reqs:
             seen = req.spec_state
-            input_ids.extend(req.fill_ids[seen:])
-            positions.extend(range(seen, req.seq_len))
-            extend.append(req.seq_len - seen)
-            slots.append(self._slots(req, seen, req.seq_len))
-            rows.append(len(input_ids) - 1)
-        return StepInputs(
-            is_decode=all(n == 1 for n in extend),
-            input_ids=input_ids,
-            positions=positions,
-            req_pool_indices=[r.req_pool_idx for r in reqs],
-            prefix_lens=[r.spec_state for r in reqs],
-            extend_lens=extend,
-            out_cache_loc=torch.cat(slots),
-            logits_rows=rows,
-        )
+            step.add(
+                req.req_pool_idx,
+                seen,
+                req.fill_ids[seen:],
+                slots=self._slots(req, seen, req.seq_len),
+            )
+        return step.build()
 
     def _decode_inputs(
         self, reqs: Sequence[Req], drafts: Sequence[list[int]], live: Sequence[int]
     ) -> StepInputs:
-        pos = [r.spec_state for r in reqs]
-        return StepInputs(
-            is_decode=True,
-            input_ids=[drafts[i][-1] for i in live],
-            positions=pos,
-            req_pool_indices=[r.req_pool_idx for r in reqs],
-            prefix_lens=pos,
-            extend_lens=[1] * len(reqs),
-            out_cache_loc=torch.cat(
-                [self._slots(r, p, p + 1) for r, p in zip(reqs, pos, strict=True)]
-            ),
-            logits_rows=list(range(len(reqs))),
-        )
+        step = StepBuilder()
+        for req, i in zip(reqs, live, strict=True):
+            p = req.spec_state
+            step.add(req.req_pool_idx, p, [drafts[i][-1]], slots=self._slots(req, p, p + 1))
+        return step.build(is_decode=True)
 
     def _forward(self, step: StepInputs) -> torch.Tensor:
         return self.runner.forward(step, self.req_to_token).logits

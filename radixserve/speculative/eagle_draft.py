@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixserve.model_executor.model_runner import ModelRunner, StepInputs
+from radixserve.model_executor.step_builder import StepBuilder
 from radixserve.models.eagle_common import load_token_map
 from radixserve.speculative.draft_model import check_draft_vocab, draft_kv_pool, draft_server_args
 from radixserve.speculative.draft_tree import DraftTree, paths_table
@@ -182,34 +183,21 @@ class EagleDraft:
     def _catch_up_inputs(self, reqs: Sequence[Req]) -> tuple[StepInputs, list[int]]:
         """One extend per request over its pending positions: at position p the token p + 1
         and the target's features at p; logits at the last (the first draft)."""
-        input_ids: list[int] = []
-        positions: list[int] = []
-        extend: list[int] = []
-        slots: list[torch.Tensor] = []
+        step = StepBuilder()
         features: list[torch.Tensor] = []
-        last_rows: list[int] = []
         for req in reqs:
             state = req.spec_state
-            input_ids.extend(req.fill_ids[state.seen + 1 : req.seq_len])
-            positions.extend(range(state.seen, req.seq_len - 1))
             n = req.seq_len - 1 - state.seen
-            extend.append(n)
-            row = self.req_to_token[req.req_pool_idx]
-            slots.append(row[state.held : state.held + n].clone())
+            # The draft's table holds the request from its base on: slots are handed in.
+            step.add(
+                req.req_pool_idx,
+                state.held,
+                req.fill_ids[state.seen + 1 : req.seq_len],
+                positions=range(state.seen, req.seq_len - 1),
+                slots=self.req_to_token[req.req_pool_idx, state.held : state.held + n],
+            )
             features.extend(state.pending)
-            last_rows.append(len(input_ids) - 1)
-        step = StepInputs(
-            is_decode=all(n == 1 for n in extend),
-            input_ids=input_ids,
-            positions=positions,
-            req_pool_indices=[r.req_pool_idx for r in reqs],
-            prefix_lens=[r.spec_state.held for r in reqs],
-            extend_lens=extend,
-            out_cache_loc=torch.cat(slots),
-            logits_rows=last_rows,
-            spec_hidden=torch.cat(features),
-        )
-        return step, last_rows
+        return step.build(spec_hidden=torch.cat(features)), step.logits_rows
 
     def _frontier_inputs(
         self,
@@ -228,16 +216,18 @@ class EagleDraft:
             reqs[i].spec_state.held + node.depth - 1
             for (i, _), node in zip(frontier, nodes, strict=True)
         ]
-        return StepInputs(
-            # One-token extends over a per-round table (as a draft model's tree steps).
+        step = StepBuilder()
+        for k, (node, s, before) in enumerate(zip(nodes, seen, kv_before, strict=True)):
+            step.add(
+                k,
+                before,
+                [node.token],
+                positions=[s + node.depth - 1],
+                slots=[scratch[frontier[k]]],
+            )
+        # One-token extends over a per-round table (as a draft model's tree steps).
+        return step.build(
             is_decode=False,
-            input_ids=[node.token for node in nodes],
-            positions=[s + node.depth - 1 for s, node in zip(seen, nodes, strict=True)],
-            req_pool_indices=list(range(len(frontier))),
-            prefix_lens=kv_before,
-            extend_lens=[1] * len(frontier),
-            out_cache_loc=torch.tensor([scratch[f] for f in frontier], dtype=torch.int64),
-            logits_rows=list(range(len(frontier))),
             spec_hidden=torch.stack(
                 [feature[(i, node.parent)] for (i, _), node in zip(frontier, nodes, strict=True)]
             ),

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from radixserve.model_executor.model_runner import StepInputs
+from radixserve.model_executor.step_builder import StepBuilder
 from radixserve.sampling.constrained.bitmask import allocate_bitmask
 from radixserve.sampling.constrained.mask_apply import PackedVocabMask
 from radixserve.sampling.custom_logit_processor import apply_processors
@@ -325,7 +326,7 @@ class SpecWorker:
         no tree branches, on the request's own table row)."""
         pool = self.step_runner.kv.req_to_token_pool
         branching = any(not tree.is_chain for tree in trees)
-        step = _StepBuilder(with_lora=self.step_runner.runner.lora is not None)
+        step = StepBuilder(with_lora=self.step_runner.runner.lora is not None)
         node_rows: list[list[int]] = []
         node_slots: list[list[int]] = []
         table_rows: list[tuple[int, int, list[int]]] = []  # (pool row, context len, tail)
@@ -353,6 +354,7 @@ class SpecWorker:
                     positions=[req.kv_len + tree.depths[n] for n in chain],
                     slots=[slots[n] for n in chain],
                     lora_id=req.lora_id,
+                    logits="all",
                 )
             node_rows.append(rows)
             node_slots.append(slots)
@@ -387,52 +389,6 @@ class VerifyInputs:
     table: torch.Tensor
     node_rows: list[list[int]]
     node_slots: list[list[int]]
-
-
-@dataclass
-class _StepBuilder:
-    """StepInputs assembled one extend at a time."""
-
-    with_lora: bool
-    input_ids: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    rows: list[int] = field(default_factory=list)
-    prefix_lens: list[int] = field(default_factory=list)
-    extend_lens: list[int] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
-    lora_ids: list[int] = field(default_factory=list)
-
-    def add(
-        self,
-        row: int,
-        prefix: int,
-        input_ids: list[int],
-        positions: list[int],
-        slots: list[int],
-        lora_id: int,
-    ) -> None:
-        self.rows.append(row)
-        self.prefix_lens.append(prefix)
-        self.extend_lens.append(len(input_ids))
-        self.input_ids.extend(input_ids)
-        self.positions.extend(positions)
-        self.slots.extend(slots)
-        self.lora_ids.append(lora_id)
-
-    def build(self) -> StepInputs:
-        return StepInputs(
-            is_decode=all(n == 1 for n in self.extend_lens),
-            input_ids=self.input_ids,
-            positions=self.positions,
-            req_pool_indices=self.rows,
-            prefix_lens=self.prefix_lens,
-            extend_lens=self.extend_lens,
-            out_cache_loc=torch.tensor(self.slots, dtype=torch.int64),
-            logits_rows=list(range(len(self.input_ids))),
-            # Each request's rows run under its adapter (a draft model proposes from its base
-            # weights; the target's verification keeps the output exact either way).
-            lora_ids=tuple(self.lora_ids) if self.with_lora else (),
-        )
 
 
 def _with_logprobs(req: Req, tokens: list[int], scaled: torch.Tensor) -> list[TokenResult]:

@@ -1,0 +1,146 @@
+"""StepBuilder: the one way a step's inputs are flattened, one request's extend at a time.
+
+Every caller (the serving step, speculative verification, the EAGLE and draft-model drafters,
+bench_one_batch) adds (table row, tokens already in the KV, new tokens, their positions and
+slots, which rows' logits it wants) and builds a StepInputs. Slots are either handed in (a
+drafter's scratch slots) or, when left out, read for every token at once from the page table
+at build time: one gather for the whole batch instead of a read, clone and cat per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from radixserve.model_executor.model_runner import StepInputs
+
+# Which of an extend's rows need logits: its last token's (it samples), all of them (prompt
+# logprobs, verification), or none (a prefill chunk that stops short of the prompt's end).
+LogitsWanted = Literal["last", "all", "none"]
+
+
+@dataclass
+class StepBuilder:
+    with_lora: bool = False
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+    prefix_lens: list[int] = field(default_factory=list)
+    extend_lens: list[int] = field(default_factory=list)
+    lora_ids: list[int] = field(default_factory=list)
+    logits_rows: list[int] = field(default_factory=list)
+    hidden_rows: list[int] = field(default_factory=list)
+    # Handed-in slots in order: tensors, and runs of plain ints kept as lists.
+    _slot_parts: list[torch.Tensor | list[int]] = field(default_factory=list)
+    _gathered: bool | None = None  # slots from the page table (True) or handed in (False)
+
+    def add(
+        self,
+        row: int,
+        prefix: int,
+        input_ids: Sequence[int],
+        *,
+        positions: Sequence[int] | None = None,
+        slots: torch.Tensor | Sequence[int] | None = None,
+        lora_id: int = 0,
+        logits: LogitsWanted = "last",
+    ) -> int:
+        """One extend of `len(input_ids)` tokens on table row `row` after `prefix` tokens in
+        the KV; positions default to prefix, prefix + 1, ... Returns the flattened index of its
+        first token."""
+        start = len(self.input_ids)
+        n = len(input_ids)
+        if positions is None:
+            positions = range(prefix, prefix + n)
+        if len(positions) != n:
+            raise ValueError(f"{n} tokens with {len(positions)} positions")
+        gathered = slots is None
+        if self._gathered is not None and gathered != self._gathered:
+            raise ValueError("a step's slots are either all handed in or all read from the table")
+        if slots is not None:
+            self._add_slots(slots, n)
+        self._gathered = gathered
+        self.input_ids.extend(input_ids)
+        self.positions.extend(positions)
+        self.rows.append(row)
+        self.prefix_lens.append(prefix)
+        self.extend_lens.append(n)
+        self.lora_ids.append(lora_id)
+        if logits == "all":
+            self.logits_rows.extend(range(start, start + n))
+        elif logits == "last" and n:
+            self.logits_rows.append(start + n - 1)
+        return start
+
+    def _add_slots(self, slots: torch.Tensor | Sequence[int], n: int) -> None:
+        if len(slots) != n:
+            raise ValueError(f"{n} tokens with {len(slots)} slots")
+        if isinstance(slots, torch.Tensor):
+            self._slot_parts.append(slots.reshape(-1).to(torch.int64))
+        elif self._slot_parts and isinstance(self._slot_parts[-1], list):
+            self._slot_parts[-1].extend(slots)  # one tensor per run of plain ints, at build
+        else:
+            self._slot_parts.append(list(slots))
+
+    def want_hidden(self, token_row: int) -> int:
+        """Ask for the final hidden state of flattened token `token_row`; returns its index
+        among the step's hidden rows."""
+        self.hidden_rows.append(token_row)
+        return len(self.hidden_rows) - 1
+
+    def build(
+        self,
+        *,
+        slot_table: torch.Tensor | None = None,
+        is_decode: bool | None = None,
+        spec_hidden: torch.Tensor | None = None,
+        capture_routing: bool = False,
+        image_chunks: tuple[Any, ...] = (),
+    ) -> StepInputs:
+        """The step. `slot_table` ([rows, context] slot ids) is needed when slots were left
+        out. `is_decode` defaults to "every extend is one token"; a caller whose one-token
+        extends must not run as a decode step (a per-round table the compiled decode graph was
+        not built for) passes False."""
+        if self._gathered is False or not self.input_ids:
+            parts = [
+                torch.tensor(p, dtype=torch.int64) if isinstance(p, list) else p
+                for p in self._slot_parts
+            ]
+            # cat copies, so later table writes do not change the step's slots.
+            out_cache_loc = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+        else:
+            if slot_table is None:
+                raise ValueError("slots were left out: build needs the page table to read them")
+            out_cache_loc = _gather_slots(slot_table, self.rows, self.extend_lens, self.positions)
+        if is_decode is None:
+            is_decode = all(n == 1 for n in self.extend_lens)
+        return StepInputs(
+            is_decode=is_decode,
+            input_ids=self.input_ids,
+            positions=self.positions,
+            req_pool_indices=self.rows,
+            prefix_lens=self.prefix_lens,
+            extend_lens=self.extend_lens,
+            out_cache_loc=out_cache_loc,
+            logits_rows=self.logits_rows,
+            hidden_rows=tuple(self.hidden_rows),
+            lora_ids=tuple(self.lora_ids) if self.with_lora else (),
+            spec_hidden=spec_hidden,
+            capture_routing=capture_routing,
+            image_chunks=image_chunks,
+        )
+
+
+def _gather_slots(
+    table: torch.Tensor, rows: Sequence[int], extend_lens: Sequence[int], positions: list[int]
+) -> torch.Tensor:
+    """table[row of token i, positions[i]] for every token, as a fresh 1-D int64 tensor on the
+    table's device (advanced indexing copies, so later table writes do not change it)."""
+    token_rows = torch.repeat_interleave(
+        torch.tensor(rows, dtype=torch.int64), torch.tensor(extend_lens, dtype=torch.int64)
+    ).to(table.device)
+    idx_pos = torch.tensor(positions, dtype=torch.int64, device=table.device)
+    return table[token_rows, idx_pos]
