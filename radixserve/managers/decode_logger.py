@@ -5,22 +5,21 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from radixserve.managers.scheduler import Scheduler
+from collections.abc import Callable
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
 
 class DecodeLogger:
-    def __init__(self, interval: int | None) -> None:
+    def __init__(self, interval: int | None, info: Callable[[], dict[str, Any]]) -> None:
         self.interval = interval or 0
+        self.info = info  # the scheduler's live state (Scheduler.info)
         self.steps = 0
         self.tokens = 0
         self.since = time.monotonic()
 
-    def step(self, scheduler: Scheduler, batch_size: int) -> None:
+    def step(self, batch_size: int) -> None:
         if self.interval <= 0:
             return
         self.steps += 1
@@ -29,7 +28,7 @@ class DecodeLogger:
             return
         now = time.monotonic()
         throughput = self.tokens / max(now - self.since, 1e-9)
-        info = scheduler.info()
+        info = self.info()
         logger.info(
             "Decode batch. #running-req: %d, #queue-req: %d, token usage: %.2f, "
             "cache hit rate: %.2f, gen throughput (token/s): %.2f",

@@ -10,20 +10,41 @@ the running requests and pauses the scheduler: requests wait until the memory is
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from radixserve.errors import InvalidRequestError
 from radixserve.messages import AbortReq, UpdateWeightsFromDiskReq
 from radixserve.model_executor import weight_update
 
 if TYPE_CHECKING:
-    from radixserve.managers.scheduler import Scheduler
+    from radixserve.managers.schedule_batch import Req
+    from radixserve.model_executor.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
 
+class WeightHost(Protocol):
+    """What weight control acts on (the Scheduler): its model, its requests, admission of new
+    ones, pausing, and the prefix cache computed with the old weights."""
+
+    runner: ModelRunner
+    paused: bool
+    admit_new: bool
+
+    @property
+    def waiting(self) -> list[Req]: ...
+
+    def live_reqs(self) -> list[Req]: ...
+
+    def abort(self, msg: AbortReq) -> None: ...
+
+    def pause(self, mode: str) -> None: ...
+
+    def drop_prefix_cache(self) -> None: ...
+
+
 class WeightControl:
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: WeightHost) -> None:
         self.scheduler = scheduler
         self.pending: tuple[int, UpdateWeightsFromDiskReq] | None = None
         self.released: set[str] = set()
