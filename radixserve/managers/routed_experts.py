@@ -4,7 +4,7 @@ sent once, base64 of an int32 [tokens, layers, top_k] array, in its final meta_i
 
 Which tokens: the prompt and the generated tokens but the last (it is sampled, never run
 through the model), as SGLang's `seqlen - 1` rows, from `routed_experts_start_len` on (0 by
-default). Such a request takes no cached prefix past that start (scheduler._admit_waiting), so
+default). Such a request takes no cached prefix past that start (BatchFormer._admit_waiting), so
 every position it returns is computed, and routed, in its own forwards: SGLang instead reads
 ids it stored per KV slot when a cached prefix was first computed; both answer the same ids
 for a deterministic model.
