@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.sampling.sampling_params import SamplingParams
+
 # Why a request's return_routed_experts is refused (400), on the API side and the scheduler's.
 ROUTED_EXPERTS_DISABLED = (
     "return_routed_experts needs a server started with --enable-return-routed-experts"
@@ -27,7 +29,8 @@ class ImageInput:
 class TokenizedGenerateReq:
     rid: str
     input_ids: list[int]
-    sampling_params: dict[str, Any]  # SamplingParams.to_dict(), verified by the sender
+    # Verified by the sender (TokenizerManager.build_request); it travels as the object.
+    sampling_params: SamplingParams
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0

@@ -27,7 +27,9 @@ class CrashDumper:
 
     def record(self, msg: TokenizedGenerateReq) -> None:
         now = time.time()
-        self.recent.append((now, asdict(msg)))
+        body = asdict(msg)
+        body["sampling_params"] = msg.sampling_params.to_dict()  # JSON-safe (sets as lists)
+        self.recent.append((now, body))
         while self.recent and now - self.recent[0][0] > self.window_s:
             self.recent.popleft()
 

@@ -8,6 +8,7 @@ scheduling is off, and a session continuation's saved tokens.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -19,7 +20,6 @@ from radixserve.managers.sessions import SessionController, SessionError
 from radixserve.messages import ROUTED_EXPERTS_DISABLED, TokenizedGenerateReq
 from radixserve.sampling.custom_logit_processor import DISABLED_MESSAGE as CUSTOM_LOGIT_DISABLED
 from radixserve.sampling.custom_logit_processor import load_processor
-from radixserve.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from radixserve.server_args import ServerArgs
@@ -73,7 +73,9 @@ class RequestIntake:
 
     def build(self, msg: TokenizedGenerateReq) -> Intake:
         limits = self.limits
-        params = SamplingParams.from_dict(msg.sampling_params)
+        # A copy: the scheduler fills in max_new_tokens, and an in-process runtime shares the
+        # message with the API side.
+        params = dataclasses.replace(msg.sampling_params)
         if msg.embedding:
             params.max_new_tokens = 0
         input_ids, problem, replaced = self._session_input(msg)

@@ -30,7 +30,6 @@ from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.speculative.meta import spec_meta_info
 
 # Sampling parameters that make a request constrained (see spec_from_sampling_params).
-GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
 class RequestError(InvalidRequestError):
@@ -88,13 +87,11 @@ class TokenizerManager:
         except GrammarError as exc:
             raise RequestError(str(exc), exc.param) from exc
 
-    async def check_grammar_async(self, sampling_params: Mapping[str, Any]) -> None:
+    async def check_grammar_async(self, params: SamplingParams) -> None:
         """`_check_grammar` for a built request's sampling parameters, without blocking the
         event loop: the backend is built (first use) on a worker thread, and the compile, which
         runs on its own thread, is awaited."""
-        if all(sampling_params.get(name) is None for name in GRAMMAR_FIELDS):
-            return
-        spec = _grammar_spec(SamplingParams.from_dict(sampling_params))
+        spec = _grammar_spec(params)
         if spec is None:
             return
         backend = self._grammar_backend
@@ -200,7 +197,7 @@ class TokenizerManager:
         msg = TokenizedGenerateReq(
             rid=rid or uuid.uuid4().hex,
             input_ids=ids,
-            sampling_params=params.to_dict(),
+            sampling_params=params,
             return_logprob=bool(return_logprob),
             logprob_start_len=start if return_logprob else -1,
             top_logprobs_num=int(top_logprobs_num or 0),

@@ -278,9 +278,9 @@ class FakeEngine:
         sp = msg.sampling_params
         detok = IncrementalDetokenizer(
             self.tokenizer,
-            skip_special_tokens=sp["skip_special_tokens"],
-            stop_strings=sp.get("stop") or (),
-            no_stop_trim=sp["no_stop_trim"],
+            skip_special_tokens=sp.skip_special_tokens,
+            stop_strings=sp.stop or (),
+            no_stop_trim=sp.no_stop_trim,
         )
         finished = False
         try:
@@ -299,17 +299,17 @@ class FakeEngine:
 
     async def _steps(self, msg: TokenizedGenerateReq, cached: int) -> AsyncIterator[ReqOutput]:
         sp = msg.sampling_params
-        max_new = sp["max_new_tokens"]
+        max_new = sp.max_new_tokens
         limit = max_new if max_new is not None else self.model_info.context_len - len(msg.input_ids)
-        stops = sp.get("stop") or []
-        stop_ids = set(sp.get("stop_token_ids") or [])
+        stops = sp.stop or []
+        stop_ids = set(sp.stop_token_ids or [])
         size = len(self.reply.encode("utf-8"))
         tokens = (
             reply_tokens(limit, self.reply)
-            if sp.get("ignore_eos")
+            if sp.ignore_eos
             else reply_tokens(min(limit, size), self.reply)
         )
-        if not sp.get("ignore_eos") and limit > size:
+        if not sp.ignore_eos and limit > size:
             tokens.append(EOS)
         out_ids: list[int] = []
         if self.gate is not None:

@@ -10,6 +10,7 @@ import pytest
 
 from radixserve.managers.scheduler_factory import build_scheduler
 from radixserve.messages import ReqOutput, TokenizedGenerateReq
+from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.server_args import ServerArgs
 from tests.unit.tiny_model import TINY_VOCAB, write_tiny_llama
 
@@ -64,7 +65,7 @@ def run_schedule(model_dir: Path, mixed: bool) -> tuple[dict[str, ReqOutput], di
     while arrivals or scheduler.has_work():
         while arrivals and arrivals[0][0] <= step:
             _, rid, max_new = arrivals.pop(0)
-            params = {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}
+            params = SamplingParams(temperature=0, max_new_tokens=max_new, ignore_eos=True)
             scheduler.add_request(TokenizedGenerateReq(rid, ids[rid], params))
         for out in scheduler.step():
             tokens[out.rid].extend(out.new_token_ids)
