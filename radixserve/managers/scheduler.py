@@ -19,6 +19,7 @@ from radixserve.managers.decode_logger import DecodeLogger
 from radixserve.managers.finish_checker import FinishChecker
 from radixserve.managers.grammar_backend import make_grammar_backend
 from radixserve.managers.grammar_manager import GrammarManager
+from radixserve.managers.image_chunking import check_chunk_size, whole_image_take
 from radixserve.managers.image_intake import ImageIntake, image_preprocessor
 from radixserve.managers.kv_manager import KVManager
 from radixserve.managers.load_report import load_fields
@@ -115,6 +116,10 @@ class Scheduler:
         self.chunked_req: Req | None = None
         # A vision model's image processing, off this thread (a text-only model refuses images).
         self.image_intake = ImageIntake(image_preprocessor(runner))
+        # Gemma 3's image tokens attend to each other both ways: no chunk may end inside one.
+        self.keep_images_whole = bool(getattr(runner.model, "keep_images_whole", False))
+        if self.keep_images_whole:
+            check_chunk_size(self.chunk_size, int(runner.model.tokens_per_image))
         self.in_flight: list[Req] = []  # the batch being run, for fail_all
         self.stream_reqs: set[str] = set()
         self.pending_outputs: list[ReqOutput] = []
@@ -636,6 +641,10 @@ class Scheduler:
         """Budget and allocate KV for an admitted request's next extend (whole or chunk)."""
         extend_len = req.seq_len - req.kv_len
         take = adder.plan(req, extend_len, self.kv.tokens_needed(req, extend_len))
+        if self.keep_images_whole and req.images and 0 < take < extend_len:
+            take = whole_image_take(
+                req.images, req.kv_len, take, extend_len, self.page_size, grow=not adder.reqs
+            )
         if take == 0:
             return False
         if self.kv.alloc_extend(req, take) is None:

@@ -1,0 +1,267 @@
+"""Gemma 3 with its vision tower (Gemma3ForConditionalGeneration) on a tiny random checkpoint,
+float32: greedy tokens equal transformers' generate on Gemma3Processor's inputs (one image, two
+images, text only) on both attention backends, with images longer than the sliding window so
+both the bidirectional image mask and the window matter; the API side's placeholder expansion
+equals the processor's; a repeated image hits the prefix cache; chunked prefill keeps images
+whole (and a chunk size under one image is refused); the published checkpoints' tensor names
+load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from radixserve import Engine
+from radixserve.managers.image_chunking import check_chunk_size, whole_image_take
+from radixserve.models.loader import load_model
+from tests.helpers.family_check import BACKENDS
+from tests.helpers.tiny_gemma3_vision import (
+    BOI,
+    EOI,
+    NEWLINES,
+    SOFT,
+    TOKENS_PER_IMAGE,
+    hf_greedy,
+    make_tiny_gemma3_vision,
+    processor,
+    prompt_text,
+)
+from tests.helpers.tiny_llava import data_url, png_bytes
+
+NEW = 8
+GREEDY = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
+WORDS = list(range(10, 40))
+ONE = prompt_text(WORDS, [4])
+TWO = prompt_text(WORDS, [3, 12])
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    folder = tmp_path_factory.mktemp("gemma3v")
+    return folder, make_tiny_gemma3_vision(folder)
+
+
+@pytest.fixture(scope="module")
+def images() -> list[bytes]:
+    return [png_bytes(seed, (64, 48)) for seed in range(3)]
+
+
+def _engine(folder: Path, backend: str = "torch_native", **kwargs: Any) -> Engine:
+    engine = Engine(
+        model_path=str(folder),
+        runtime="thread",
+        dtype="float32",
+        skip_tokenizer_init=True,
+        skip_server_warmup=True,
+        max_total_tokens=2048,
+        attention_backend=backend,
+        **kwargs,
+    )
+    engine.scheduler.check_kv_each_step = True
+    return engine
+
+
+def _cases(images: list[bytes]) -> list[tuple[str, list[bytes]]]:
+    return [
+        (ONE, [images[0]]),
+        (ONE, [images[1]]),
+        (TWO, [images[1], images[2]]),
+        (prompt_text(WORDS, []), []),
+    ]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_equals_transformers(gemma: tuple, images: list[bytes], backend: str) -> None:
+    folder, hf = gemma
+    cases = _cases(images)
+    expected = [hf_greedy(hf, folder, text, imgs, NEW) for text, imgs in cases]
+    # The images really change the answer (else this proves little).
+    assert expected[0][1] != expected[1][1] and expected[0][1] != expected[3][1]
+    with _engine(folder, backend) as engine:
+        # One batch: different images side by side, and a text-only request.
+        outs = engine.generate(
+            input_ids=[ids for ids, _ in expected],
+            image_data=[[data_url(b) for b in imgs] or None for _, imgs in cases],
+            sampling_params=GREEDY,
+        )
+    assert [o["output_ids"] for o in outs] == [tokens for _, tokens in expected]
+
+
+def test_the_image_mask_matters(gemma: tuple, images: list[bytes]) -> None:
+    """Without the bidirectional image blocks the logits differ: the mask is exercised."""
+    from radixserve.layers.attention import bidirectional
+
+    folder, hf = gemma
+    ids, _ = hf_greedy(hf, folder, TWO, [images[1], images[2]], 1)
+    params = {"max_new_tokens": 1, "temperature": 0, "ignore_eos": True}
+    kwargs = {"input_ids": ids, "image_data": [data_url(images[1]), data_url(images[2])]}
+
+    def top_logprobs() -> list[Any]:
+        with _engine(folder) as engine:
+            out = engine.generate(
+                **kwargs, sampling_params=params, return_logprob=True, top_logprobs_num=3
+            )
+        return out["meta_info"]["output_top_logprobs"][0]
+
+    with_mask = top_logprobs()
+    original = bidirectional.recompute_block_rows
+    try:
+        bidirectional.recompute_block_rows = lambda out, *a: out  # type: ignore[assignment]
+        import radixserve.layers.attention.base as base
+
+        saved = base.recompute_block_rows
+        base.recompute_block_rows = bidirectional.recompute_block_rows
+        causal = top_logprobs()
+    finally:
+        bidirectional.recompute_block_rows = original
+        base.recompute_block_rows = saved
+    assert with_mask != causal
+
+
+def test_text_prompt_expands_as_the_processor(gemma: tuple, images: list[bytes]) -> None:
+    """A text prompt with one `<start_of_image>` per image, tokenized and expanded on the API
+    side, runs the processor's ids: the same tokens as transformers."""
+    folder, hf = gemma
+    ids, expected = hf_greedy(hf, folder, TWO, [images[1], images[2]], NEW)
+    assert ids.count(SOFT) == 2 * TOKENS_PER_IMAGE and ids.count(NEWLINES) == 4
+    engine = Engine(
+        model_path=str(folder),
+        runtime="thread",
+        dtype="float32",
+        skip_server_warmup=True,
+        max_total_tokens=2048,
+    )
+    with engine:
+        out = engine.generate(
+            prompt=TWO,
+            image_data=[data_url(images[1]), data_url(images[2])],
+            sampling_params=GREEDY,
+        )
+    assert out["meta_info"]["prompt_tokens"] == len(ids)
+    assert out["output_ids"] == expected
+
+
+def test_expansion_equals_gemma3_processor(gemma: tuple, images: list[bytes]) -> None:
+    import io
+
+    from PIL import Image
+
+    from radixserve.multimodal.image_prompt import ImagePrompt, expand_placeholders
+
+    folder, _ = gemma
+    proc = processor(folder)
+    rgb = [Image.open(io.BytesIO(b)).convert("RGB") for b in images[:2]]
+    theirs = proc(text=TWO, images=rgb, return_tensors="pt")["input_ids"][0].tolist()
+    prompt = ImagePrompt(BOI, TOKENS_PER_IMAGE, SOFT, (NEWLINES, BOI), (EOI, NEWLINES))
+    ours, spans = expand_placeholders(proc.tokenizer.encode(TWO), prompt, 2)
+    assert ours == theirs
+    assert [ours[s.offset : s.offset + s.length] for s in spans] == [[SOFT] * 16] * 2
+    # The processor's output is kept as it is; a count that disagrees is a 400.
+    assert expand_placeholders(theirs, prompt, 2)[0] == theirs
+    from radixserve.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match="image"):
+        expand_placeholders(theirs, prompt, 1)
+
+
+def test_a_repeated_image_hits_the_prefix_cache(gemma: tuple, images: list[bytes]) -> None:
+    folder, hf = gemma
+    ids, expected = hf_greedy(hf, folder, ONE, [images[0]], NEW)
+    other_ids, other = hf_greedy(hf, folder, ONE, [images[1]], NEW)
+    with _engine(folder) as engine:
+        runs = [
+            engine.generate(input_ids=i, image_data=[data_url(b)], sampling_params=GREEDY)
+            for i, b in [(ids, images[0]), (ids, images[0]), (other_ids, images[1])]
+        ]
+    cached = [r["meta_info"]["cached_tokens"] for r in runs]
+    image_end = ids.index(EOI)
+    assert cached[1] >= image_end and cached[2] < ids.index(SOFT) + 1
+    assert [r["output_ids"] for r in runs] == [expected, expected, other]
+
+
+@pytest.mark.parametrize("chunk", [TOKENS_PER_IMAGE, 20, 27])
+def test_chunked_prefill_keeps_images_whole(
+    gemma: tuple, images: list[bytes], chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from radixserve.models import gemma3_vision
+
+    folder, hf = gemma
+    ids, expected = hf_greedy(hf, folder, TWO, [images[1], images[2]], NEW)
+    seen: list[tuple[int, int, int]] = []
+    original = gemma3_vision.image_blocks
+
+    def spy(chunks: Any) -> Any:
+        seen.extend((c.start, c.length, c.image.length) for c in chunks)
+        return original(chunks)
+
+    monkeypatch.setattr(gemma3_vision, "image_blocks", spy)
+    with _engine(folder, chunked_prefill_size=chunk) as engine:
+        out = engine.generate(
+            input_ids=ids,
+            image_data=[data_url(images[1]), data_url(images[2])],
+            sampling_params=GREEDY,
+        )
+    assert out["output_ids"] == expected
+    assert seen == [(0, TOKENS_PER_IMAGE, TOKENS_PER_IMAGE)] * 2
+
+
+def test_chunk_size_under_one_image_is_refused(gemma: tuple) -> None:
+    with pytest.raises(ValueError, match="chunked-prefill-size 8 is smaller than one image"):
+        check_chunk_size(8, TOKENS_PER_IMAGE)
+    folder, _ = gemma
+    with pytest.raises(Exception, match="chunked-prefill-size"):
+        _engine(folder, chunked_prefill_size=8)
+
+
+class _Span:
+    def __init__(self, offset: int, length: int) -> None:
+        self.offset, self.end = offset, offset + length
+
+
+def test_whole_image_take() -> None:
+    spans = [_Span(10, 16), _Span(30, 16)]
+    assert whole_image_take(spans, 0, 20, 60, 1, grow=False) == 10  # cut before the image
+    assert whole_image_take(spans, 10, 20, 50, 1, grow=False) == 20  # ends between images
+    assert whole_image_take(spans, 10, 25, 50, 1, grow=False) == 20
+    assert whole_image_take(spans, 0, 60, 60, 1, grow=False) == 60  # the rest: whole
+    # A cut on a page boundary; with no room before the image, run past it (page-rounded).
+    assert whole_image_take(spans, 8, 8, 52, 4, grow=False) == 0
+    assert whole_image_take(spans, 8, 8, 52, 4, grow=True) == 20
+    assert whole_image_take(spans, 0, 12, 60, 4, grow=False) == 8
+
+
+def test_published_tensor_names_load(gemma: tuple, tmp_path: Path) -> None:
+    """Names as the hub checkpoints lay them out (vision_model level, language_model.model.*)
+    and as transformers 5 saves them load to the same model."""
+    from safetensors.torch import load_file, save_file
+
+    folder, _ = gemma
+    import shutil
+
+    for f in folder.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, tmp_path / f.name)
+    tensors = load_file(folder / "model.safetensors")
+    renamed = {}
+    for name, t in tensors.items():
+        name = name.replace("vision_tower.", "vision_tower.vision_model.")
+        renamed[name.replace("language_model.model.", "model.language_model.")] = t
+    save_file(renamed, tmp_path / "model.safetensors")
+    a = load_model(str(folder), dtype="float32").model
+    b = load_model(str(tmp_path), dtype="float32").model
+    pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
+    assert pa.keys() == pb.keys()
+    for name, value in pa.items():
+        assert torch.equal(value, pb[name]), name
+
+
+def test_vision_features_equal_transformers(gemma: tuple) -> None:
+    folder, hf = gemma
+    model = load_model(str(folder), dtype="float32").model
+    pixels = torch.randn(2, 3, 56, 56, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        theirs = hf.model.get_image_features(pixels).pooler_output
+    torch.testing.assert_close(model.vision(pixels), theirs)
