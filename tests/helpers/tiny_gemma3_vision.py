@@ -83,7 +83,11 @@ def make_tiny_gemma3_vision(folder: Path, seed: int = 0) -> torch.nn.Module:
     model = Gemma3ForConditionalGeneration(tiny_config()).to(torch.float32)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "norm" in name and name.endswith("weight"):
+            if "embed_tokens" in name:
+                # Small beside the layers' outputs: with the tied head a large embedding makes
+                # the model repeat its last input token.
+                param.normal_(0.0, 0.02)
+            elif "norm" in name and name.endswith("weight"):
                 param.uniform_(-0.5, 0.5)  # Gemma's norms scale by (1 + weight)
             elif name.endswith(".bias"):
                 param.normal_(0.0, 0.1)

@@ -90,35 +90,30 @@ def test_greedy_equals_transformers(gemma: tuple, images: list[bytes], backend: 
     assert [o["output_ids"] for o in outs] == [tokens for _, tokens in expected]
 
 
-def test_the_image_mask_matters(gemma: tuple, images: list[bytes]) -> None:
+def test_the_image_mask_matters(
+    gemma: tuple, images: list[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Without the bidirectional image blocks the logits differ: the mask is exercised."""
-    from radixserve.layers.attention import bidirectional
+    from radixserve.layers.attention import base
 
     folder, hf = gemma
     ids, _ = hf_greedy(hf, folder, TWO, [images[1], images[2]], 1)
     params = {"max_new_tokens": 1, "temperature": 0, "ignore_eos": True}
-    kwargs = {"input_ids": ids, "image_data": [data_url(images[1]), data_url(images[2])]}
 
     def top_logprobs() -> list[Any]:
         with _engine(folder) as engine:
             out = engine.generate(
-                **kwargs, sampling_params=params, return_logprob=True, top_logprobs_num=3
+                input_ids=ids,
+                image_data=[data_url(images[1]), data_url(images[2])],
+                sampling_params=params,
+                return_logprob=True,
+                top_logprobs_num=3,
             )
         return out["meta_info"]["output_top_logprobs"][0]
 
     with_mask = top_logprobs()
-    original = bidirectional.recompute_block_rows
-    try:
-        bidirectional.recompute_block_rows = lambda out, *a: out  # type: ignore[assignment]
-        import radixserve.layers.attention.base as base
-
-        saved = base.recompute_block_rows
-        base.recompute_block_rows = bidirectional.recompute_block_rows
-        causal = top_logprobs()
-    finally:
-        bidirectional.recompute_block_rows = original
-        base.recompute_block_rows = saved
-    assert with_mask != causal
+    monkeypatch.setattr(base, "recompute_block_rows", lambda out, *args: out)
+    assert top_logprobs() != with_mask
 
 
 def test_text_prompt_expands_as_the_processor(gemma: tuple, images: list[bytes]) -> None:
