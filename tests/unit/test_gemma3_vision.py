@@ -185,6 +185,7 @@ def test_chunked_prefill_keeps_images_whole(
 
     folder, hf = gemma
     ids, expected = hf_greedy(hf, folder, TWO, [images[1], images[2]], NEW)
+    one_ids, one = hf_greedy(hf, folder, ONE, [images[0]], NEW)
     seen: list[tuple[int, int, int]] = []
     original = gemma3_vision.image_blocks
 
@@ -194,13 +195,14 @@ def test_chunked_prefill_keeps_images_whole(
 
     monkeypatch.setattr(gemma3_vision, "image_blocks", spy)
     with _engine(folder, chunked_prefill_size=chunk) as engine:
-        out = engine.generate(
-            input_ids=ids,
-            image_data=[data_url(images[1]), data_url(images[2])],
+        # Two requests: the second's chunks share the budget with the first's.
+        outs = engine.generate(
+            input_ids=[ids, one_ids],
+            image_data=[[data_url(images[1]), data_url(images[2])], [data_url(images[0])]],
             sampling_params=GREEDY,
         )
-    assert out["output_ids"] == expected
-    assert seen == [(0, TOKENS_PER_IMAGE, TOKENS_PER_IMAGE)] * 2
+    assert [o["output_ids"] for o in outs] == [expected, one]
+    assert seen == [(0, TOKENS_PER_IMAGE, TOKENS_PER_IMAGE)] * 3
 
 
 def test_chunk_size_under_one_image_is_refused(gemma: tuple) -> None:
@@ -260,3 +262,26 @@ def test_vision_features_equal_transformers(gemma: tuple) -> None:
     with torch.no_grad():
         theirs = hf.model.get_image_features(pixels).pooler_output
     torch.testing.assert_close(model.vision(pixels), theirs)
+
+
+def test_text_only_request_equals_the_text_model(gemma: tuple, tmp_path: Path) -> None:
+    """A request without images on the VLM gives the tokens of Gemma 3's text model holding
+    the same language-model weights (transformers' Gemma3ForCausalLM, and ours served from a
+    text-only folder)."""
+    from transformers import Gemma3ForCausalLM
+
+    folder, hf = gemma
+    text = Gemma3ForCausalLM(hf.config.text_config).to(torch.float32).eval()
+    text.model.load_state_dict(hf.model.language_model.state_dict())
+    text.lm_head.weight = text.model.embed_tokens.weight
+    text.save_pretrained(tmp_path)
+    ids = [1, *range(10, 40)]
+    with torch.no_grad():
+        out = text.generate(
+            torch.tensor([ids]), do_sample=False, max_new_tokens=NEW, min_new_tokens=NEW
+        )
+    expected = out[0, len(ids) :].tolist()
+    with _engine(folder) as engine:
+        assert engine.generate(input_ids=ids, sampling_params=GREEDY)["output_ids"] == expected
+    with _engine(tmp_path) as engine:
+        assert engine.generate(input_ids=ids, sampling_params=GREEDY)["output_ids"] == expected
