@@ -4,10 +4,11 @@ images, text only) on both attention backends, with images longer than the slidi
 both the bidirectional image mask and the window matter; the API side's placeholder expansion
 equals the processor's; a repeated image hits the prefix cache; chunked prefill keeps images
 whole (and a chunk size under one image is refused); the published checkpoints' tensor names
-load."""
+load; the cached prefix that ends inside an image; OpenAI chat over HTTP."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -140,8 +141,6 @@ def test_text_prompt_expands_as_the_processor(gemma: tuple, images: list[bytes])
 
 
 def test_expansion_equals_gemma3_processor(gemma: tuple, images: list[bytes]) -> None:
-    import io
-
     from PIL import Image
 
     from radixserve.multimodal.image_prompt import ImagePrompt, expand_placeholders
@@ -285,3 +284,72 @@ def test_text_only_request_equals_the_text_model(gemma: tuple, tmp_path: Path) -
         assert engine.generate(input_ids=ids, sampling_params=GREEDY)["output_ids"] == expected
     with _engine(tmp_path) as engine:
         assert engine.generate(input_ids=ids, sampling_params=GREEDY)["output_ids"] == expected
+
+
+def test_cached_prefix_ending_inside_an_image(gemma: tuple, images: list[bytes]) -> None:
+    """A prompt that ends with its image's soft tokens: a repeat matches all but its last
+    token, so the step runs only the image's last token, which must still see the whole image
+    (its earlier tokens from the cache, run whole the first time)."""
+    from PIL import Image
+
+    folder, hf = gemma
+    proc = processor(folder)
+    rgb = [Image.open(io.BytesIO(images[2])).convert("RGB")]
+    inputs = proc(text=ONE, images=rgb, return_tensors="pt")
+    cut = inputs["input_ids"][0].tolist().index(EOI)
+    for key in ("input_ids", "attention_mask", "token_type_ids"):
+        inputs[key] = inputs[key][:, :cut]
+    with torch.no_grad():
+        out = hf.generate(**inputs, do_sample=False, max_new_tokens=NEW, min_new_tokens=NEW)
+    ids, expected = inputs["input_ids"][0].tolist(), out[0, cut:].tolist()
+    assert ids[-1] == SOFT
+    with _engine(folder) as engine:
+        runs = [
+            engine.generate(input_ids=ids, image_data=data_url(images[2]), sampling_params=GREEDY)
+            for _ in range(2)
+        ]
+    assert [r["meta_info"]["cached_tokens"] for r in runs] == [0, len(ids) - 1]
+    assert [r["output_ids"] for r in runs] == [expected, expected]
+
+
+def test_chat_with_an_image_equals_transformers(gemma: tuple, images: list[bytes]) -> None:
+    """OpenAI chat over HTTP: the template writes `<start_of_image>` for the image part, the
+    server expands it as Gemma3Processor does, and the answer is transformers'."""
+    from fastapi.testclient import TestClient
+
+    from radixserve.entrypoints.http_server import create_app
+
+    folder, hf = gemma
+    ids, expected = hf_greedy(
+        hf, folder, "user : w5 <start_of_image> w7 w8 w4 w5", [images[0]], NEW
+    )
+    body = {
+        "model": "gemma3v",
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "w5 "},
+                    {"type": "image_url", "image_url": {"url": data_url(images[0])}},
+                    {"type": "text", "text": " w7 w8"},
+                ],
+            }
+        ],
+        "max_tokens": NEW,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    engine = Engine(
+        model_path=str(folder),
+        runtime="thread",
+        dtype="float32",
+        skip_server_warmup=True,
+        max_total_tokens=2048,
+        served_model_name="gemma3v",
+    )
+    with engine, TestClient(create_app(engine, engine.server_args)) as client:
+        r = client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == len(ids)
+        answer = r.json()["choices"][0]["message"]["content"]
+        assert answer and answer == engine.tokenizer.decode(expected, skip_special_tokens=True)
