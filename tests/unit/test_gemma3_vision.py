@@ -353,3 +353,27 @@ def test_chat_with_an_image_equals_transformers(gemma: tuple, images: list[bytes
         assert r.json()["usage"]["prompt_tokens"] == len(ids)
         answer = r.json()["choices"][0]["message"]["content"]
         assert answer and answer == engine.tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_pan_and_scan_is_turned_off(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A processor config asking for pan-and-scan crops (image sequences the prompt does not
+    hold) is served with the whole image only, the crops not computed, with a warning."""
+    import json
+
+    from radixserve.messages import ImageInput
+    from radixserve.multimodal.image_items import ImagePreprocessor
+
+    processor(tmp_path).save_pretrained(tmp_path)
+    path = tmp_path / "processor_config.json"
+    config = json.loads(path.read_text())
+    config["image_processor"].update(
+        do_pan_and_scan=True,
+        pan_and_scan_min_crop_size=8,
+        pan_and_scan_max_num_crops=4,
+        pan_and_scan_min_ratio_to_activate=1.2,
+    )
+    path.write_text(json.dumps(config))
+    wide = png_bytes(1, (200, 50))  # wide enough for crops
+    items = ImagePreprocessor(tmp_path, 56).prepare([ImageInput(wide, 1, 0, TOKENS_PER_IMAGE)])
+    assert items[0].pixel_values.shape == (3, 56, 56)
+    assert "do_pan_and_scan is not supported" in caplog.text
