@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from radixserve.managers.image_chunking import whole_image_take
 from radixserve.managers.retraction import NewTokenRatio, retraction_order
 from radixserve.managers.schedule_batch import Req, ScheduledBatch, SchedulerStats
 from radixserve.managers.schedule_policy import PrefillAdder, SchedulePolicy
@@ -42,6 +43,8 @@ class BatchLimits:
     mixed_chunk: bool  # --enable-mixed-chunk (off with speculative decoding)
     retraction_policy: str
     decode_width: int  # slots a running request may take in one decode round
+    # Gemma 3's image tokens attend to each other both ways: no chunk may end inside one.
+    keep_images_whole: bool = False
 
 
 class BatchFormer:
@@ -210,6 +213,10 @@ class BatchFormer:
         """Budget and allocate KV for an admitted request's next extend (whole or chunk)."""
         extend_len = req.seq_len - req.kv_len
         take = adder.plan(req, extend_len, self.kv.tokens_needed(req, extend_len))
+        if self.limits.keep_images_whole and req.images and 0 < take < extend_len:
+            take = whole_image_take(
+                req.images, req.kv_len, take, extend_len, self.limits.page_size, grow=not adder.reqs
+            )
         if take == 0:
             return False
         if self.kv.alloc_extend(req, take) is None:

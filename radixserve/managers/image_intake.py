@@ -4,6 +4,8 @@ their content (multimodal/image_prompt.py), each refusal a message for a 400 of 
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -16,14 +18,42 @@ if TYPE_CHECKING:
     from radixserve.messages import TokenizedGenerateReq
     from radixserve.multimodal.image_items import ImageItem, ImagePreprocessor
 
+logger = logging.getLogger(__name__)
 
-def image_prompt(model: Any) -> ImagePrompt | None:
+
+def image_prompt(model: Any, tokenizer: Any = None) -> ImagePrompt | None:
     """A vision model's placeholder (one with an `image_token_id`), else None: what the API
-    side expands (it travels in SchedulerReady)."""
+    side expands (it travels in SchedulerReady). A model with an `image_frame` (Gemma 3: what
+    its processor writes before and after an image's feature tokens, token ids and text) has
+    its text tokenized here."""
     token_id = getattr(model, "image_token_id", None)
     if token_id is None:
         return None
-    return ImagePrompt(int(token_id), int(model.tokens_per_image))
+    frame = getattr(model, "image_frame", None)
+    if frame is None:
+        return ImagePrompt(int(token_id), int(model.tokens_per_image))
+    if tokenizer is None:
+        # --skip-tokenizer-init: prompts come as ids, best expanded as the processor writes them.
+        logger.warning(
+            "Without a tokenizer the text around each image (%s) is not written when a "
+            "prompt's image placeholder is expanded",
+            frame,
+        )
+        frame = tuple(tuple(p for p in parts if not isinstance(p, str)) for parts in frame)
+    before, after = (_frame_ids(tokenizer, parts) for parts in frame)
+    return ImagePrompt(
+        int(model.image_placeholder_id), int(model.tokens_per_image), int(token_id), before, after
+    )
+
+
+def _frame_ids(tokenizer: Any, parts: Sequence[int | str]) -> tuple[int, ...]:
+    ids: list[int] = []
+    for part in parts:
+        if isinstance(part, str):
+            ids.extend(tokenizer.encode(part, add_special_tokens=False))
+        else:
+            ids.append(int(part))
+    return tuple(ids)
 
 
 def image_preprocessor(runner: Any) -> ImagePreprocessor | None:
@@ -31,7 +61,7 @@ def image_preprocessor(runner: Any) -> ImagePreprocessor | None:
     from radixserve.multimodal.image_items import ImagePreprocessor
 
     model = getattr(runner, "model", None)
-    if image_prompt(model) is None:
+    if getattr(model, "image_token_id", None) is None:
         return None
     return ImagePreprocessor(runner.model_dir, model.image_size)
 

@@ -26,6 +26,7 @@ from radixserve.managers.decode_logger import DecodeLogger
 from radixserve.managers.finish_checker import FinishChecker
 from radixserve.managers.grammar_backend import make_grammar_backend
 from radixserve.managers.grammar_manager import GrammarManager
+from radixserve.managers.image_chunking import check_chunk_size
 from radixserve.managers.image_intake import ImageIntake, image_preprocessor
 from radixserve.managers.kv_manager import KVManager
 from radixserve.managers.load_report import load_fields
@@ -112,6 +113,12 @@ class Scheduler:
         self.queues = RequestQueues()
         # A vision model's image processing, off this thread (a text-only model refuses images).
         self.image_intake = ImageIntake(image_preprocessor(runner))
+        chunk = server_args.chunked_prefill_size
+        chunk_size = None if chunk is None or chunk <= 0 else chunk
+        # Gemma 3's image tokens attend to each other both ways: no chunk may end inside one.
+        keep_images_whole = bool(getattr(runner.model, "keep_images_whole", False))
+        if keep_images_whole:
+            check_chunk_size(chunk_size, int(runner.model.tokens_per_image))
         self.in_flight: list[Req] = []  # the batch being run, for fail_all
         self.check_kv_each_step = False
         self.stats = SchedulerStats()
@@ -139,18 +146,18 @@ class Scheduler:
             stream_interval=server_args.stream_interval,
             log_time_stats=bool(server_args.enable_request_time_stats_logging),
         )
-        chunk = server_args.chunked_prefill_size
         self.former = BatchFormer(
             BatchLimits(
                 max_running_requests=self.max_running_requests,
                 max_prefill_tokens=server_args.max_prefill_tokens,
-                chunk_size=None if chunk is None or chunk <= 0 else chunk,
+                chunk_size=chunk_size,
                 page_size=self.page_size,
                 radix_enabled=self.radix_enabled,
                 mixed_chunk=bool(server_args.enable_mixed_chunk) and self.spec is None,
                 retraction_policy=server_args.retraction_policy,
                 # Slots a running request may take in one decode round.
                 decode_width=self.spec.tokens_per_request if self.spec else 1,
+                keep_images_whole=keep_images_whole,
             ),
             self.queues,
             self.kv,

@@ -158,7 +158,7 @@ def build_scheduler(
         light_decoder=light_decoder,
         tokenizer_class=class_name,
         kernels=runner.kernel_summary,
-        image_prompt=image_prompt(runner.model),
+        image_prompt=image_prompt(runner.model, tokenizer),
     )
     return scheduler, tokenizer, ready
 

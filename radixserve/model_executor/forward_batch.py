@@ -72,6 +72,11 @@ class ForwardBatch:
     # replacement [len(rows), hidden] (models/llava.py sets it, LlamaModel applies it).
     image_chunks: tuple[Any, ...] = ()
     embedding_overrides: tuple[torch.Tensor, torch.Tensor] | None = None
+    # Runs of flattened rows (first, count), each the new tokens of one image, that attend to
+    # each other both ways besides causally (Gemma 3's image tokens, set by its model): the
+    # attention backends then run those requests on a PyTorch masked path
+    # (layers/attention/bidirectional.py).
+    bidirectional_blocks: tuple[tuple[int, int], ...] = ()
 
     @property
     def batch_size(self) -> int:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from radixserve.models.image_features import image_rows
 from radixserve.models.llama import LlamaForCausalLM
 from radixserve.models.vision_feature_cache import VisionFeatureCache, budget_bytes
 from radixserve.models.vision_tower import VisionEncoder, tokens_per_image
@@ -93,30 +94,8 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
     def _image_rows(
         self, chunks: Iterable[ImagePiece], device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(flattened rows, their features) for this step's image pieces; images not encoded
-        yet take their features from the cache by content hash, or are encoded together, once,
-        and keep their features until their last piece runs."""
-        chunks = list(chunks)
-        fresh = []
-        for image in {id(c.image): c.image for c in chunks if c.image.features is None}.values():
-            cached = self.feature_cache.get(image.hash)
-            if cached is not None and cached.shape[0] == image.length:
-                image.features = cached.to(device)
-            else:
-                fresh.append(image)
-        if fresh:
-            pixels = torch.stack([im.pixel_values for im in fresh]).to(device)
-            features = self.vision(pixels)
-            for image, feats in zip(fresh, features, strict=True):
-                if feats.shape[0] != image.length:
-                    raise ValueError(
-                        f"an image gave {feats.shape[0]} features for {image.length} tokens"
-                    )
-                image.features = feats
-                self.feature_cache.put(image.hash, feats)
-        rows = torch.cat([torch.arange(c.row, c.row + c.length, device=device) for c in chunks])
-        values = torch.cat([c.image.features[c.start : c.start + c.length] for c in chunks])
-        return rows, values
+        """(flattened rows, their features) for this step's image pieces (image_features)."""
+        return image_rows(self.vision, self.feature_cache, chunks, device)
 
     def checkpoint_tensors(
         self, weights: Iterable[tuple[str, torch.Tensor]]

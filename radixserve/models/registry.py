@@ -15,6 +15,8 @@ _MODELS: dict[str, tuple[str, str]] = {
     "DeepseekV2ForCausalLM": ("deepseek_v2", "DeepseekV2ForCausalLM"),
     "Gemma2ForCausalLM": ("gemma2", "Gemma2ForCausalLM"),
     "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
+    # Gemma 3 with its SigLIP vision tower (models/gemma3_vision.py).
+    "Gemma3ForConditionalGeneration": ("gemma3_vision", "Gemma3ForConditionalGeneration"),
     "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
     "GraniteForCausalLM": ("granite", "GraniteForCausalLM"),
     "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),

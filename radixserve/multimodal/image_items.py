@@ -56,6 +56,10 @@ class ImagePreprocessor:
                 from transformers import AutoImageProcessor
 
                 self._processor = AutoImageProcessor.from_pretrained(self.model_dir)
+                if getattr(self._processor, "do_pan_and_scan", False):
+                    # Gemma 3's extra crops: the prompt holds one image's tokens per image.
+                    logger.warning("do_pan_and_scan is not supported; each image is one crop")
+                    self._processor.do_pan_and_scan = False
             return self._processor
 
     def prepare(self, images: Sequence[ImageInput]) -> list[ImageItem]:

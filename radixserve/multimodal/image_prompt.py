@@ -19,10 +19,18 @@ IMAGE_KEY_BASE = 1 << 31
 
 @dataclass(frozen=True)
 class ImagePrompt:
-    """A vision model's placeholder: its token id and how many features an image becomes."""
+    """A vision model's placeholder: its token id and how many features an image becomes.
+
+    A model whose features take a token of their own, framed by others (Gemma 3: the template
+    writes `<start_of_image>`, which Gemma3Processor turns into "\n\n", `<start_of_image>`,
+    256 `<image_soft_token>`s, `<end_of_image>`, "\n\n") sets `feature_token_id` and the
+    frame's token ids `before` and `after`; the image's span then covers the feature tokens."""
 
     token_id: int
     tokens_per_image: int
+    feature_token_id: int | None = None
+    before: tuple[int, ...] = ()
+    after: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,8 @@ def expand_placeholders(
     feature, and where each image's tokens went. A prompt already expanded (tokens_per_image
     placeholders in a row per image) is kept as it is. Raises InvalidRequestError when the
     placeholders and the images disagree."""
+    if prompt.feature_token_id is not None:
+        return _expand_framed(ids, prompt, num_images)
     n = prompt.tokens_per_image
     found = [i for i, tok in enumerate(ids) if tok == prompt.token_id]
     if len(found) == num_images:
@@ -61,6 +71,45 @@ def expand_placeholders(
         "write one image token per image.",
         "image_data",
     )
+
+
+def _expand_framed(
+    ids: Sequence[int], prompt: ImagePrompt, num_images: int
+) -> tuple[list[int], list[ImageSpan]]:
+    """expand_placeholders for a prompt with a feature token: each placeholder becomes
+    `before`, tokens_per_image feature tokens, `after`; a prompt that already holds
+    tokens_per_image feature tokens in a row per image (the processor's output) is kept."""
+    n, feature = prompt.tokens_per_image, prompt.feature_token_id
+    assert feature is not None
+    runs = [i for i, tok in enumerate(ids) if tok == feature and (i == 0 or ids[i - 1] != feature)]
+    if runs and len(runs) == num_images and all(_run_length(ids, at, feature) == n for at in runs):
+        return list(ids), [ImageSpan(at, n) for at in runs]
+    found = [i for i, tok in enumerate(ids) if tok == prompt.token_id]
+    if not runs and len(found) == num_images:
+        out: list[int] = []
+        spans: list[ImageSpan] = []
+        pos = 0
+        for at in found:
+            out.extend(ids[pos:at])
+            out.extend(prompt.before)
+            spans.append(ImageSpan(len(out), n))
+            out.extend([feature] * n)
+            out.extend(prompt.after)
+            pos = at + 1
+        out.extend(ids[pos:])
+        return out, spans
+    raise InvalidRequestError(
+        f"The prompt has {len(found)} image placeholder token(s) and {len(runs)} run(s) of "
+        f"image feature tokens for {num_images} image(s); write one image token per image.",
+        "image_data",
+    )
+
+
+def _run_length(ids: Sequence[int], at: int, token: int) -> int:
+    end = at
+    while end < len(ids) and ids[end] == token:
+        end += 1
+    return end - at
 
 
 def image_key(image_hash: int) -> int:

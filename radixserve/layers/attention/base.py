@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixserve.layers.attention.bidirectional import recompute_block_rows
+
 if TYPE_CHECKING:
     from radixserve.layers.radix_attention import RadixAttention
     from radixserve.model_executor.forward_batch import ForwardBatch
@@ -38,7 +40,11 @@ class AttentionBackend(ABC):
             out = self.forward_decode(q, layer, forward_batch)
         else:
             out = self.forward_extend(q, layer, forward_batch)
-        return out.reshape(num_tokens, layer.num_heads * layer.head_dim)
+        out = out.reshape(num_tokens, layer.num_heads * layer.head_dim)
+        if forward_batch.bidirectional_blocks:
+            # Image tokens that see each other both ways (Gemma 3): those requests' rows again.
+            out = recompute_block_rows(out, q.reshape(num_tokens, -1), layer, forward_batch)
+        return out
 
     @abstractmethod
     def forward_extend(

@@ -16,6 +16,7 @@ import torch
 
 from radixserve.kernels import ops
 from radixserve.layers.attention.base import AttentionBackend
+from radixserve.layers.attention.bidirectional import recompute_block_rows
 
 if TYPE_CHECKING:
     from radixserve.layers.radix_attention import RadixAttention
@@ -87,7 +88,11 @@ class CpuPagedAttnBackend(AttentionBackend):
             rotary.is_neox_style,
             *forward_batch.kv_cache.scales(layer.layer_id),
         )
-        return self._attend(q, layer, forward_batch)
+        out = self._attend(q, layer, forward_batch)
+        if forward_batch.bidirectional_blocks:
+            # Image tokens that see each other both ways (Gemma 3): those requests' rows again.
+            out = recompute_block_rows(out, q, layer, forward_batch)
+        return out
 
     def forward(
         self,
