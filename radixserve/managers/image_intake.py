@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from radixserve.errors import InvalidRequestError
 from radixserve.managers.background_work import BackgroundQueue
-from radixserve.multimodal.image_prompt import ImagePrompt, keyed_ids
+from radixserve.multimodal.image_prompt import LAYOUTS, ImagePrompt, keyed_ids
 
 if TYPE_CHECKING:
     from radixserve.managers.schedule_batch import Req
@@ -23,7 +23,11 @@ def image_prompt(model: Any) -> ImagePrompt | None:
     token_id = getattr(model, "image_token_id", None)
     if token_id is None:
         return None
-    return ImagePrompt(int(token_id), int(model.tokens_per_image))
+    # "tiles": the model folder's processor expands each image (Idefics3, SmolVLM).
+    layout = str(getattr(model, "image_layout", "fixed"))
+    if layout not in LAYOUTS:
+        raise ValueError(f"image layout {layout!r} is not one of {LAYOUTS}")
+    return ImagePrompt(int(token_id), int(model.tokens_per_image), layout)
 
 
 def image_preprocessor(runner: Any) -> ImagePreprocessor | None:
@@ -31,9 +35,12 @@ def image_preprocessor(runner: Any) -> ImagePreprocessor | None:
     from radixserve.multimodal.image_items import ImagePreprocessor
 
     model = getattr(runner, "model", None)
-    if image_prompt(model) is None:
+    prompt = image_prompt(model)
+    if prompt is None:
         return None
-    return ImagePreprocessor(runner.model_dir, model.image_size)
+    return ImagePreprocessor(
+        runner.model_dir, model.image_size, prompt.token_id, prompt.layout == "tiles"
+    )
 
 
 TEXT_ONLY_MODEL = "This model reads text only; the request carries images."
@@ -79,7 +86,9 @@ class ImageIntake:
         assert self.preprocessor is not None and msg.images
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="image-intake")
-        self.preparing.add(req, self._pool.submit(self.preprocessor.prepare, msg.images))
+        self.preparing.add(
+            req, self._pool.submit(self.preprocessor.prepare, msg.images, msg.input_ids)
+        )
 
     def collect_ready(self) -> tuple[list[Req], list[tuple[Req, str]]]:
         """Requests whose images are processed (given their images and cache key), and the

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
+from radixserve.models.image_features import ImageOfStep, ImagePiece, image_rows
 from radixserve.models.llama import LlamaForCausalLM
 from radixserve.models.vision_feature_cache import VisionFeatureCache, budget_bytes
 from radixserve.models.vision_tower import VisionEncoder, tokens_per_image
@@ -28,26 +29,6 @@ if TYPE_CHECKING:
 _VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
 VISION = "vision."  # the VisionEncoder's attribute name, prefixing its parameters
 _TEXT_MODEL_TYPES = ("llama",)
-
-
-class ImageOfStep(Protocol):
-    """An image as a step hands it over (the scheduler's multimodal/image_items.ImageItem):
-    pixels, its placeholder count, and its features once encoded (kept there by the model)."""
-
-    pixel_values: torch.Tensor
-    hash: int
-    length: int
-    features: torch.Tensor | None
-
-
-class ImagePiece(Protocol):
-    """Placeholder tokens of one image in one step (multimodal/image_items.ImageChunk):
-    flattened rows [row, row + length) take the image's features [start, start + length)."""
-
-    row: int
-    image: ImageOfStep
-    start: int
-    length: int
 
 
 def language_config(config: ModelConfig) -> ModelConfig:
@@ -93,30 +74,10 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
     def _image_rows(
         self, chunks: Iterable[ImagePiece], device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(flattened rows, their features) for this step's image pieces; images not encoded
-        yet take their features from the cache by content hash, or are encoded together, once,
-        and keep their features until their last piece runs."""
-        chunks = list(chunks)
-        fresh = []
-        for image in {id(c.image): c.image for c in chunks if c.image.features is None}.values():
-            cached = self.feature_cache.get(image.hash)
-            if cached is not None and cached.shape[0] == image.length:
-                image.features = cached.to(device)
-            else:
-                fresh.append(image)
-        if fresh:
-            pixels = torch.stack([im.pixel_values for im in fresh]).to(device)
-            features = self.vision(pixels)
-            for image, feats in zip(fresh, features, strict=True):
-                if feats.shape[0] != image.length:
-                    raise ValueError(
-                        f"an image gave {feats.shape[0]} features for {image.length} tokens"
-                    )
-                image.features = feats
-                self.feature_cache.put(image.hash, feats)
-        rows = torch.cat([torch.arange(c.row, c.row + c.length, device=device) for c in chunks])
-        values = torch.cat([c.image.features[c.start : c.start + c.length] for c in chunks])
-        return rows, values
+        return image_rows(chunks, device, self.feature_cache, self._encode)
+
+    def _encode(self, images: list[ImageOfStep], device: torch.device) -> list[torch.Tensor]:
+        return list(self.vision(torch.stack([im.pixel_values for im in images]).to(device)))
 
     def checkpoint_tensors(
         self, weights: Iterable[tuple[str, torch.Tensor]]
