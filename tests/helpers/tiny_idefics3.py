@@ -98,11 +98,15 @@ def make_tiny_idefics3(folder: Path, flavour: str = "idefics3", seed: int = 0) -
     model.eval()
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
-    make_processor(flavour, folder).save_pretrained(folder)
+    make_processor(flavour, folder)
     return model
 
 
-def make_processor(flavour: str, folder: Path) -> object:
+def make_processor(flavour: str, folder: Path) -> None:
+    """Save the tokenizer, the image processor (preprocessor_config.json, as published
+    checkpoints have it) and, for Idefics3, the processor; SmolVLMProcessor needs num2words
+    and a torchvision video processor, so a SmolVLM folder has no processor_config.json
+    (the server only reads the image processor and the tokenizer)."""
     import transformers
 
     tokenizer = _tokenizer()
@@ -112,18 +116,28 @@ def make_processor(flavour: str, folder: Path) -> object:
         "max_image_size": {"longest_edge": IMAGE_SIZE},
         "do_image_splitting": True,
     }
+    prefix = "Idefics3" if flavour == "idefics3" else "SmolVLM"
+    images = getattr(transformers, f"{prefix}ImageProcessorPil")(**image_kwargs)
+    images.save_pretrained(folder)
+    (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
     if flavour == "idefics3":
-        images = transformers.Idefics3ImageProcessorPil(**image_kwargs)
-        return transformers.Idefics3Processor(
+        transformers.Idefics3Processor(
             images, tokenizer, image_seq_len=IMAGE_SEQ_LEN, chat_template=CHAT_TEMPLATE
-        )
-    images = transformers.SmolVLMImageProcessorPil(**image_kwargs)
-    return transformers.SmolVLMProcessor(
-        images,
-        tokenizer,
-        None,  # the video processor needs torchvision; images only here
+        ).save_pretrained(folder)
+
+
+def reference_processor(folder: Path) -> object:
+    """transformers' processor for the folder: its saved Idefics3Processor, or for SmolVLM an
+    Idefics3Processor over its image processor and tokenizer (SmolVLMProcessor writes images
+    the same way, transformers' get_image_prompt_string, but needs num2words)."""
+    import transformers
+
+    if (folder / "processor_config.json").exists():
+        return transformers.AutoProcessor.from_pretrained(folder)
+    return transformers.Idefics3Processor(
+        transformers.AutoImageProcessor.from_pretrained(folder),
+        transformers.AutoTokenizer.from_pretrained(folder),
         image_seq_len=IMAGE_SEQ_LEN,
-        chat_template=CHAT_TEMPLATE,
     )
 
 
@@ -160,9 +174,8 @@ def png_bytes(seed: int, size: tuple[int, int]) -> bytes:
 def processor_inputs(folder: Path, text: str, images: list[bytes]) -> dict:
     """The folder's processor's model inputs for `text` (one "<image>" per image)."""
     from PIL import Image
-    from transformers import AutoProcessor
 
-    processor = AutoProcessor.from_pretrained(folder)
+    processor = reference_processor(folder)
     rgb = [Image.open(io.BytesIO(b)).convert("RGB") for b in images]
     return dict(
         processor(text=text, images=rgb or None, return_tensors="pt", add_special_tokens=False)
