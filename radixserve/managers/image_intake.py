@@ -86,14 +86,19 @@ class ImageIntake:
         assert self.preprocessor is not None and msg.images
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="image-intake")
-        self.preparing.add(
-            req, self._pool.submit(self.preprocessor.prepare, msg.images, msg.input_ids)
-        )
+        self.preparing.add(req, self._pool.submit(self.preprocessor.prepare, msg.images))
 
     def collect_ready(self) -> tuple[list[Req], list[tuple[Req, str]]]:
         """Requests whose images are processed (given their images and cache key), and the
         ones whose images failed, with the reason."""
-        return self.preparing.collect(_apply)
+        preprocessor = self.preprocessor
+
+        def apply(req: Req, items: list[ImageItem]) -> None:
+            if preprocessor is not None:
+                preprocessor.place_tiled(items, req.origin_input_ids)
+            _apply(req, items)
+
+        return self.preparing.collect(apply)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -86,16 +86,13 @@ class ImagePreprocessor:
                 self._processor = AutoImageProcessor.from_pretrained(self.model_dir)
             return self._processor
 
-    def prepare(
-        self, images: Sequence[ImageInput], ids: Sequence[int] = ()
-    ) -> list[ImageItem]:
+    def prepare(self, images: Sequence[ImageInput]) -> list[ImageItem]:
         """Pixel values for each image (processed here, or taken as the API side processed
-        them); raises InvalidRequestError (the request's fault). `ids`: the prompt, whose
-        span of a processed image says where its image tokens sit."""
+        them); raises InvalidRequestError (the request's fault)."""
         if not images:
             return []
         if self.tiled:
-            return [self._processed(i, image, ids) for i, image in enumerate(images)]
+            return [self._processed(i, image) for i, image in enumerate(images)]
         from PIL import Image
 
         processor = self._load()
@@ -118,8 +115,9 @@ class ImagePreprocessor:
             items.append(ImageItem(pixels, image.hash, image.offset, image.length))
         return items
 
-    def _processed(self, i: int, image: ImageInput, ids: Sequence[int]) -> ImageItem:
-        """The ImageItem of an image the API side processed (tiled)."""
+    def _processed(self, i: int, image: ImageInput) -> ImageItem:
+        """The ImageItem of an image the API side processed (tiled); its slots are set once
+        it meets its request's tokens (place_tiled)."""
         if image.pixel_values is None:
             raise InvalidRequestError(
                 f"Image {i} reached the scheduler without the processor's tiles.", "image_data"
@@ -132,9 +130,14 @@ class ImagePreprocessor:
                 "image_data",
             )
         mask = None if image.pixel_mask is None else torch.from_numpy(image.pixel_mask)
-        slots = image_slots(ids[image.offset : image.offset + image.length], self.token_id)
-        item = ImageItem(pixels, image.hash, image.offset, image.length, None, mask, slots)
-        return item
+        return ImageItem(pixels, image.hash, image.offset, image.length, None, mask)
+
+    def place_tiled(self, items: Sequence[ImageItem], ids: Sequence[int]) -> None:
+        """Give each tiled image the feature slots of its span of the prompt `ids`."""
+        if not self.tiled:
+            return
+        for item in items:
+            item.slots = image_slots(ids[item.offset : item.end], self.token_id)
 
 
 @dataclass(frozen=True)
