@@ -30,11 +30,7 @@ SPECIALS = {
     "<fake_token_around_image>": FAKE_TOKEN,
     "<global-img>": GLOBAL_TOKEN,
     "<end_of_utterance>": END_OF_UTTERANCE,
-    **{
-        f"<row_{r}_col_{c}>": ROW_COL_FIRST + 2 * (r - 1) + (c - 1)
-        for r in (1, 2)
-        for c in (1, 2)
-    },
+    **{f"<row_{r}_col_{c}>": ROW_COL_FIRST + 2 * (r - 1) + (c - 1) for r in (1, 2) for c in (1, 2)},
 }
 
 CHAT_TEMPLATE = (

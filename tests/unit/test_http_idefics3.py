@@ -92,9 +92,7 @@ def test_tokenize_counts_the_tiled_image(setup: tuple, client: Any) -> None:
     folder, hf = setup
     image = png_bytes(31, WIDE)
     prompt, _ = hf_greedy(hf, folder, RENDERED, [image], 1)
-    r = client.post(
-        "/v1/tokenize", json={"model": MODEL, "messages": _messages([data_url(image)])}
-    )
+    r = client.post("/v1/tokenize", json={"model": MODEL, "messages": _messages([data_url(image)])})
     assert r.status_code == 200, r.text
     assert r.json()["tokens"] == prompt
 
