@@ -53,8 +53,15 @@ def language_config(config: ModelConfig) -> ModelConfig:
         raise ValueError(
             f"{config.model_type} with a {model_type!r} language model is not supported (llama)"
         )
+    # transformers ties lm_head to the embeddings by the top-level config's flag for these
+    # models (a published SmolVLM's text_config may say otherwise).
+    tied = getattr(config.hf_config, "tie_word_embeddings", None)
     return dataclasses.replace(
-        config, hf_config=text, architectures=("LlamaForCausalLM",), model_type=model_type
+        config,
+        hf_config=text,
+        architectures=("LlamaForCausalLM",),
+        model_type=model_type,
+        tie_word_embeddings=config.tie_word_embeddings if tied is None else bool(tied),
     )
 
 

@@ -45,9 +45,12 @@ CHAT_TEMPLATE = (
 FLAVOURS = ("idefics3", "smolvlm")
 
 
-def make_tiny_idefics3(folder: Path, flavour: str = "idefics3", seed: int = 0) -> torch.nn.Module:
+def make_tiny_idefics3(
+    folder: Path, flavour: str = "idefics3", seed: int = 0, tied: bool = False
+) -> torch.nn.Module:
     """Save the checkpoint and processor into `folder` and return transformers' model
-    (Idefics3ForConditionalGeneration or SmolVLMForConditionalGeneration, float32, eval)."""
+    (Idefics3ForConditionalGeneration or SmolVLMForConditionalGeneration, float32, eval);
+    `tied`: lm_head is the embedding table (the top-level tie_word_embeddings)."""
     import transformers
     from transformers import LlamaConfig
 
@@ -80,6 +83,7 @@ def make_tiny_idefics3(folder: Path, flavour: str = "idefics3", seed: int = 0) -
         image_token_id=IMAGE_TOKEN,
         scale_factor=SCALE,
         pad_token_id=0,
+        tie_word_embeddings=tied,
     )
     torch.manual_seed(seed)
     model = getattr(transformers, f"{prefix}ForConditionalGeneration")(config).to(torch.float32)

@@ -213,3 +213,19 @@ def test_cached_prefix_ending_inside_an_image(tiny: tuple) -> None:
         again = _tokens(engine, text, [image])
     assert first["output_ids"] == again["output_ids"] == expected
     assert again["meta_info"]["cached_tokens"] == len(prompt) - 1
+
+
+def test_tied_checkpoint(tmp_path: Path) -> None:
+    """tie_word_embeddings at the top level (transformers' flag for these models): lm_head is
+    the embedding table, stored or not; the tokens stay transformers'."""
+    from safetensors import safe_open
+
+    hf = make_tiny_idefics3(tmp_path, "smolvlm", seed=3, tied=True)
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        stored = set(f.keys())
+    assert "lm_head.weight" not in stored
+    text = "w1 w5 <image> w6"
+    image = png_bytes(14, WIDE)
+    _, expected = hf_greedy(hf, tmp_path, text, [image], NEW)
+    with _engine(tmp_path) as engine:
+        assert _tokens(engine, text, [image])["output_ids"] == expected
