@@ -1,5 +1,6 @@
 """Every payload that crosses a process (or thread) boundary between the API side and the
-scheduler. Plain dataclasses of Python values, so they pickle cheaply and carry no tensors."""
+scheduler. Plain dataclasses of Python values, so they pickle cheaply and carry no tensors
+(an image its processor tiled on the API side carries numpy pixel arrays)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,17 @@ ROUTED_EXPERTS_DISABLED = (
 @dataclass
 class ImageInput:
     """One image of a request: its encoded bytes (checked to decode by the API side), a content
-    hash, and where its placeholder tokens sit in input_ids."""
+    hash, and where its placeholder tokens sit in input_ids. For a model whose processor tiles
+    images (multimodal/tiled_images.py) the API side has processed it already: pixel_values
+    (numpy float32 [tiles, 3, S, S]) and pixel_mask (numpy bool [tiles, S, S] or None); its
+    span then holds marker tokens among the image tokens."""
 
     data: bytes
     hash: int
     offset: int
     length: int
+    pixel_values: Any = None
+    pixel_mask: Any = None
 
 
 @dataclass

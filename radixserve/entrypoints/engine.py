@@ -127,6 +127,7 @@ class Engine:
             getattr(self.model_info, "image_prompt", None),
             image_cap,
             media_fetch,
+            self.model_info.model_dir,
         )
 
     @property

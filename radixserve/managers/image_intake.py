@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from radixserve.errors import InvalidRequestError
 from radixserve.managers.background_work import BackgroundQueue
-from radixserve.multimodal.image_prompt import ImagePrompt, keyed_ids
+from radixserve.multimodal.image_prompt import LAYOUTS, ImagePrompt, keyed_ids
 
 if TYPE_CHECKING:
     from radixserve.managers.schedule_batch import Req
@@ -29,9 +29,13 @@ def image_prompt(model: Any, tokenizer: Any = None) -> ImagePrompt | None:
     token_id = getattr(model, "image_token_id", None)
     if token_id is None:
         return None
+    # "tiles": the model folder's processor expands each image (Idefics3, SmolVLM).
+    layout = str(getattr(model, "image_layout", "fixed"))
+    if layout not in LAYOUTS:
+        raise ValueError(f"image layout {layout!r} is not one of {LAYOUTS}")
     frame = getattr(model, "image_frame", None)
     if frame is None:
-        return ImagePrompt(int(token_id), int(model.tokens_per_image))
+        return ImagePrompt(int(token_id), int(model.tokens_per_image), layout)
     if tokenizer is None:
         # --skip-tokenizer-init: prompts come as ids, best expanded as the processor writes them.
         logger.warning(
@@ -42,7 +46,12 @@ def image_prompt(model: Any, tokenizer: Any = None) -> ImagePrompt | None:
         frame = tuple(tuple(p for p in parts if not isinstance(p, str)) for parts in frame)
     before, after = (_frame_ids(tokenizer, parts) for parts in frame)
     return ImagePrompt(
-        int(model.image_placeholder_id), int(model.tokens_per_image), int(token_id), before, after
+        int(model.image_placeholder_id),
+        int(model.tokens_per_image),
+        layout,
+        feature_token_id=int(token_id),
+        before=before,
+        after=after,
     )
 
 
@@ -61,9 +70,11 @@ def image_preprocessor(runner: Any) -> ImagePreprocessor | None:
     from radixserve.multimodal.image_items import ImagePreprocessor
 
     model = getattr(runner, "model", None)
-    if getattr(model, "image_token_id", None) is None:
+    token_id = getattr(model, "image_token_id", None)
+    if token_id is None:
         return None
-    return ImagePreprocessor(runner.model_dir, model.image_size)
+    tiled = getattr(model, "image_layout", "fixed") == "tiles"
+    return ImagePreprocessor(runner.model_dir, model.image_size, int(token_id), tiled)
 
 
 TEXT_ONLY_MODEL = "This model reads text only; the request carries images."
@@ -114,7 +125,14 @@ class ImageIntake:
     def collect_ready(self) -> tuple[list[Req], list[tuple[Req, str]]]:
         """Requests whose images are processed (given their images and cache key), and the
         ones whose images failed, with the reason."""
-        return self.preparing.collect(_apply)
+        preprocessor = self.preprocessor
+
+        def apply(req: Req, items: list[ImageItem]) -> None:
+            if preprocessor is not None:
+                preprocessor.place_tiled(items, req.origin_input_ids)
+            _apply(req, items)
+
+        return self.preparing.collect(apply)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -30,13 +30,12 @@ import torch
 
 from radixserve.models.gemma3 import Gemma3ForCausalLM
 from radixserve.models.gemma3_vision_tower import Gemma3VisionEncoder, tokens_per_image
-from radixserve.models.image_features import image_rows
+from radixserve.models.image_features import ImageOfStep, ImagePiece, image_rows
 from radixserve.models.vision_feature_cache import VisionFeatureCache, budget_bytes
 
 if TYPE_CHECKING:
     from radixserve.model_executor.forward_batch import ForwardBatch
     from radixserve.models.config import ModelConfig
-    from radixserve.models.llava import ImagePiece
 
 _VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
 VISION = "vision."  # the encoder's attribute name, prefixing its parameters
@@ -108,7 +107,10 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
     def _image_rows(
         self, chunks: Iterable[ImagePiece], device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return image_rows(self.vision, self.feature_cache, chunks, device)
+        return image_rows(chunks, device, self.feature_cache, self._encode)
+
+    def _encode(self, images: list[ImageOfStep], device: torch.device) -> list[torch.Tensor]:
+        return list(self.vision(torch.stack([im.pixel_values for im in images]).to(device)))
 
     def checkpoint_tensors(
         self, weights: Iterable[tuple[str, torch.Tensor]]

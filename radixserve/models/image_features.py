@@ -1,45 +1,84 @@
-"""A step's image features for the rows of its image tokens, shared by the vision models
-(LLaVA, Gemma 3): images not encoded yet take their features from the feature cache by content
-hash, or are encoded together, once, and keep their features until their last piece runs."""
+"""A vision-language model's step: the image features that replace the embeddings of this
+step's image tokens. Shared by LLaVA (models/llava.py) and Idefics3 / SmolVLM
+(models/idefics3.py), which differ only in how they encode a list of images."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from radixserve.models.llava import ImagePiece
-    from radixserve.models.vision_feature_cache import VisionFeatureCache
+from radixserve.models.vision_feature_cache import VisionFeatureCache
+
+
+class ImageOfStep(Protocol):
+    """An image as a step hands it over (the scheduler's multimodal/image_items.ImageItem):
+    pixels, its span, which span positions take features (`slots`, None: all), and its
+    features once encoded (kept there by the model)."""
+
+    pixel_values: torch.Tensor
+    pixel_mask: torch.Tensor | None
+    hash: int
+    length: int
+    slots: torch.Tensor | None
+    features: torch.Tensor | None
+
+    @property
+    def feature_count(self) -> int: ...
+
+
+class ImagePiece(Protocol):
+    """Tokens of one image's span in one step (multimodal/image_items.ImageChunk): flattened
+    rows [row, row + length) are span positions [start, start + length)."""
+
+    row: int
+    image: ImageOfStep
+    start: int
+    length: int
+
+
+# Encodes images (none of them cached) into one [feature_count, hidden] tensor each.
+Encoder = Callable[[list[ImageOfStep], torch.device], list[torch.Tensor]]
 
 
 def image_rows(
-    encode: Callable[[torch.Tensor], torch.Tensor],
-    cache: VisionFeatureCache,
     chunks: Iterable[ImagePiece],
     device: torch.device,
+    cache: VisionFeatureCache,
+    encode: Encoder,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(flattened rows, their features [rows, hidden]) for this step's image pieces;
-    `encode` takes stacked pixels [B, 3, H, W] to features [B, tokens, hidden]."""
+    """(flattened rows, their features) for this step's image pieces; images not encoded
+    yet take their features from the cache by content hash, or are encoded together, once,
+    and keep their features until their last piece runs."""
     chunks = list(chunks)
     fresh = []
     for image in {id(c.image): c.image for c in chunks if c.image.features is None}.values():
         cached = cache.get(image.hash)
-        if cached is not None and cached.shape[0] == image.length:
+        if cached is not None and cached.shape[0] == image.feature_count:
             image.features = cached.to(device)
         else:
             fresh.append(image)
     if fresh:
-        pixels = torch.stack([im.pixel_values for im in fresh]).to(device)
-        features = encode(pixels)
-        for image, feats in zip(fresh, features, strict=True):
-            if feats.shape[0] != image.length:
+        for image, feats in zip(fresh, encode(fresh, device), strict=True):
+            if feats.shape[0] != image.feature_count:
                 raise ValueError(
-                    f"an image gave {feats.shape[0]} features for {image.length} tokens"
+                    f"an image gave {feats.shape[0]} features for {image.feature_count} tokens"
                 )
             image.features = feats
             cache.put(image.hash, feats)
-    rows = torch.cat([torch.arange(c.row, c.row + c.length, device=device) for c in chunks])
-    values = torch.cat([c.image.features[c.start : c.start + c.length] for c in chunks])
-    return rows, values
+    rows, values = [], []
+    for c in chunks:
+        features = c.image.features
+        assert features is not None
+        slots = c.image.slots
+        if slots is None:
+            rows.append(torch.arange(c.row, c.row + c.length, device=device))
+            values.append(features[c.start : c.start + c.length])
+            continue
+        # A tiled image's span: marker tokens keep their embeddings.
+        piece = slots[c.start : c.start + c.length]
+        at = torch.nonzero(piece >= 0).flatten()
+        rows.append((at + c.row).to(device))
+        values.append(features[piece[at].to(features.device)])
+    return torch.cat(rows), torch.cat(values)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
-from radixserve.models.image_features import image_rows
+from radixserve.models.image_features import ImageOfStep, ImagePiece, image_rows
 from radixserve.models.llama import LlamaForCausalLM
 from radixserve.models.vision_feature_cache import VisionFeatureCache, budget_bytes
 from radixserve.models.vision_tower import VisionEncoder, tokens_per_image
@@ -29,26 +29,6 @@ if TYPE_CHECKING:
 _VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
 VISION = "vision."  # the VisionEncoder's attribute name, prefixing its parameters
 _TEXT_MODEL_TYPES = ("llama",)
-
-
-class ImageOfStep(Protocol):
-    """An image as a step hands it over (the scheduler's multimodal/image_items.ImageItem):
-    pixels, its placeholder count, and its features once encoded (kept there by the model)."""
-
-    pixel_values: torch.Tensor
-    hash: int
-    length: int
-    features: torch.Tensor | None
-
-
-class ImagePiece(Protocol):
-    """Placeholder tokens of one image in one step (multimodal/image_items.ImageChunk):
-    flattened rows [row, row + length) take the image's features [start, start + length)."""
-
-    row: int
-    image: ImageOfStep
-    start: int
-    length: int
 
 
 def language_config(config: ModelConfig) -> ModelConfig:
@@ -94,8 +74,10 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
     def _image_rows(
         self, chunks: Iterable[ImagePiece], device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(flattened rows, their features) for this step's image pieces (image_features)."""
-        return image_rows(self.vision, self.feature_cache, chunks, device)
+        return image_rows(chunks, device, self.feature_cache, self._encode)
+
+    def _encode(self, images: list[ImageOfStep], device: torch.device) -> list[torch.Tensor]:
+        return list(self.vision(torch.stack([im.pixel_values for im in images]).to(device)))
 
     def checkpoint_tensors(
         self, weights: Iterable[tuple[str, torch.Tensor]]

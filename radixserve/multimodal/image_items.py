@@ -5,6 +5,11 @@ transformers' AutoImageProcessor on first use) turns each image's bytes into pix
 the request arrives; the vision tower turns them into features at the request's first prefill
 step that reaches the image (models/llava.py), and the features are dropped once every
 placeholder token of the image has been run, so only prefill holds them.
+
+An image whose processor tiles it (Idefics3, SmolVLM) arrives processed by the API side
+(multimodal/tiled_images.py); its span mixes marker tokens (`<fake_token_around_image>`,
+`<row_1_col_1>`, "\n") with its image tokens, so the item records which span positions take
+which feature (`slots`); the markers keep their text embeddings.
 """
 
 from __future__ import annotations
@@ -27,26 +32,49 @@ logger = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class ImageItem:
-    """One image of a request: pixels [3, H, W], the content hash, where its placeholder tokens
-    sit in the prompt, and its projected features [length, hidden] while prefill needs them."""
+    """One image of a request: pixels ([3, H, W], or [tiles, 3, S, S] for a tiled image), the
+    content hash, where its tokens sit in the prompt, and its projected features
+    [feature_count, hidden] while prefill needs them. `slots` (None: every token of the span
+    is an image token) gives each span position's feature index, -1 for a marker token;
+    `pixel_mask` [tiles, S, S] marks a tile's real pixels (None: all are)."""
 
     pixel_values: torch.Tensor
     hash: int
     offset: int
     length: int
     features: torch.Tensor | None = None
+    pixel_mask: torch.Tensor | None = None
+    slots: torch.Tensor | None = None
 
     @property
     def end(self) -> int:
         return self.offset + self.length
 
+    @property
+    def feature_count(self) -> int:
+        return self.length if self.slots is None else int((self.slots >= 0).sum())
+
+
+def image_slots(span_ids: Sequence[int], token_id: int) -> torch.Tensor | None:
+    """Each span position's feature index (-1: not an image token); None when every position
+    is an image token."""
+    is_image = torch.tensor([tok == token_id for tok in span_ids], dtype=torch.bool)
+    if bool(is_image.all()):
+        return None
+    return torch.where(is_image, torch.cumsum(is_image, 0) - 1, -1)
+
 
 class ImagePreprocessor:
     """The model folder's image processor, loaded on the first image."""
 
-    def __init__(self, model_dir: str | Path, image_size: int) -> None:
+    def __init__(
+        self, model_dir: str | Path, image_size: int, token_id: int = -1, tiled: bool = False
+    ) -> None:
         self.model_dir = str(model_dir)
         self.image_size = image_size  # what the vision tower's position table covers
+        self.token_id = token_id  # the image token, among a tiled image's markers
+        # The API side processes (tiles) every image of such a model; none is processed here.
+        self.tiled = tiled
         self._processor: Any = None
         self._lock = threading.Lock()
 
@@ -63,9 +91,12 @@ class ImagePreprocessor:
             return self._processor
 
     def prepare(self, images: Sequence[ImageInput]) -> list[ImageItem]:
-        """Pixel values for each image; raises InvalidRequestError (the request's fault)."""
+        """Pixel values for each image (processed here, or taken as the API side processed
+        them); raises InvalidRequestError (the request's fault)."""
         if not images:
             return []
+        if self.tiled:
+            return [self._processed(i, image) for i, image in enumerate(images)]
         from PIL import Image
 
         processor = self._load()
@@ -87,6 +118,30 @@ class ImagePreprocessor:
                 )
             items.append(ImageItem(pixels, image.hash, image.offset, image.length))
         return items
+
+    def _processed(self, i: int, image: ImageInput) -> ImageItem:
+        """The ImageItem of an image the API side processed (tiled); its slots are set once
+        it meets its request's tokens (place_tiled)."""
+        if image.pixel_values is None:
+            raise InvalidRequestError(
+                f"Image {i} reached the scheduler without the processor's tiles.", "image_data"
+            )
+        pixels = torch.from_numpy(image.pixel_values)
+        if pixels.ndim != 4 or tuple(pixels.shape[-2:]) != (self.image_size, self.image_size):
+            raise InvalidRequestError(
+                f"Image {i} was processed to tiles of {tuple(pixels.shape)}, but the vision "
+                f"tower takes {self.image_size}x{self.image_size} pixels.",
+                "image_data",
+            )
+        mask = None if image.pixel_mask is None else torch.from_numpy(image.pixel_mask)
+        return ImageItem(pixels, image.hash, image.offset, image.length, None, mask)
+
+    def place_tiled(self, items: Sequence[ImageItem], ids: Sequence[int]) -> None:
+        """Give each tiled image the feature slots of its span of the prompt `ids`."""
+        if not self.tiled:
+            return
+        for item in items:
+            item.slots = image_slots(ids[item.offset : item.end], self.token_id)
 
 
 @dataclass(frozen=True)

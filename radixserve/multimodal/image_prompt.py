@@ -2,7 +2,9 @@
 
 A picklable description (ImagePrompt) travels in SchedulerReady from the loaded model to the API
 side, which expands each placeholder the prompt has (the chat template writes one per image,
-`<image>`) into `tokens_per_image` copies, as transformers' LlavaProcessor does with the text.
+`<image>`): under the "fixed" layout into `tokens_per_image` copies, as transformers'
+LlavaProcessor does with the text; under the "tiles" layout (Idefics3, SmolVLM) the model
+folder's processor decides, image by image (multimodal/tiled_images.py).
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from radixserve.errors import InvalidRequestError
 # Cache keys of image tokens live in [2**31, 2**32): above every vocabulary, below the LoRA
 # namespace stride (mem_cache/namespace.py adds multiples of 2**32).
 IMAGE_KEY_BASE = 1 << 31
+LAYOUTS = ("fixed", "tiles")
 
 
 @dataclass(frozen=True)
 class ImagePrompt:
-    """A vision model's placeholder: its token id and how many features an image becomes.
+    """A vision model's placeholder: its token id and how many features an image becomes
+    ("fixed"), or one tile of it becomes ("tiles": the processor picks the tiles).
 
     A model whose features take a token of their own, framed by others (Gemma 3: the template
     writes `<start_of_image>`, which Gemma3Processor turns into "\n\n", `<start_of_image>`,
@@ -28,6 +32,7 @@ class ImagePrompt:
 
     token_id: int
     tokens_per_image: int
+    layout: str = "fixed"
     feature_token_id: int | None = None
     before: tuple[int, ...] = ()
     after: tuple[int, ...] = ()

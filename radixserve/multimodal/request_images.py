@@ -12,6 +12,7 @@ from radixserve.messages import ImageInput
 from radixserve.multimodal.image_prompt import ImagePrompt, expand_placeholders
 from radixserve.multimodal.image_source import load_image
 from radixserve.multimodal.media_fetch import MediaFetchPolicy
+from radixserve.multimodal.tiled_images import TiledImages
 
 # SGLang's image_data: for one prompt an image or a list of images; for a batch a list with one
 # entry (None, an image or a list of images) per prompt. An image is a string: a data URL,
@@ -67,18 +68,25 @@ def image_limit(value: Any) -> int | None:
 
 class RequestImages:
     """What the API side knows about the model's images: its placeholder (None: a text-only
-    model), the most images one request may carry (None: no limit) and how http(s) image URLs
-    are fetched (None: refused)."""
+    model), the most images one request may carry (None: no limit), how http(s) image URLs
+    are fetched (None: refused) and the model folder, whose processor expands the images of a
+    "tiles" layout."""
 
     def __init__(
         self,
         prompt: ImagePrompt | None,
         limit: int | None = None,
         fetch: MediaFetchPolicy | None = None,
+        model_dir: str | None = None,
     ) -> None:
         self.prompt = prompt
         self.limit = limit
         self.fetch = fetch
+        self.tiled: TiledImages | None = None
+        if prompt is not None and prompt.layout == "tiles":
+            if model_dir is None:
+                raise ValueError("a model whose processor tiles images needs its model folder")
+            self.tiled = TiledImages(model_dir)
 
     @property
     def accepted(self) -> bool:
@@ -101,6 +109,8 @@ class RequestImages:
         loaded = [
             load_image(src, f"image_data[{i}]", self.fetch) for i, src in enumerate(image_data)
         ]
+        if self.tiled is not None:
+            return self.tiled.expand(ids, self.prompt, loaded)
         expanded, spans = expand_placeholders(ids, self.prompt, len(loaded))
         images = [
             ImageInput(im.data, im.hash, span.offset, span.length)

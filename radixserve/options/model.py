@@ -78,7 +78,8 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     flag(
         "--enable-multimodal",
-        "Enable multimodal inputs for a multimodal model. As in SGLang, a LLaVA model takes "
+        "Enable multimodal inputs for a multimodal model. As in SGLang, a vision model (LLaVA, "
+        "Idefics3, SmolVLM) takes "
         "images with or without it, and a text-only model is unchanged by it.",
         default=None,
         support=IMPLEMENTED,

@@ -149,7 +149,9 @@ def test_expansion_equals_gemma3_processor(gemma: tuple, images: list[bytes]) ->
     proc = processor(folder)
     rgb = [Image.open(io.BytesIO(b)).convert("RGB") for b in images[:2]]
     theirs = proc(text=TWO, images=rgb, return_tensors="pt")["input_ids"][0].tolist()
-    prompt = ImagePrompt(BOI, TOKENS_PER_IMAGE, SOFT, (NEWLINES, BOI), (EOI, NEWLINES))
+    prompt = ImagePrompt(
+        BOI, TOKENS_PER_IMAGE, feature_token_id=SOFT, before=(NEWLINES, BOI), after=(EOI, NEWLINES)
+    )
     ours, spans = expand_placeholders(proc.tokenizer.encode(TWO), prompt, 2)
     assert ours == theirs
     assert [ours[s.offset : s.offset + s.length] for s in spans] == [[SOFT] * 16] * 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi.responses import JSONResponse, Response
@@ -25,7 +26,8 @@ async def tokenize(request: Request) -> Response:
     ctx = get_ctx(request)
     body = await read_json(request)
     if isinstance(body, dict) and "messages" in body:
-        return _tokenize_chat(ctx, body)
+        # A tiling model's images are read and processed (off the event loop) for their counts.
+        return await asyncio.to_thread(_tokenize_chat, ctx, body)
     req = parse_model(TokenizeRequest, body)
     ctx.check_model(req.model)
     tok = ctx.require_tokenizer("Tokenization")
@@ -67,11 +69,15 @@ def _tokenize_chat(ctx: ServingContext, body: dict[str, Any]) -> Response:
         takes_images=ctx.takes_images,
     )
     if ctx.takes_images:
-        # The tokens the model runs: each image's placeholder expanded (images not read).
-        prompt = ctx.engine.tokenizer_manager.images.prompt
-        count = len(chat_images(req.messages).sources)
+        # The tokens the model runs: each image's placeholder expanded (images not read,
+        # unless the model's processor decides their counts: Idefics3, SmolVLM).
+        images = ctx.engine.tokenizer_manager.images
+        sources = chat_images(req.messages).sources
         try:
-            tokens, _ = expand_placeholders(tokens, prompt, count)
+            if images.tiled is not None and sources:
+                tokens, _ = images.expand(tokens, sources)
+            else:
+                tokens, _ = expand_placeholders(tokens, images.prompt, len(sources))
         except InvalidRequestError as exc:
             raise ApiError(400, str(exc), param="messages") from exc
     return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": ctx.context_len})
