@@ -225,6 +225,7 @@ class ModelRunner:
         for layer_id, layout in initial_placements(args.init_expert_location, layers).items():
             move_layer(layers[layer_id], layout)
         if not args.enable_eplb:
+            expert_stats.set_eplb_counts(None)  # no window left from an earlier runner
             return
         if not layers:
             raise ServerArgsError("--enable-eplb", "the model has no MoE layers to balance")

@@ -264,9 +264,23 @@ def test_moved_experts_keep_the_logits(tmp_path: Path) -> None:
         assert torch.allclose(second, long_reference, atol=1e-4), rank
 
 
-def test_engine_eplb_greedy_equals_one_rank(tmp_path: Path) -> None:
-    """The serving path with rebalances every 2 forward passes, one layer per pass, in the
-    middle of generation: the same greedy tokens as one rank."""
+REVERSED = json.dumps({"physical_to_logical_map": [[7, 6, 5, 4, 3, 2, 1, 0, 7, 6]] * 2})
+PLACEMENTS = {
+    # Rebalanced every 2 forward passes, one layer per pass, in the middle of generation.
+    "eplb": {
+        "enable_eplb": True,
+        "eplb_rebalance_num_iterations": 2,
+        "eplb_rebalance_layers_per_chunk": 1,
+    },
+    # Started from a given map (inline JSON): every expert moved at start-up, none later.
+    "init-map": {"init_expert_location": REVERSED},
+}
+
+
+@pytest.mark.parametrize("case", sorted(PLACEMENTS))
+def test_engine_placement_greedy_equals_one_rank(tmp_path: Path, case: str) -> None:
+    """The serving path, tp 2 / ep 2 with 2 redundant slots: the same greedy tokens as one
+    rank."""
     from radixserve import Engine
 
     require_hf_arch("qwen3_moe")
@@ -289,14 +303,15 @@ def test_engine_eplb_greedy_equals_one_rank(tmp_path: Path) -> None:
         tp_size=2,
         ep_size=2,
         ep_num_redundant_experts=2,
-        enable_eplb=True,
-        eplb_rebalance_num_iterations=2,
-        eplb_rebalance_layers_per_chunk=1,
         dist_timeout=20,
+        **PLACEMENTS[case],
         **kwargs,
     ) as engine:
         got = [r["output_ids"] for r in engine.generate(input_ids=prompts, sampling_params=greedy)]
         info = engine.get_server_info()
     assert got == expected
-    assert info["eplb_rebalances_total"] >= 2
-    assert info["eplb_layers_moved_total"] >= 2
+    if case == "eplb":
+        assert info["eplb_rebalances_total"] >= 2
+        assert info["eplb_layers_moved_total"] >= 2
+    else:
+        assert "eplb_rebalances_total" not in info
