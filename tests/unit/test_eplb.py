@@ -315,3 +315,43 @@ def test_engine_placement_greedy_equals_one_rank(tmp_path: Path, case: str) -> N
         assert info["eplb_layers_moved_total"] >= 2
     else:
         assert "eplb_rebalances_total" not in info
+
+
+def test_manager_rebalances_every_n_passes_in_chunks(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every 3 passes a decision from the window's counts; one layer moves per pass; each move
+    is logged with its balancedness before and after."""
+    from radixserve.layers.moe import expert_stats
+
+    moved: list[tuple[int, int]] = []
+
+    def fake_move(layer: SimpleNamespace, new: LayerPlacement) -> int:
+        moved.append((layer.layer_id, manager.passes))
+        layer.placement = new
+        return 1
+
+    monkeypatch.setattr(eplb, "move_layer", fake_move)
+    layers = {i: _fake_layer() for i in (0, 1)}
+    for i, layer in layers.items():
+        layer.layer_id = i
+    config = eplb.EPLBConfig(
+        rebalance_num_iterations=3, layers_per_chunk=1, min_utilization_threshold=1.0
+    )
+    manager = eplb.EPLBManager(layers, config)  # type: ignore[arg-type]
+    caplog.set_level("INFO", logger=eplb.__name__)
+    try:
+        routed = torch.tensor([[7, 6]] * 50 + [[0, 1]] * 5)  # experts 6 and 7 hot
+        for _ in range(4):
+            for i in layers:
+                expert_stats.observe(i, routed, 8)
+            manager.on_forward_pass_end()
+    finally:
+        manager.close()
+    # Decided at pass 3: layer 0 moved then, layer 1 at pass 4.
+    assert moved == [(0, 3), (1, 4)]
+    assert manager.rebalances == 1 and manager.layers_moved == 2
+    assert all(len(layer.placement.copies[7]) == 2 for layer in layers.values())
+    logged = [r.getMessage() for r in caplog.records if "moved layers" in r.getMessage()]
+    assert len(logged) == 2 and "balancedness" in logged[0] and "1 layers left" in logged[0]
+    assert expert_stats._EPLB_COUNTS is None
