@@ -116,6 +116,13 @@ class ServerArgs:
     moe_a2a_backend: str = "none"
     moe_runner_backend: str = "auto"
     expert_distribution_recorder_mode: str | None = None
+    ep_num_redundant_experts: int = 0
+    init_expert_location: str = "trivial"
+    enable_eplb: bool = False
+    eplb_algorithm: str = "auto"
+    eplb_rebalance_num_iterations: int = 1000
+    eplb_rebalance_layers_per_chunk: int | None = None
+    eplb_min_rebalancing_utilization_threshold: float = 1.0
     enable_return_routed_experts: bool = False
     load_balance_method: str = "auto"
     dist_init_addr: str | None = None

@@ -105,6 +105,15 @@ def tensor_model_parallel_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def tensor_model_parallel_broadcast(tensor: torch.Tensor, src_tp_rank: int) -> torch.Tensor:
+    """TP rank `src_tp_rank`'s `tensor` on every TP rank (in place; identity on one rank)."""
+    if get_tp_size() == 1:
+        return tensor
+    src = src_tp_rank if _TP_GROUP is None else dist.get_global_rank(_TP_GROUP, src_tp_rank)
+    dist.broadcast(tensor, src=src, group=_TP_GROUP)
+    return tensor
+
+
 def tensor_model_parallel_all_gather(tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Concatenate every TP rank's `tensor` along `dim`, in rank order."""
     world = get_tp_size()

@@ -341,6 +341,17 @@ class Scheduler:
             **self._tier_info(),
             **self._spec_info(),
             **expert_record.info_fields(self.args.expert_distribution_recorder_mode),
+            **self._eplb_info(),
+        }
+
+    def _eplb_info(self) -> dict[str, Any]:
+        """--enable-eplb: rebalances decided and layers whose experts moved so far."""
+        eplb = getattr(self.runner, "eplb", None)
+        if eplb is None:
+            return {}
+        return {
+            "eplb_rebalances_total": eplb.rebalances,
+            "eplb_layers_moved_total": eplb.layers_moved,
         }
 
     def _tier_info(self) -> dict[str, Any]:

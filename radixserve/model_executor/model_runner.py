@@ -20,6 +20,10 @@ from radixserve.kernels.kv_codes import is_fp8
 from radixserve.layers.attention.registry import FAST_KERNEL_BACKENDS, create_attention_backend
 from radixserve.layers.fast_path import use_fast_kernels
 from radixserve.layers.moe import expert_stats
+from radixserve.layers.moe.eplb import EPLBConfig, EPLBManager
+from radixserve.layers.moe.expert_location import initial_placements
+from radixserve.layers.moe.expert_moves import moe_layers, move_layer
+from radixserve.layers.moe.placement import set_num_redundant_experts
 from radixserve.layers.moe.routed_capture import RoutedShape, capture_step, routed_shape
 from radixserve.mem_cache.kv_cache import KVCache
 from radixserve.model_executor.forward_batch import ForwardBatch, ForwardMode
@@ -100,6 +104,8 @@ class ModelRunner:
     # final hidden state (EAGLE-1) or the inputs of these decoder layers (EAGLE3) as features.
     capture_final: bool = False
     capture_layers: tuple[int, ...] = ()
+    # --enable-eplb: rebalances the MoE layers' experts between forward passes.
+    eplb: EPLBManager | None = None
 
     def __init__(self, server_args: ServerArgs, draft_head: bool = False) -> None:
         from radixserve.models.loader import load_model
@@ -110,6 +116,7 @@ class ModelRunner:
         torch.manual_seed(server_args.random_seed)
         # --ep-size: MoE layers read the expert-parallel split as they are built.
         ps.set_ep_size(server_args.ep_size)
+        set_num_redundant_experts(0 if draft_head else server_args.ep_num_redundant_experts)
         loaded = load_model(
             server_args.model_path,
             load_format=server_args.load_format,
@@ -131,6 +138,8 @@ class ModelRunner:
                 budget_bytes(server_args.mm_preprocess_cache_size_mb)
             )
         expert_stats.attach(self.model)  # MoE layers report routings under their layer index
+        if not draft_head:
+            self._init_expert_placement(server_args)
         self.routed_shape = self._init_routed_capture(server_args, loaded.config)
         self.model_config: ModelConfig = loaded.config
         self.model_dir = loaded.model_dir
@@ -208,6 +217,26 @@ class ModelRunner:
                 "with --speculative-algorithm EAGLE or EAGLE3"
             )
         self.server_args.validate_against_model(cfg.num_attention_heads, cfg.num_key_value_heads)
+
+    def _init_expert_placement(self, args: ServerArgs) -> None:
+        """--init-expert-location: move the MoE layers' experts to the given placement;
+        --enable-eplb: the manager that rebalances them as the load is measured."""
+        layers = moe_layers(self.model)
+        for layer_id, layout in initial_placements(args.init_expert_location, layers).items():
+            move_layer(layers[layer_id], layout)
+        if not args.enable_eplb:
+            expert_stats.set_eplb_counts(None)  # no window left from an earlier runner
+            return
+        if not layers:
+            raise ServerArgsError("--enable-eplb", "the model has no MoE layers to balance")
+        self.eplb = EPLBManager(
+            layers,
+            EPLBConfig(
+                rebalance_num_iterations=args.eplb_rebalance_num_iterations,
+                layers_per_chunk=args.eplb_rebalance_layers_per_chunk,
+                min_utilization_threshold=args.eplb_min_rebalancing_utilization_threshold,
+            ),
+        )
 
     def _init_routed_capture(self, args: ServerArgs, cfg: ModelConfig) -> RoutedShape | None:
         """--enable-return-routed-experts: the shape of a token's ids; refused for a model
@@ -365,6 +394,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _forward(self, step: StepInputs, req_to_token: torch.Tensor) -> ForwardOutput:
+        out = self._run_step(step, req_to_token)
+        if self.eplb is not None:
+            # Between steps, on every rank in the same pass: the moves' collectives pair up.
+            self.eplb.on_forward_pass_end()
+        return out
+
+    def _run_step(self, step: StepInputs, req_to_token: torch.Tensor) -> ForwardOutput:
         if self.pipeline is not None:
             return self.pipeline.forward(step, req_to_token)
         bucket = self._compiled_bucket(step)

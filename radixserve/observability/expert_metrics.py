@@ -2,7 +2,9 @@
 (--expert-distribution-recorder-mode stat: routings per layer and expert since the last
 /start_expert_distribution_record).
 
-Gauges, not counters: a new recording starts the counts from zero again.
+Gauges, not counters: a new recording starts the counts from zero again. `expert` is the
+logical expert (the router's id), whatever physical copies --ep-num-redundant-experts and
+--enable-eplb placed it in: the counts are taken before a copy is chosen.
 - sglang:moe_expert_load{layer, expert}: (token, slot) routings to the expert;
 - sglang:moe_expert_balancedness{layer}: mean over max load (1.0: perfectly even), the ratio
   SGLang's EPLB reports as balancedness.

@@ -75,7 +75,10 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "--ep-num-redundant-experts",
         INT,
         0,
-        "Redundant experts allocated under expert parallelism.",
+        "Extra physical expert slots per MoE layer (experts + N, an equal run per EP rank; the "
+        "sum must divide by --ep-size): hot experts get extra copies and their tokens are "
+        "spread over them. Needs --ep-size > 1.",
+        support=IMPLEMENTED,
     ),
     value(
         "--ep-dispatch-algorithm",
@@ -84,16 +87,51 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "How ranks for redundant experts are chosen.",
         choices=("static", "dynamic", "fake", "lp"),
     ),
-    value("--init-expert-location", STR, "trivial", "Initial placement of experts."),
-    flag("--enable-eplb", "Enable expert-parallel load balancing."),
-    value("--eplb-algorithm", STR, "auto", "EPLB algorithm."),
-    value("--eplb-rebalance-num-iterations", INT, 1000, "Iterations between EPLB rebalances."),
-    value("--eplb-rebalance-layers-per-chunk", INT, None, "Layers rebalanced per forward pass."),
+    value(
+        "--init-expert-location",
+        STR,
+        "trivial",
+        "Initial placement of experts: trivial, or a .pt / .json file (or inline JSON) with "
+        "physical_to_logical_map [layers, physical experts] or logical_count [layers, experts] "
+        "(e.g. a /dump_expert_distribution_record file). Needs --ep-size > 1.",
+        support=IMPLEMENTED,
+    ),
+    flag(
+        "--enable-eplb",
+        "Expert-parallel load balancing: rebalance the experts' placement from their measured "
+        "load every --eplb-rebalance-num-iterations forward passes, moving weights between "
+        "ranks. Needs --ep-size > 1.",
+        support=IMPLEMENTED,
+    ),
+    value(
+        "--eplb-algorithm",
+        STR,
+        "auto",
+        "EPLB algorithm: auto, deepseek or deepseek_hierarchical, all one balanced packing "
+        "(replicate the heaviest experts, then greedy packing by load).",
+        support=IMPLEMENTED,
+    ),
+    value(
+        "--eplb-rebalance-num-iterations",
+        INT,
+        1000,
+        "Forward passes between EPLB rebalances (the load window).",
+        support=IMPLEMENTED,
+    ),
+    value(
+        "--eplb-rebalance-layers-per-chunk",
+        INT,
+        None,
+        "Layers whose experts move per forward pass during a rebalance (default: all at once).",
+        support=IMPLEMENTED,
+    ),
     value(
         "--eplb-min-rebalancing-utilization-threshold",
         FLOAT,
         1.0,
-        "Minimum GPU utilisation that triggers EPLB rebalancing.",
+        "Skip a rebalance when the layers' average balancedness (mean over max EP rank load) "
+        "is above this.",
+        support=IMPLEMENTED,
     ),
     value(
         "--expert-distribution-recorder-mode",

@@ -1,7 +1,8 @@
 """--quantization gguf with --tp-size 2: each rank keeps its slice of the file's blocks
 (models/gguf_shard.py) and the greedy tokens equal one rank's, for a dense model on K-quant
 blocks (its embedding and LM head on blocks too) and a MoE model whose experts are split by
-intermediate size (--ep-size 1) or whole (--ep-size 2). A split that does not fall on block
+intermediate size (--ep-size 1) or whole (--ep-size 2, also with redundant slots and EPLB
+moving the blocks between ranks). A split that does not fall on block
 boundaries is refused with the fix."""
 
 from __future__ import annotations
@@ -78,12 +79,21 @@ def test_dense_k_quant_blocks_tp2_equal_one_rank(dense_gguf: Path) -> None:
     _compare_tp2_to_one_rank(dense_gguf)
 
 
-@pytest.mark.parametrize("ep_size", [1, 2], ids=["experts-split", "experts-whole"])
-def test_moe_blocks_tp2_equal_one_rank(tmp_path: Path, ep_size: int) -> None:
+# The last: 2 redundant expert slots and --enable-eplb every 2 forward passes, so the experts'
+# blocks are rebalanced and moved between the ranks in the middle of generation.
+EPLB = {"ep_num_redundant_experts": 2, "enable_eplb": True, "eplb_rebalance_num_iterations": 2}
+
+
+@pytest.mark.parametrize(
+    "tp_kwargs",
+    [{"ep_size": 1}, {"ep_size": 2}, {"ep_size": 2, **EPLB}],
+    ids=["experts-split", "experts-whole", "experts-rebalanced"],
+)
+def test_moe_blocks_tp2_equal_one_rank(tmp_path: Path, tp_kwargs: dict[str, Any]) -> None:
     # Q8_0 blocks of 32: a rank's 32 of 64 expert columns and 32 of 64 attention columns.
     cfg = tiny_hf_config("qwen3_moe", vocab_size=59, moe_intermediate_size=64)
     path = write_tiny_gguf(tmp_path / "moe.gguf", tiny_hf_model(cfg), arch="qwen3moe")
-    _compare_tp2_to_one_rank(path, ep_size=ep_size)
+    _compare_tp2_to_one_rank(path, **tp_kwargs)
 
 
 def test_a_split_inside_blocks_is_refused(tmp_path: Path) -> None:

@@ -86,8 +86,7 @@ def test_ep_size_must_divide_tp_size() -> None:
         (["--moe-a2a-backend", "deepep"], "--moe-a2a-backend deepep (supported: none)"),
         (["--moe-runner-backend", "triton"], "--moe-runner-backend triton (supported: auto)"),
         (["--expert-distribution-recorder-mode", "per_token"], "(supported: stat)"),
-        (["--enable-eplb"], "--enable-eplb"),
-        (["--ep-num-redundant-experts", "2"], "--ep-num-redundant-experts"),
+        (["--eplb-algorithm", "elasticity_aware"], "--eplb-algorithm"),
     ],
 )
 def test_unimplemented_moe_options_are_refused(argv: list[str], refused: str) -> None:
@@ -100,11 +99,11 @@ def test_unimplemented_moe_options_are_refused(argv: list[str], refused: str) ->
 
 
 @pytest.mark.parametrize("argv", [["--enable-eplb"], ["--ep-num-redundant-experts", "2"]])
-def test_load_balancing_refusals_say_why(argv: list[str]) -> None:
+def test_expert_placement_needs_expert_parallelism(argv: list[str]) -> None:
     from radixserve.options.errors import ServerArgsError
     from radixserve.server_args import ServerArgs
 
-    with pytest.raises(ServerArgsError, match="no expert-parallel load balancing"):
+    with pytest.raises(ServerArgsError, match="needs --ep-size > 1"):
         ServerArgs.from_cli(argv)
 
 

@@ -55,6 +55,14 @@ class ExpertCounts:
 
 _COUNTS = ExpertCounts()
 _RECORDING = False
+# --enable-eplb's own window of counts (eplb.py), fed whatever the recorder does: the
+# recorder's start / stop / dump belong to the user and would reset or stop it.
+_EPLB_COUNTS: ExpertCounts | None = None
+
+
+def set_eplb_counts(counts: ExpertCounts | None) -> None:
+    global _EPLB_COUNTS
+    _EPLB_COUNTS = counts
 
 
 def recording() -> bool:
@@ -80,9 +88,12 @@ def counts() -> ExpertCounts:
 
 
 def observe(layer_id: int, experts: torch.Tensor, num_experts: int) -> None:
-    """A MoE layer routed its rows to `experts` [tokens, top_k] (global ids)."""
+    """A MoE layer routed its rows to `experts` [tokens, top_k] (logical ids: the router's,
+    before any redundant copy is chosen)."""
     if _RECORDING:
         _COUNTS.add(layer_id, experts, num_experts)
+    if _EPLB_COUNTS is not None:
+        _EPLB_COUNTS.add(layer_id, experts, num_experts)
 
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")

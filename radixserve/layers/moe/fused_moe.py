@@ -21,6 +21,11 @@ ranks: EP group g holds experts [g * X / E, (g + 1) * X / E) whole along the exp
 within a group the intermediate dimension is split as above. Every rank still sees every token
 (--moe-a2a-backend none): it runs its own experts over the rows routed to them, rows routed
 elsewhere add nothing here, and the TP all-reduce sums the groups' partial outputs.
+
+The router's ids are logical experts; the stacks hold physical slots (placement.py). Without
+--ep-num-redundant-experts and before any --enable-eplb move, slot e holds expert e and the ids
+are used as they are. Otherwise each routed (token, expert) is first mapped to one physical copy
+of the expert (placement.dispatch), and a rank runs the copies in its own slots.
 """
 
 from __future__ import annotations
@@ -31,8 +36,9 @@ from torch import nn
 from radixserve.distributed import parallel_state as ps
 from radixserve.layers.activation import get_act_and_mul
 from radixserve.layers.linear import copy_checked
-from radixserve.layers.moe import expert_stats, routed_capture
+from radixserve.layers.moe import expert_stats, placement, routed_capture
 from radixserve.layers.moe.methods import ExpertsMethod, UnquantizedExpertsMethod
+from radixserve.layers.moe.placement import LayerPlacement
 from radixserve.layers.moe.router import RouterSpec, route
 from radixserve.options.errors import ServerArgsError
 
@@ -62,15 +68,26 @@ class FusedMoE(nn.Module):
         self.moe_tp_rank = ps.get_moe_tp_rank()
         self.moe_tp_size = ps.get_moe_tp_size()
         self.num_experts = num_experts
-        if num_experts % self.ep_size:
+        redundant = placement.num_redundant_experts()
+        self.num_physical_experts = num_experts + redundant
+        if self.num_physical_experts % self.ep_size:
+            if redundant:
+                raise ServerArgsError(
+                    "--ep-num-redundant-experts",
+                    f"{redundant} gives {self.num_physical_experts} physical experts (the "
+                    f"model's {num_experts} + {redundant}), which --ep-size {self.ep_size} does "
+                    "not divide; choose a count that makes the sum a multiple of --ep-size",
+                )
             raise ServerArgsError(
                 "--ep-size",
                 f"{self.ep_size} does not divide the model's {num_experts} experts; use an "
                 "--ep-size that divides both the expert count and --tp-size",
             )
-        # The global ids of the experts this rank holds: one contiguous run.
-        self.num_local_experts = num_experts // self.ep_size
-        self.expert_start = ps.get_ep_rank() * self.num_local_experts
+        # This rank's physical slots: one contiguous run [expert_start, + num_local_experts).
+        self.num_local_experts = self.num_physical_experts // self.ep_size
+        self.ep_rank = ps.get_ep_rank()
+        self.expert_start = self.ep_rank * self.num_local_experts
+        self.set_placement(placement.trivial(num_experts, self.num_physical_experts, self.ep_size))
         self.hidden_size = hidden_size
         # This rank's slice of each local expert's intermediate dimension.
         self.intermediate_size = ps.divide(intermediate_size, self.moe_tp_size, "expert size")
@@ -120,10 +137,11 @@ class FusedMoE(nn.Module):
         ):
             raise ValueError(f"not an expert shard of this layer: {shard_id!r}")
         expert, part = shard_id
-        local = self.local_index(expert)
-        if local is None:
-            return  # another EP rank's expert: this rank never reads it
-        target = param.data[local]
+        # Every local slot holding a copy of this expert (none: another EP rank's expert).
+        for local in self.local_slots(expert):
+            self._load_slot(param.data[local], loaded_weight, part)
+
+    def _load_slot(self, target: torch.Tensor, loaded_weight: torch.Tensor, part: str) -> None:
         inter = self.intermediate_size
         start = self.moe_tp_rank * inter
         if part == "down":
@@ -135,13 +153,25 @@ class FusedMoE(nn.Module):
         target = target.narrow(0, 0 if part == "gate" else inter, inter)
         copy_checked(target, loaded_weight.narrow(0, start, inter))
 
-    def local_index(self, expert: int) -> int | None:
-        """Where global expert `expert` sits in this rank's stacks; None if another rank holds it."""
-        local = expert - self.expert_start
+    def set_placement(self, layout: LayerPlacement) -> None:
+        """Use `layout` for routing (the stacks must already hold it: expert_moves.py)."""
+        self.placement = layout
+        self.local_logical = layout.local_logical(self.ep_rank)
+        # None: slot e holds expert e, the router's ids index the slots as they are.
+        self.dispatch_tables = None if layout.is_identity() else layout.dispatch_tables()
+
+    def local_slots(self, logical: int) -> list[int]:
+        """This rank's stack indices holding logical expert `logical`."""
+        return [i for i, e in enumerate(self.local_logical) if e == logical]
+
+    def local_index(self, physical: int) -> int | None:
+        """Where physical slot `physical` sits in this rank's stacks; None if another rank
+        holds it."""
+        local = physical - self.expert_start
         return local if 0 <= local < self.num_local_experts else None
 
     def holds_all_experts(self) -> bool:
-        return self.num_local_experts == self.num_experts
+        return self.num_local_experts == self.num_experts and self.dispatch_tables is None
 
     def fused_call_allowed(self) -> bool:
         """Whether the one-call C++ decoder layer may run this layer in its place
@@ -169,6 +199,8 @@ class FusedMoE(nn.Module):
         if self.layer_id is not None:
             expert_stats.observe(self.layer_id, experts, self.num_experts)
             routed_capture.observe(self.layer_id, experts)
+        if self.dispatch_tables is not None:
+            experts = placement.dispatch(experts, *self.dispatch_tables)
         out = self._fused(hidden, weights, experts)
         if out is None:
             out = (
@@ -193,12 +225,12 @@ class FusedMoE(nn.Module):
     def _grouped(
         self, hidden: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
     ) -> torch.Tensor:
-        """Each chosen expert once, over all the rows routed to it."""
+        """Each chosen expert (physical slot) once, over all the rows routed to it."""
         top_k = self.router.top_k
         flat = experts.reshape(-1)
         # Every (token, slot) assignment, ordered by expert: each expert's rows are one run.
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        counts = torch.bincount(flat, minlength=self.num_physical_experts).tolist()
         flat_weights = weights.reshape(-1)
         out = torch.zeros_like(hidden)
         start = 0

@@ -138,13 +138,15 @@ def use_gguf_experts(
 ) -> GGUFExpertsMethod:
     """Put `layer` (a FusedMoE) on GGUF blocks and drop its float weights. gate|up parts
     of one block type are joined into one stacked tensor along the rows. Blocks of every
-    expert are cut to the layer's own (--ep-size): copies of that run only, so the rest of the
-    stack (a file mapping, or the bytes read) is not kept."""
+    expert are cut to the layer's own slots (--ep-size, --ep-num-redundant-experts): copies of
+    the experts it holds only, so the rest of the stack (a file mapping, or the bytes read) is
+    not kept."""
     experts, inter2, hidden = layer.w13_weight.shape
-    start = getattr(layer, "expert_start", 0)
-    if experts != getattr(layer, "num_experts", experts):
-        gate_up = [p._replace(blocks=p.blocks.narrow(0, start, experts).clone()) for p in gate_up]
-        down = down._replace(blocks=down.blocks.narrow(0, start, experts).clone())
+    local = tuple(getattr(layer, "local_logical", range(experts)))
+    if local != tuple(range(down.blocks.shape[0])):
+        index = torch.tensor(local, dtype=torch.long)
+        gate_up = [p._replace(blocks=p.blocks.index_select(0, index)) for p in gate_up]
+        down = down._replace(blocks=down.blocks.index_select(0, index))
     if sum(p.rows for p in gate_up) != inter2 or down.rows != hidden:
         raise ValueError(
             f"GGUF expert blocks have {[p.rows for p in gate_up]} + {down.rows} rows, the layer "
