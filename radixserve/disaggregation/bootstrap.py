@@ -226,6 +226,17 @@ class RoomTable(Generic[T]):
             state.claimed = True
             return state.payload
 
+    def state(self, room: int) -> str:
+        """"open", "claimed", "expired" (recently) or "unknown" (not opened yet, or long gone):
+        a decode that asks before its prefill finished waits on "unknown"."""
+        with self._lock:
+            found = self._rooms.get(room)
+            if found is not None:
+                if found.claimed:
+                    return "claimed"
+                return "expired" if self._clock() >= found.deadline else "open"
+            return "expired" if room in self._expired else "unknown"
+
     def release(self, room: int) -> T | None:
         """The transfer for `room` ended (either way); the caller frees what the payload holds."""
         with self._lock:

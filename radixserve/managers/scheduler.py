@@ -16,6 +16,7 @@ from radixserve.errors import InvalidRequestError
 from radixserve.layers.moe import expert_record
 from radixserve.managers.crash_dump import CrashDumper
 from radixserve.managers.decode_logger import DecodeLogger
+from radixserve.managers.disagg_setup import make_disagg
 from radixserve.managers.finish_checker import FinishChecker
 from radixserve.managers.grammar_backend import make_grammar_backend
 from radixserve.managers.grammar_manager import GrammarManager
@@ -133,6 +134,8 @@ class Scheduler:
         folder = server_args.crash_dump_folder
         self.crash_dumper = CrashDumper(folder) if folder else None
         self.log_time_stats = bool(server_args.enable_request_time_stats_logging)
+        # --disaggregation-mode prefill|decode: the role's manager (managers/disagg_*.py).
+        self.disagg = make_disagg(server_args, self)
 
     # -- intake -----------------------------------------------------------------------------
     def add_request(self, msg: TokenizedGenerateReq) -> None:
@@ -159,7 +162,10 @@ class Scheduler:
             return_routed_experts=msg.return_routed_experts,
             routed_experts_start_len=msg.routed_experts_start_len,
             session_id=(msg.session_params or {}).get("id") if problem is None else None,
+            bootstrap=msg.bootstrap,
         )
+        if self.disagg is not None:
+            self.disagg.prepare(req)
         error = (
             problem
             or self._admission_error(req)
@@ -245,6 +251,8 @@ class Scheduler:
         return None
 
     def abort(self, msg: AbortReq) -> None:
+        if self.disagg is not None:
+            self.disagg.abort(msg.rid, msg.abort_all)
         doomed = [r for r in self._live_reqs() if msg.abort_all or r.rid == msg.rid]
         for req in doomed:
             self._finish(req, FinishReason("abort", message=msg.message))
@@ -254,7 +262,7 @@ class Scheduler:
             self.chunked_req = None
 
     def flush_cache(self) -> bool:
-        if self._live_reqs() or self.sessions.holds_locks():
+        if self._live_reqs() or self.sessions.holds_locks() or self._disagg_busy():
             return False
         return self.kv.flush_cache()
 
@@ -292,6 +300,8 @@ class Scheduler:
             self.stream_reqs.discard(req.rid)
             self.pending_outputs.append(self._output(req))
         self.kv.hard_reset()
+        if self.disagg is not None:
+            self.disagg.after_hard_reset(message)
         self.sessions.forget_locks()
         for req in ended:
             if req.session_id is not None:
@@ -391,6 +401,7 @@ class Scheduler:
             **self._tier_info(),
             **self._spec_info(),
             **expert_record.info_fields(self.args.expert_distribution_recorder_mode),
+            **(self.disagg.info() if self.disagg is not None else {}),
         }
 
     def _tier_info(self) -> dict[str, Any]:
@@ -437,6 +448,7 @@ class Scheduler:
             or self.pending_outputs
             or self.grammars.compiling
             or self.image_intake.preparing
+            or self._disagg_busy()
         )
 
     def background_only(self) -> bool:
@@ -453,6 +465,8 @@ class Scheduler:
         """Run one step (if there is a batch); outputs wait in pending_outputs."""
         self._admit_prepared_images()
         self._admit_compiled_grammars()
+        if self.disagg is not None:
+            self.disagg.poll()  # rooms released, KV received (managers/disagg_*.py)
         if self.paused:
             return
         self._expire_timed_out()
@@ -469,7 +483,8 @@ class Scheduler:
             self._process(batch, results)
             self.in_flight = []
             if self.check_kv_each_step:
-                self.kv.check_conservation(self._live_reqs())
+                held = self.disagg.held_reqs() if self.disagg is not None else []
+                self.kv.check_conservation([*self._live_reqs(), *held])
         elif not self.running:
             self.ratio.reset()
 
@@ -495,8 +510,18 @@ class Scheduler:
         before it computed anything."""
         self.stream_reqs.discard(req.rid)
         req.finished_reason = FinishReason("abort", message=message, status_code=400)
+        if self.disagg is not None:
+            self.disagg.hold(req, req.finished_reason)  # a PD prefill tells its decode
         self.sessions.on_finish(req, 0)
         self.pending_outputs.append(self._output(req))
+
+    def _disagg_busy(self) -> bool:
+        return self.disagg is not None and self.disagg.busy()
+
+    def close(self) -> None:
+        """Stop what the scheduler started besides its loop (the PD role's servers)."""
+        if self.disagg is not None:
+            self.disagg.close()
 
     def _live_reqs(self) -> list[Req]:
         live = [*self.waiting, *self.running, *self.grammars.compiling.reqs()]
@@ -779,7 +804,8 @@ class Scheduler:
     def _finish(self, req: Req, reason: FinishReason) -> None:
         req.finished_reason = reason
         computed = req.kv_len
-        self.kv.release(req)
+        if self.disagg is None or not self.disagg.hold(req, reason):
+            self.kv.release(req)
         if req.session_id is not None:
             self.sessions.on_finish(req, computed)
         if self.log_time_stats:

@@ -17,6 +17,7 @@ from radixserve.options.hicache_rules import check_hicache
 from radixserve.options.moe_rules import check_moe
 from radixserve.options.node_rules import check_nodes
 from radixserve.options.pipeline_rules import check_pipeline
+from radixserve.options.disaggregation_rules import check_disaggregation
 from radixserve.options.ray_rules import check_ray
 from radixserve.options.registry import dest_table
 from radixserve.options.spec import Support
@@ -143,6 +144,7 @@ def validate(values: Mapping[str, Any]) -> None:
     check_torch_compile(values)
     check_deterministic(values)
     check_ray(values)
+    check_disaggregation(values)
     check_moe(values)
     check_gguf_split(values)
 
