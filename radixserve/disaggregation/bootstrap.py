@@ -227,7 +227,7 @@ class RoomTable(Generic[T]):
             return state.payload
 
     def state(self, room: int) -> str:
-        """"open", "claimed", "expired" (recently) or "unknown" (not opened yet, or long gone):
+        """ "open", "claimed", "expired" (recently) or "unknown" (not opened yet, or long gone):
         a decode that asks before its prefill finished waits on "unknown"."""
         with self._lock:
             found = self._rooms.get(room)

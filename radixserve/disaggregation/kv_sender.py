@@ -161,12 +161,17 @@ class KVSender:
             if state == "open":
                 self._start(claim)
             elif claim.room in failed:
-                self._error(claim, f"the prefill server failed this request: {failed[claim.room][0]}")
+                self._error(
+                    claim, f"the prefill server failed this request: {failed[claim.room][0]}"
+                )
             elif state == "unknown" and now < claim.deadline:
                 waiting.append(claim)  # the prefill has not finished this prompt yet
             elif state == "unknown":
-                self._error(claim, f"the prefill server never produced room {claim.room} within "
-                            f"{self.wait_timeout_s:g}s")
+                self._error(
+                    claim,
+                    f"the prefill server never produced room {claim.room} within "
+                    f"{self.wait_timeout_s:g}s",
+                )
             else:
                 self._error(claim, f"bootstrap room {claim.room} is {state}")
         self._claims = waiting
@@ -185,7 +190,9 @@ class KVSender:
                     f"{len(claim.pages)} pages, the prefill holds {held.num_tokens} in "
                     f"{len(held.pages)} (different tokenization or page size)"
                 )
-            handle = self.backend.submit(claim.peer, list(zip(held.pages, claim.pages, strict=True)))
+            handle = self.backend.submit(
+                claim.peer, list(zip(held.pages, claim.pages, strict=True))
+            )
         except TransferError as e:
             self._error(claim, str(e))
             self._release(claim.room)
@@ -206,7 +213,9 @@ class KVSender:
                 self.stats.transfers += 1
                 self.stats.bytes += active.nbytes
                 self.stats.latency_s += now - active.started
-                self._reply(claim.identity, {"ok": True, "room": claim.room, **active.payload.first})
+                self._reply(
+                    claim.identity, {"ok": True, "room": claim.room, **active.payload.first}
+                )
             else:
                 # A decode that died mid-transfer lands here: its pages come back all the same.
                 why = "failed" if status is TransferStatus.FAILED else "timed out"

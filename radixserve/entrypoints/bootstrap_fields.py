@@ -20,9 +20,7 @@ def _spread(value: Any, count: int, name: str) -> list[Any]:
     return [value] * count
 
 
-def bootstrap_per_prompt(
-    host: Any, port: Any, room: Any, count: int
-) -> list[BootstrapInfo | None]:
+def bootstrap_per_prompt(host: Any, port: Any, room: Any, count: int) -> list[BootstrapInfo | None]:
     """One BootstrapInfo (or None: a plain request) per prompt; a 400 for a half-set or
     ill-typed triple."""
     if host is None and port is None and room is None:

@@ -92,7 +92,9 @@ class DisaggDecode:
             req = self.queued[0]
             n = len(req.origin_input_ids)
             # No prefix match: the prompt's KV all comes from the prefill.
-            match = kv.prefix_cache.match_prefix(namespaced_key([], req.lora_id), update_stats=False)
+            match = kv.prefix_cache.match_prefix(
+                namespaced_key([], req.lora_id), update_stats=False
+            )
             if not kv.admit(req, match.indices[:0], match.last_node):
                 return
             slots = kv.alloc_extend(req, n)

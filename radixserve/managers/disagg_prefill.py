@@ -51,7 +51,9 @@ class DisaggPrefill:
         self.sched = scheduler
         self.backend = backend
         self._released: queue.SimpleQueue[int] = queue.SimpleQueue()
-        self.rooms: RoomTable[HeldKV] = RoomTable(on_expire=lambda room, _: self._released.put(room))
+        self.rooms: RoomTable[HeldKV] = RoomTable(
+            on_expire=lambda room, _: self._released.put(room)
+        )
         self.held: dict[int, Req] = {}
         self.server = BootstrapServer(host="0.0.0.0", port=bootstrap_port, rooms=self.rooms)
         self.server.start()

@@ -11,13 +11,13 @@ from typing import Any, NamedTuple
 from radixserve.options import hardware
 from radixserve.options.compile_rules import check_torch_compile
 from radixserve.options.deterministic_rules import check_deterministic
+from radixserve.options.disaggregation_rules import check_disaggregation
 from radixserve.options.errors import ServerArgsError
 from radixserve.options.gguf_split_rules import check_gguf_split
 from radixserve.options.hicache_rules import check_hicache
 from radixserve.options.moe_rules import check_moe
 from radixserve.options.node_rules import check_nodes
 from radixserve.options.pipeline_rules import check_pipeline
-from radixserve.options.disaggregation_rules import check_disaggregation
 from radixserve.options.ray_rules import check_ray
 from radixserve.options.registry import dest_table
 from radixserve.options.spec import Support

@@ -48,7 +48,9 @@ def pd(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def _prompts(count: int) -> list[list[int]]:
-    return [[(7 * i + 3 * j) % (TINY_VOCAB - 3) + 3 for j in range(5 + 9 * i)] for i in range(count)]
+    return [
+        [(7 * i + 3 * j) % (TINY_VOCAB - 3) + 3 for j in range(5 + 9 * i)] for i in range(count)
+    ]
 
 
 def _wait_idle(engine: Any, timeout_s: float = 10.0) -> dict[str, Any]:
@@ -56,7 +58,10 @@ def _wait_idle(engine: Any, timeout_s: float = 10.0) -> dict[str, Any]:
     while True:
         info = engine.get_server_info()
         idle = info["available_kv_tokens"] + info["cached_tokens"] == info["max_total_num_tokens"]
-        if idle and info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0:
+        # Held rooms keep their requests' pages (partly in the prefix cache, locked).
+        held = info.get("num_prefill_inflight_queue_reqs", 0)
+        held += info.get("num_decode_transfer_queue_reqs", 0)
+        if idle and held == 0 and info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0:
             return info
         if time.monotonic() > deadline:
             raise AssertionError(f"KV not idle: {info}")
@@ -68,7 +73,9 @@ def _pair(prefill: Any, decode: Any, ids: list[int], room: BootstrapInfo, **kw: 
     out: dict[str, Any] = {}
 
     def run_prefill() -> None:
-        out["prefill"] = prefill.generate(input_ids=ids, sampling_params=GREEDY, bootstrap=room, **kw)
+        out["prefill"] = prefill.generate(
+            input_ids=ids, sampling_params=GREEDY, bootstrap=room, **kw
+        )
 
     t = threading.Thread(target=run_prefill)
     t.start()
@@ -100,8 +107,13 @@ def test_warmup_host_runs_as_a_plain_request(pd: Any) -> None:
     ids = _prompts(1)[0]
     want = factory().generate(input_ids=ids, sampling_params=GREEDY)["output_ids"]
     room = BootstrapInfo("2.2.2.2", 8998, 1)
-    assert decode.generate(input_ids=ids, sampling_params=GREEDY, bootstrap=room)["output_ids"] == want
-    assert prefill.generate(input_ids=ids, sampling_params=GREEDY, bootstrap=room)["output_ids"] == want
+    assert (
+        decode.generate(input_ids=ids, sampling_params=GREEDY, bootstrap=room)["output_ids"] == want
+    )
+    assert (
+        prefill.generate(input_ids=ids, sampling_params=GREEDY, bootstrap=room)["output_ids"]
+        == want
+    )
     _wait_idle(prefill)
     _wait_idle(decode)
 
