@@ -17,6 +17,7 @@ import pytest
 
 from radixserve.disaggregation.transfer import LocalTransfer
 from radixserve.messages import BootstrapInfo
+from radixserve.observability.metrics import engine_gauges
 from tests.unit.tiny_model import TINY_VOCAB, tiny_engines, write_tiny_llama
 
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
@@ -33,10 +34,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
-@pytest.fixture
-def pd(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+@pytest.fixture(autouse=True)
+def short_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "3")
     monkeypatch.setenv("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "2")
+
+
+@pytest.fixture
+def pd(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setattr(
         "radixserve.managers.disagg_setup.make_backend", lambda args, host: LocalTransfer()
     )
@@ -100,6 +105,8 @@ def test_greedy_outputs_equal_a_single_engine(pd: Any) -> None:
     info = _wait_idle(prefill)
     assert info["disaggregation_mode"] == "prefill" and info["kv_transfer_total"] == 4
     assert _wait_idle(decode)["kv_transfer_total"] == 4
+    gauges = engine_gauges(info, 0.0)  # what /metrics exports as sglang:<name>
+    assert gauges["kv_transfer_total"] == 4 and gauges["kv_transfer_bytes_total"] > 0
 
 
 def test_warmup_host_runs_as_a_plain_request(pd: Any) -> None:
@@ -151,3 +158,63 @@ def test_decode_with_unreachable_bootstrap_fails(pd: Any) -> None:
     reason = got["meta_info"]["finish_reason"]
     assert reason["type"] == "abort" and "unreachable" in reason["message"]
     _wait_idle(decode)
+
+
+class _FailingTransfer(LocalTransfer):
+    """A peer that dies mid-transfer: the write fails."""
+
+    def _start(self, handle: int, peer: Any, runs: Any) -> None:
+        pass  # poll() reports FAILED for a handle it never completed
+
+
+def test_failed_transfer_frees_both_sides(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backends = iter([_FailingTransfer(), LocalTransfer()])  # the prefill's, then the decode's
+    monkeypatch.setattr(
+        "radixserve.managers.disagg_setup.make_backend", lambda args, host: next(backends)
+    )
+    port = _free_port()
+    with tiny_engines(tiny_model_dir, disaggregation_transfer_backend="fake") as factory:
+        prefill = factory(disaggregation_mode="prefill", disaggregation_bootstrap_port=port)
+        decode = factory(disaggregation_mode="decode")
+        ids = _prompts(3)[2]
+        _, got = _pair(prefill, decode, ids, BootstrapInfo("127.0.0.1", port, 42))
+        reason = got["meta_info"]["finish_reason"]
+        assert reason["type"] == "abort" and "KV transfer for room 42 failed" in reason["message"]
+        assert _wait_idle(prefill)["kv_transfer_failed_total"] == 1
+        _wait_idle(decode)
+
+
+def _pd_pair(factory: Any, port: int, prefill_kw: dict[str, Any], decode_kw: dict[str, Any]):
+    prefill = factory(
+        disaggregation_mode="prefill", disaggregation_bootstrap_port=port, **prefill_kw
+    )
+    return prefill, factory(disaggregation_mode="decode", **decode_kw)
+
+
+def test_paged_pools_and_a_page_size_mismatch(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        "radixserve.managers.disagg_setup.make_backend", lambda args, host: LocalTransfer()
+    )
+    with tiny_engines(tiny_model_dir, disaggregation_transfer_backend="fake") as factory:
+        base = factory()
+        port = _free_port()
+        prefill, decode = _pd_pair(factory, port, {"page_size": 4}, {"page_size": 4})
+        for i, ids in enumerate(_prompts(3)):
+            want = base.generate(input_ids=ids, sampling_params=GREEDY)["output_ids"]
+            # The same prompt twice: the second prefill comes from the radix cache.
+            for repeat in range(2):
+                room = BootstrapInfo("127.0.0.1", port, 10 * i + repeat)
+                assert _pair(prefill, decode, ids, room)[1]["output_ids"] == want
+        _wait_idle(prefill)
+        _wait_idle(decode)
+        port = _free_port()
+        prefill, decode = _pd_pair(factory, port, {"page_size": 4}, {})
+        _, got = _pair(prefill, decode, _prompts(1)[0], BootstrapInfo("127.0.0.1", port, 1))
+        reason = got["meta_info"]["finish_reason"]
+        assert reason["type"] == "abort" and "same --page-size" in reason["message"]
+        _wait_idle(decode)
+        _wait_idle(prefill, timeout_s=10)  # the unclaimed room expires (2 s)
