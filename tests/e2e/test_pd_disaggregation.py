@@ -122,7 +122,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     template.write_text(TEMPLATE)
     args = ("--model-path", str(folder), "--chat-template", str(template))
     args += ("--served-model-name", MODEL)
-    pd = ("--disaggregation-transfer-backend", "mooncake_tcp")
+    pd = ("--disaggregation-transfer-backend", "mooncake_tcp", "--enable-metrics")
     bootstrap = free_port()
     servers: list[ServerProcess] = []
     router = None
@@ -237,6 +237,11 @@ def test_outputs_equal_a_single_server(setup: dict[str, Any]) -> None:
     decode = _wait_idle(setup["decode"])
     assert prefill["disaggregation_mode"] == "prefill" and prefill["kv_transfer_total"] > 0
     assert decode["disaggregation_mode"] == "decode" and decode["kv_transfer_total"] > 0
+    metrics = httpx.get(f"{setup['prefill'].base_url}/metrics", timeout=10).text
+    assert "sglang:kv_transfer_total" in metrics
+    assert "sglang:num_prefill_inflight_queue_reqs" in metrics
+    dashboard = httpx.get(f"{setup['decode'].base_url}/dashboard/state", timeout=10).json()
+    assert dashboard["role"] == "decode"
 
 
 def test_decode_killed_mid_request_frees_the_prefill(setup: dict[str, Any]) -> None:
