@@ -1,4 +1,4 @@
-"""KV page transfer between a prefill server and a decode server (issue 30, groundwork).
+"""KV page transfer between a prefill server and a decode server (issue 30).
 
 A backend registers the KV pool's buffers of its own process, describes them to the peer
 (`describe()`: session id plus each buffer's address and page size, which the decode side sends
@@ -12,7 +12,8 @@ Two backends, as in SGLang's `--disaggregation-transfer-backend`:
 - `FakeTransfer`: SGLang's `fake` backend: every transfer completes at once and moves nothing.
   SGLang's warm-up and health-check requests (bootstrap host 2.2.2.2) use it.
 
-Not wired into the scheduler yet: nothing in radixserve calls this outside the tests.
+`LocalTransfer` copies inside one process (the in-process tests of the scheduler flow).
+managers/disagg_setup.py builds the backend over the scheduler's KV pool.
 """
 
 from __future__ import annotations

@@ -55,7 +55,13 @@ class DisaggPrefill:
             on_expire=lambda room, _: self._released.put(room)
         )
         self.held: dict[int, Req] = {}
-        self.server = BootstrapServer(host="0.0.0.0", port=bootstrap_port, rooms=self.rooms)
+        try:
+            self.server = BootstrapServer(host="0.0.0.0", port=bootstrap_port, rooms=self.rooms)
+        except OSError as e:
+            raise RuntimeError(
+                f"--disaggregation-bootstrap-port {bootstrap_port}: cannot listen there ({e}); "
+                "pick a free port"
+            ) from e
         self.server.start()
         # A claim waits for its room (the decode may ask first) as long as a room waits for
         # its claim.
