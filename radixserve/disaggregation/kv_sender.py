@@ -194,8 +194,8 @@ class KVSender:
                 claim.peer, list(zip(held.pages, claim.pages, strict=True))
             )
         except TransferError as e:
-            self._error(claim, str(e))
             self._release(claim.room)
+            self._error(claim, str(e))
             return
         page_bytes = sum(b.page_bytes for b in self.backend.describe().buffers)
         self._active[handle] = _Active(claim, time.monotonic(), page_bytes * len(held.pages), held)
@@ -209,6 +209,8 @@ class KVSender:
                 continue
             del self._active[handle]
             claim = active.claim
+            # Released before the answer: once the decode hears, the room is settled.
+            self._release(claim.room)
             if status is TransferStatus.DONE:
                 self.stats.transfers += 1
                 self.stats.bytes += active.nbytes
@@ -220,7 +222,6 @@ class KVSender:
                 # A decode that died mid-transfer lands here: its pages come back all the same.
                 why = "failed" if status is TransferStatus.FAILED else "timed out"
                 self._error(claim, f"KV transfer for room {claim.room} {why}")
-            self._release(claim.room)
         self.stats.in_flight = len(self._active)
 
     def _release(self, room: int) -> None:

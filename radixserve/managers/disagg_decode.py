@@ -63,7 +63,8 @@ class DisaggDecode:
         return bool(self.queued or self.transfers)
 
     def held_reqs(self) -> list[Req]:
-        return [t.req for t in self.transfers.values() if t.req.finished]
+        """Requests owning slots outside the scheduler's queues (for the KV checks)."""
+        return [t.req for t in self.transfers.values()]
 
     def live_reqs(self) -> list[Req]:
         """Requests the client still waits for (for aborts and time limits)."""
@@ -102,6 +103,9 @@ class DisaggDecode:
                 kv.release(req)  # nothing computed yet: gives the row back
                 return
             self.queued.pop(0)
+            # The slots count as the request's from now (KV conservation checks); they are
+            # never cached before the KV arrived: a failure discards them.
+            req.kv_len = n
             ps = sched.page_size
             pages = [int(s) // ps for s in slots[::ps].tolist()]
             boot = req.bootstrap
@@ -131,7 +135,6 @@ class DisaggDecode:
             if req.finished:  # aborted while the KV came
                 sched.kv.discard(req, t.num_tokens)
                 continue
-            req.kv_len = t.num_tokens
             req.kv_received = True
             if not req.admitted_once:
                 req.admitted_once = True

@@ -218,3 +218,22 @@ def test_paged_pools_and_a_page_size_mismatch(
         assert reason["type"] == "abort" and "same --page-size" in reason["message"]
         _wait_idle(decode)
         _wait_idle(prefill, timeout_s=10)  # the unclaimed room expires (2 s)
+
+
+def test_concurrent_pairs_while_others_decode(pd: Any) -> None:
+    """Transfers start and finish while other requests decode (KV checked after each step)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prefill, decode, port, factory = pd
+    base = factory()
+    inputs = _prompts(6)
+    want = [base.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in inputs]
+
+    def one(i: int) -> list[int]:
+        room = BootstrapInfo("127.0.0.1", port, 500 + i)
+        return _pair(prefill, decode, inputs[i], room)[1]["output_ids"]
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        assert list(pool.map(one, range(6))) == want
+    _wait_idle(prefill)
+    _wait_idle(decode)
