@@ -31,6 +31,17 @@ class ImageInput:
     pixel_mask: Any = None
 
 
+@dataclass(frozen=True)
+class BootstrapInfo:
+    """Where a PD request's KV lives (SGLang's bootstrap_host / bootstrap_port / bootstrap_room,
+    which its router adds to both halves of a request): the prefill server's bootstrap server
+    and the room that names this request's KV there."""
+
+    host: str
+    port: int
+    room: int
+
+
 @dataclass
 class TokenizedGenerateReq:
     rid: str
@@ -58,6 +69,9 @@ class TokenizedGenerateReq:
     # A vision model's images, in prompt order (multimodal/); their placeholder tokens are
     # already expanded in input_ids.
     images: list[ImageInput] = field(default_factory=list)
+    # Prefill/decode disaggregation: the request's room on its prefill server (None: a plain
+    # request, run whole here).
+    bootstrap: BootstrapInfo | None = None
 
 
 @dataclass

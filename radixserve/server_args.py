@@ -129,6 +129,11 @@ class ServerArgs:
     dist_timeout: int | None = None
     nccl_port: int | None = None
     use_ray: bool = False
+    # Prefill/decode disaggregation (managers/disagg_*.py, docs/scaling.md)
+    disaggregation_mode: str = "null"
+    disaggregation_transfer_backend: str = "mooncake"
+    disaggregation_bootstrap_port: int = 8998
+    disaggregation_ib_device: str | None = None
     device: str | None = None
     random_seed: int | None = None
     gc_threshold: tuple[int, ...] | None = None

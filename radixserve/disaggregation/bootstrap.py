@@ -1,4 +1,4 @@
-"""The prefill server's bootstrap server and its room table (issue 30, groundwork).
+"""The prefill server's bootstrap server and its room table (issue 30).
 
 SGLang's prefill server listens on `--disaggregation-bootstrap-port` (8998) with three routes,
 kept here with SGLang's names and fields so a decode side written against SGLang's finds what
@@ -19,7 +19,7 @@ the prefill's KV for one request, waiting for its decode server. `RoomTable` hol
 expires rooms no decode claimed within SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT seconds (SGLang's
 variable, same default of 300), handing each expired room to a callback that frees its pages.
 
-Not wired into the scheduler yet: nothing in radixserve starts this outside the tests.
+A prefill server (managers/disagg_prefill.py) starts this in its scheduler process.
 """
 
 from __future__ import annotations
@@ -225,6 +225,17 @@ class RoomTable(Generic[T]):
                 raise RoomError(f"bootstrap room {room} is already claimed")
             state.claimed = True
             return state.payload
+
+    def state(self, room: int) -> str:
+        """ "open", "claimed", "expired" (recently) or "unknown" (not opened yet, or long gone):
+        a decode that asks before its prefill finished waits on "unknown"."""
+        with self._lock:
+            found = self._rooms.get(room)
+            if found is not None:
+                if found.claimed:
+                    return "claimed"
+                return "expired" if self._clock() >= found.deadline else "open"
+            return "expired" if room in self._expired else "unknown"
 
     def release(self, room: int) -> T | None:
         """The transfer for `room` ended (either way); the caller frees what the payload holds."""

@@ -1,4 +1,4 @@
-"""KV page transfer between a prefill server and a decode server (issue 30, groundwork).
+"""KV page transfer between a prefill server and a decode server (issue 30).
 
 A backend registers the KV pool's buffers of its own process, describes them to the peer
 (`describe()`: session id plus each buffer's address and page size, which the decode side sends
@@ -12,11 +12,13 @@ Two backends, as in SGLang's `--disaggregation-transfer-backend`:
 - `FakeTransfer`: SGLang's `fake` backend: every transfer completes at once and moves nothing.
   SGLang's warm-up and health-check requests (bootstrap host 2.2.2.2) use it.
 
-Not wired into the scheduler yet: nothing in radixserve calls this outside the tests.
+`LocalTransfer` copies inside one process (the in-process tests of the scheduler flow).
+managers/disagg_setup.py builds the backend over the scheduler's KV pool.
 """
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import logging
 import threading
@@ -241,6 +243,37 @@ class FakeTransfer(KVTransferBackend):
 
     def _start(self, handle: int, peer: PeerBuffers, runs: Sequence[tuple[int, int, int]]) -> None:
         pass
+
+
+class LocalTransfer(KVTransferBackend):
+    """Both sides in one process (tests, and a prefill and decode scheduler sharing a process):
+    pages are copied with memmove between the registered addresses. It checks what the real
+    backends check (layout, ranges), so the scheduler flow can be tested without Mooncake."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._session = f"local-{id(self):x}"
+        self._done: dict[int, TransferStatus] = {}
+
+    @property
+    def session_id(self) -> str:
+        return self._session
+
+    def _register(self, infos: Sequence[BufferInfo]) -> None:
+        pass
+
+    def _start(self, handle: int, peer: PeerBuffers, runs: Sequence[tuple[int, int, int]]) -> None:
+        for ours, theirs in zip(self._buffers, peer.buffers, strict=True):
+            for src, dst, n in runs:
+                ctypes.memmove(
+                    theirs.ptr + dst * theirs.page_bytes,
+                    ours.ptr + src * ours.page_bytes,
+                    n * ours.page_bytes,
+                )
+        self._done[handle] = TransferStatus.DONE
+
+    def poll(self, handle: int) -> TransferStatus:
+        return self._done.pop(handle, TransferStatus.FAILED)
 
 
 def mooncake_protocol(backend: str, ib_device: str | None) -> Literal["tcp", "rdma"]:

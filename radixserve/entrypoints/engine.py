@@ -25,6 +25,7 @@ from radixserve.managers.runtime_control import check_pause_mode
 from radixserve.managers.scheduler_factory import EarlyTokenizer
 from radixserve.managers.tokenizer_manager import RequestError, RequestState, TokenizerManager
 from radixserve.messages import (
+    BootstrapInfo,
     CloseSessionReq,
     ContinueGenerationReq,
     ExpertDistributionReq,
@@ -166,6 +167,7 @@ class Engine:
         return_routed_experts: bool = False,
         routed_experts_start_len: int = 0,
         image_data: ImageData = None,
+        bootstrap: BootstrapInfo | Sequence[BootstrapInfo | None] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """One prompt gives one dict; a list gives a list (n > 1 gives n dicts per prompt,
         prompt-major). With stream=True, an iterator of chunks whose "text" is the new text."""
@@ -186,6 +188,7 @@ class Engine:
             return_routed_experts=return_routed_experts,
             routed_experts_start_len=routed_experts_start_len,
             image_data=image_data,
+            bootstrap=bootstrap,
         )
         if stream:
             return self._stream(*items[0])
@@ -213,6 +216,7 @@ class Engine:
         return_routed_experts: bool = False,
         routed_experts_start_len: int = 0,
         image_data: ImageData = None,
+        bootstrap: BootstrapInfo | Sequence[BootstrapInfo | None] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         expand = functools.partial(
             self._expand,
@@ -233,6 +237,7 @@ class Engine:
             return_routed_experts=return_routed_experts,
             routed_experts_start_len=routed_experts_start_len,
             image_data=image_data,
+            bootstrap=bootstrap,
         )
         # Images are decoded and hashed while the request is built: off the event loop.
         items, single = await asyncio.to_thread(expand) if image_data else expand()
@@ -431,6 +436,7 @@ class Engine:
         return_routed_experts: bool = False,
         routed_experts_start_len: int = 0,
         image_data: ImageData = None,
+        bootstrap: BootstrapInfo | Sequence[BootstrapInfo | None] | None = None,
     ) -> tuple[list[tuple[TokenizedGenerateReq, RequestState]], bool]:
         if self.server_args.is_embedding:
             raise RequestError(
@@ -454,6 +460,7 @@ class Engine:
             raise RequestError(
                 f"session_params has {len(sessions)} entries for {count} prompts.", "session_params"
             )
+        rooms = _per_item(bootstrap, count, "bootstrap")
         items = []
         for i in range(count):
             params = dict(params_list[i] or {})
@@ -483,6 +490,7 @@ class Engine:
                     )
                 )
                 items[-1][0].lora_id = lora_ids[i]
+                items[-1][0].bootstrap = rooms[i]
             single = single and n == 1
         if stream and len(items) != 1:
             raise RequestError("stream=True takes a single prompt with n=1.", "stream")

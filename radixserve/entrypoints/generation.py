@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from starlette.requests import Request
 
 from radixserve.entrypoints.openai.errors import ApiError
+from radixserve.messages import BootstrapInfo
 from radixserve.observability.metrics import ServingMetrics
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class GenItem:
     return_routed_experts: bool = False
     routed_experts_start_len: int = 0
     image_data: list[str] | None = None  # a vision model's images (data URLs or paths)
+    bootstrap: BootstrapInfo | None = None  # its room on a prefill server (PD disaggregation)
 
 
 class LogprobOptions(NamedTuple):
@@ -120,6 +122,8 @@ class GenerationRunner:
             kwargs["lora_path"] = [it.lora_path for it in items]
         if any(it.image_data for it in items):
             kwargs["image_data"] = [it.image_data for it in items]
+        if any(it.bootstrap is not None for it in items):
+            kwargs["bootstrap"] = [it.bootstrap for it in items]
         return kwargs
 
     async def run(
@@ -155,7 +159,13 @@ class GenerationRunner:
                 kwargs["rid"] = it.rid
                 if "lora_path" in kwargs:
                     kwargs["lora_path"] = kwargs["lora_path"][0]
-                for name in ("priority", "session_params", "custom_logit_processor", "image_data"):
+                for name in (
+                    "priority",
+                    "session_params",
+                    "custom_logit_processor",
+                    "image_data",
+                    "bootstrap",
+                ):
                     if name in kwargs:
                         kwargs[name] = kwargs[name][0]
                 key = "input_ids" if "input_ids" in kwargs else "prompt"

@@ -16,6 +16,7 @@ from typing import Any
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
+from radixserve.entrypoints.bootstrap_fields import bootstrap_per_prompt
 from radixserve.entrypoints.generation import GenItem, LogprobOptions
 from radixserve.entrypoints.openai.common import finish_of
 from radixserve.entrypoints.openai.errors import ApiError
@@ -74,6 +75,9 @@ def plan_generate(req: GenerateReqInput) -> _Plan:
     loras = _per_prompt(req.lora_path, len(prompts), "lora_path")
     sessions = _per_prompt(req.session_params, len(prompts), "session_params")
     processors = _per_prompt(req.custom_logit_processor, len(prompts), "custom_logit_processor")
+    rooms = bootstrap_per_prompt(
+        req.bootstrap_host, req.bootstrap_port, req.bootstrap_room, len(prompts)
+    )
     try:
         images = per_prompt_images(req.image_data, len(prompts))
     except InvalidRequestError as exc:
@@ -83,6 +87,9 @@ def plan_generate(req: GenerateReqInput) -> _Plan:
     for i, prompt in enumerate(prompts):
         params = dict(params_list[i] or {})
         n = _pop_n(params, "sampling_params.n" if not batch else f"sampling_params[{i}].n")
+        if n > 1 and rooms[i] is not None:
+            # One room holds one prompt's KV for one decode request.
+            raise ApiError(400, "n > 1 cannot be combined with bootstrap_room.", param="n")
         total_n += n
         base = rids[i] or uuid.uuid4().hex
         for copy in range(n):
@@ -101,6 +108,7 @@ def plan_generate(req: GenerateReqInput) -> _Plan:
                     return_routed_experts=req.return_routed_experts,
                     routed_experts_start_len=req.routed_experts_start_len,
                     image_data=images[i],
+                    bootstrap=rooms[i],
                 )
             )
     seen: set[str] = set()

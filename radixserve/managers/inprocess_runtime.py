@@ -89,4 +89,5 @@ class InProcessRuntime:
     def shutdown(self) -> None:
         self.loop.stop_event.set()
         self.thread.join(timeout=30)
+        self.loop.scheduler.close()
         self.router.fail_all("The engine is shutting down.", status_code=503)

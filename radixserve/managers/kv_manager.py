@@ -252,6 +252,21 @@ class KVManager:
         req.kv_len = 0
         req.cached_len = 0
 
+    def discard(self, req: Req, num_tokens: int) -> None:
+        """Free a request's first `num_tokens` slots without caching them: they were allocated
+        for KV that never arrived (a PD decode whose transfer failed or was abandoned)."""
+        if req.req_pool_idx is None:
+            return
+        for hook in self.release_hooks:
+            hook(req)
+        self._free(self.req_to_token_pool.read(req.req_pool_idx, req.cached_len, num_tokens))
+        self.prefix_cache.dec_lock_ref(req.last_node)
+        self.req_to_token_pool.free(req.req_pool_idx)
+        req.req_pool_idx = None
+        req.last_node = None
+        req.kv_len = 0
+        req.cached_len = 0
+
     def _write_through(self, key: list[int], slots: torch.Tensor, start: int) -> None:
         """--hicache-write-policy write_through: KV entering the radix cache gets a host copy
         at once (blocks ending within the already-cached `start` tokens were copied before)."""

@@ -8,7 +8,7 @@ final output; streaming requests get partial outputs every --stream-interval tok
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from radixserve.managers.request_stats import log_time_stats
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from radixserve.managers.retraction import NewTokenRatio
     from radixserve.managers.schedule_batch import Req, ScheduledBatch, SchedulerStats
     from radixserve.managers.sessions import SessionController
+    from radixserve.sampling.token_result import TokenResult
     from radixserve.speculative.worker import SpecWorker
 
 
@@ -41,6 +42,7 @@ class OutputProcessor:
         radix_enabled: bool,
         stream_interval: int,
         log_time_stats: bool,
+        hold: Callable[[Req, FinishReason], bool] | None = None,
     ) -> None:
         self.queues = queues
         self.kv = kv
@@ -53,6 +55,9 @@ class OutputProcessor:
         self.radix_enabled = radix_enabled
         self.stream_interval = stream_interval
         self.log_time_stats = log_time_stats
+        # Takes a finished request's KV instead of releasing it, when it returns True (a PD
+        # prefill keeps it for the decode server); refused requests pass through it too.
+        self.hold = hold
         self.stream_reqs: set[str] = set()  # rids of streaming requests still live
         self.pending_outputs: list[ReqOutput] = []  # sent by the loop after each step
 
@@ -92,23 +97,29 @@ class OutputProcessor:
                 if self._apply_spec(req, result):
                     still_running.append(req)
                 continue
-            if req.grammar is not None and not req.grammar.accept_token(result.token_id):
-                self.finish(req, grammar_dead_end())
-                continue
-            result.apply(req)
-            self.stats.generated_tokens += 1
-            reason = self.finish_checker.check(req)
-            if reason is not None:
-                self.finish(req, reason)
-                continue
-            still_running.append(req)
-            if req.rid in self.stream_reqs:
-                self._maybe_stream(req)
+            if self.apply_token(req, result):
+                still_running.append(req)
         q = self.queues
         was_running = {id(r) for r in q.running}
         q.running = [r for r in q.running if not r.finished] + [
             r for r in still_running if id(r) not in was_running
         ]
+
+    def apply_token(self, req: Req, result: TokenResult) -> bool:
+        """Append one generated token through the grammar and the finish checks; True if the
+        request keeps running (a streaming one may get an output)."""
+        if req.grammar is not None and not req.grammar.accept_token(result.token_id):
+            self.finish(req, grammar_dead_end())
+            return False
+        result.apply(req)
+        self.stats.generated_tokens += 1
+        reason = self.finish_checker.check(req)
+        if reason is not None:
+            self.finish(req, reason)
+            return False
+        if req.rid in self.stream_reqs:
+            self._maybe_stream(req)
+        return True
 
     def _apply_spec(self, req: Req, result: SpecResult) -> bool:
         """Append a speculative round's tokens one by one, stopping at the first that ends the
@@ -153,7 +164,8 @@ class OutputProcessor:
         """End a request: free its KV, close its session turn, send its final output."""
         req.finished_reason = reason
         computed = req.kv_len
-        self.kv.release(req)
+        if self.hold is None or not self.hold(req, reason):
+            self.kv.release(req)
         if req.session_id is not None:
             self.sessions.on_finish(req, computed)
         if self.log_time_stats:
@@ -164,7 +176,10 @@ class OutputProcessor:
     def refuse(self, req: Req, message: str) -> None:
         """End a request the server will not run (the client's fault: a 400 with `message`)
         before it computed anything."""
-        self.end_unrun(req, FinishReason("abort", message=message, status_code=400))
+        reason = FinishReason("abort", message=message, status_code=400)
+        if self.hold is not None:
+            self.hold(req, reason)  # a PD prefill tells its decode server
+        self.end_unrun(req, reason)
         self.sessions.on_finish(req, 0)
 
     def end_unrun(self, req: Req, reason: FinishReason) -> None:

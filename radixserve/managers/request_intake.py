@@ -96,6 +96,7 @@ class RequestIntake:
             return_routed_experts=msg.return_routed_experts,
             routed_experts_start_len=msg.routed_experts_start_len,
             session_id=(msg.session_params or {}).get("id") if problem is None else None,
+            bootstrap=msg.bootstrap,
         )
         error = (
             problem

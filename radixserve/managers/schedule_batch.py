@@ -52,6 +52,11 @@ class Req:
     # derived from the image's hash (None: the prompt itself).
     images: list[Any] = field(default_factory=list)
     origin_key_ids: list[int] | None = None
+    # Prefill/decode disaggregation (managers/disagg_*.py): its room on the prefill server;
+    # kv_received once a decode server holds its prompt's KV (a retracted request then
+    # recomputes it locally like any other).
+    bootstrap: Any = None
+    kv_received: bool = False
 
     output_ids: list[int] = field(default_factory=list)
     finished_reason: FinishReason | None = None

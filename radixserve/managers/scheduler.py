@@ -23,6 +23,7 @@ from radixserve.layers.moe import expert_record
 from radixserve.managers.batch_former import BatchFormer, BatchLimits
 from radixserve.managers.crash_dump import CrashDumper
 from radixserve.managers.decode_logger import DecodeLogger
+from radixserve.managers.disagg_setup import make_disagg
 from radixserve.managers.finish_checker import FinishChecker
 from radixserve.managers.grammar_backend import make_grammar_backend
 from radixserve.managers.grammar_manager import GrammarManager
@@ -127,6 +128,9 @@ class Scheduler:
         self.time_limits = TimeLimits.from_env()
         bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
         self.sessions = SessionController(self.kv, bos)
+        # --disaggregation-mode prefill|decode: the role's manager (managers/disagg_*.py). It
+        # reads the components below when it runs, not while it is built.
+        self.disagg = make_disagg(server_args, self)
         self.intake = RequestIntake(
             IntakeLimits.from_args(server_args, self.context_len, self.kv.allocator.size),
             self.sessions,
@@ -145,6 +149,8 @@ class Scheduler:
             radix_enabled=self.radix_enabled,
             stream_interval=server_args.stream_interval,
             log_time_stats=bool(server_args.enable_request_time_stats_logging),
+            # A PD prefill keeps a finished request's KV for its decode server.
+            hold=self.disagg.hold if self.disagg is not None else None,
         )
         self.former = BatchFormer(
             BatchLimits(
@@ -203,6 +209,8 @@ class Scheduler:
         if self.crash_dumper is not None:
             self.crash_dumper.record(msg)
         intake = self.intake.build(msg)
+        if self.disagg is not None:
+            self.disagg.prepare(intake.req)
         for rid in intake.replaced:
             self.abort(AbortReq(rid=rid, message="Replaced in its session."))
         req = intake.req
@@ -226,13 +234,15 @@ class Scheduler:
         self.queues.waiting.append(req)
 
     def abort(self, msg: AbortReq) -> None:
+        if self.disagg is not None:
+            self.disagg.abort(msg.rid, msg.abort_all)
         doomed = [r for r in self._live_reqs() if msg.abort_all or r.rid == msg.rid]
         for req in doomed:
             self.outputs.finish(req, FinishReason("abort", message=msg.message))
         self.queues.drop_finished()
 
     def flush_cache(self) -> bool:
-        if self._live_reqs() or self.sessions.holds_locks():
+        if self._live_reqs() or self.sessions.holds_locks() or self._disagg_busy():
             return False
         return self.kv.flush_cache()
 
@@ -269,6 +279,8 @@ class Scheduler:
             req.last_node = None
             self.outputs.end_unrun(req, FinishReason("abort", message=message, status_code=500))
         self.kv.hard_reset()
+        if self.disagg is not None:
+            self.disagg.after_hard_reset(message)
         self.sessions.forget_locks()
         for req in ended:
             if req.session_id is not None:
@@ -341,6 +353,7 @@ class Scheduler:
             **self._tier_info(),
             **self._spec_info(),
             **expert_record.info_fields(self.args.expert_distribution_recorder_mode),
+            **(self.disagg.info() if self.disagg is not None else {}),
             **self._eplb_info(),
         }
 
@@ -395,6 +408,7 @@ class Scheduler:
             or self.pending_outputs
             or self.grammars.compiling
             or self.image_intake.preparing
+            or self._disagg_busy()
         )
 
     def background_only(self) -> bool:
@@ -411,6 +425,8 @@ class Scheduler:
         """Run one step (if there is a batch); outputs wait in pending_outputs."""
         self._admit_prepared_images()
         self._admit_compiled_grammars()
+        if self.disagg is not None:
+            self.disagg.poll()  # rooms released, KV received (managers/disagg_*.py)
         if self.paused:
             return
         self._expire_timed_out()
@@ -427,7 +443,8 @@ class Scheduler:
             self.outputs.process(batch, results)
             self.in_flight = []
             if self.check_kv_each_step:
-                self.kv.check_conservation(self._live_reqs())
+                held = self.disagg.held_reqs() if self.disagg is not None else []
+                self.kv.check_conservation([*self._live_reqs(), *held])
         elif not self.running:
             self.ratio.reset()
 
@@ -447,6 +464,14 @@ class Scheduler:
         self.queues.waiting.extend(ready)
         for req, message in failed:
             self.outputs.refuse(req, message)
+
+    def _disagg_busy(self) -> bool:
+        return self.disagg is not None and self.disagg.busy()
+
+    def close(self) -> None:
+        """Stop what the scheduler started besides its loop (the PD role's servers)."""
+        if self.disagg is not None:
+            self.disagg.close()
 
     def _live_reqs(self) -> list[Req]:
         q = self.queues

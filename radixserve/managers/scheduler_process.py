@@ -84,6 +84,7 @@ def run_scheduler_process(
     signal.signal(signal.SIGTERM, stop)
     if leader is None:
         loop.run()
+        scheduler.close()
         return
     from radixserve.managers.tp_sync import exit_rank
 

@@ -139,9 +139,27 @@ GAUGE_DOCS = {
     "cache_hit_rate": "The cache hit rate",
     "spec_accept_length": "The average acceptance length of speculative decoding",
     "spec_accept_rate": "The acceptance rate of speculative decoding draft tokens",
+    "num_prefill_inflight_queue_reqs": "PD prefill: rooms holding KV for their decode",
+    "num_prefill_bootstrap_queue_reqs": "PD prefill: decode claims waiting for their room",
+    "num_decode_prealloc_queue_reqs": "PD decode: requests waiting for KV slots",
+    "num_decode_transfer_queue_reqs": "PD decode: requests whose KV is being transferred",
+    "kv_transfer_total": "PD: KV transfers completed",
+    "kv_transfer_failed_total": "PD: KV transfers or claims that failed",
+    "kv_transfer_bytes_total": "PD prefill: KV bytes sent",
+    "kv_transfer_latency_seconds_total": "PD: seconds spent in completed KV transfers",
 }
-# Reported only when the engine runs speculative decoding.
+# Reported only when the engine runs speculative decoding / prefill-decode disaggregation.
 _SPEC_GAUGES = ("spec_accept_length", "spec_accept_rate")
+_PD_GAUGES = (
+    "num_prefill_inflight_queue_reqs",
+    "num_prefill_bootstrap_queue_reqs",
+    "num_decode_prealloc_queue_reqs",
+    "num_decode_transfer_queue_reqs",
+    "kv_transfer_total",
+    "kv_transfer_failed_total",
+    "kv_transfer_bytes_total",
+    "kv_transfer_latency_seconds_total",
+)
 
 
 def engine_gauges(info: Mapping[str, Any], http_hit_rate: float) -> dict[str, float]:
@@ -163,7 +181,7 @@ def engine_gauges(info: Mapping[str, Any], http_hit_rate: float) -> dict[str, fl
         # The scheduler's own rate counts every prompt; ours only what went through HTTP.
         "cache_hit_rate": hit_rate if hit_rate is not None else http_hit_rate,
     }
-    values.update({name: info[name] for name in _SPEC_GAUGES if name in info})
+    values.update({name: info[name] for name in (*_SPEC_GAUGES, *_PD_GAUGES) if name in info})
     return {name: float(value or 0) for name, value in values.items()}
 
 

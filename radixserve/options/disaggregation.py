@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from radixserve.options.spec import OptionSpec, flag, value
+from radixserve.options.spec import IMPLEMENTED, OptionSpec, flag, value
 from radixserve.options.value_types import INT, STR
 
 AREA = "Disaggregation"
@@ -14,16 +14,32 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "null",
         "Prefill/decode disaggregation role.",
         choices=("null", "prefill", "decode"),
+        support=IMPLEMENTED,
     ),
     value(
         "--disaggregation-transfer-backend",
         STR,
         "mooncake",
-        "KV transfer backend for disaggregation.",
+        "KV transfer backend for disaggregation (mooncake: RDMA with --disaggregation-ib-device, "
+        "else TCP; fake moves nothing, for warm-up only).",
         choices=("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp"),
+        supported_choices=("mooncake", "fake", "mooncake_tcp"),
+        support=IMPLEMENTED,
     ),
-    value("--disaggregation-bootstrap-port", INT, 8998, "Bootstrap port of the prefill server."),
-    value("--disaggregation-ib-device", STR, None, "InfiniBand devices for KV transfer."),
+    value(
+        "--disaggregation-bootstrap-port",
+        INT,
+        8998,
+        "Bootstrap port of the prefill server.",
+        support=IMPLEMENTED,
+    ),
+    value(
+        "--disaggregation-ib-device",
+        STR,
+        None,
+        "InfiniBand devices for KV transfer.",
+        support=IMPLEMENTED,
+    ),
     flag("--disaggregation-decode-enable-radix-cache", "Radix cache on the decode server."),
     flag(
         "--disaggregation-decode-enable-offload-kvcache", "Offload KV cache on the decode server."

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 from radixserve.options import hardware
 from radixserve.options.compile_rules import check_torch_compile
 from radixserve.options.deterministic_rules import check_deterministic
+from radixserve.options.disaggregation_rules import check_disaggregation
 from radixserve.options.errors import ServerArgsError
 from radixserve.options.gguf_split_rules import check_gguf_split
 from radixserve.options.hicache_rules import check_hicache
@@ -143,6 +144,7 @@ def validate(values: Mapping[str, Any]) -> None:
     check_torch_compile(values)
     check_deterministic(values)
     check_ray(values)
+    check_disaggregation(values)
     check_moe(values)
     check_gguf_split(values)
 

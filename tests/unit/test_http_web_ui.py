@@ -58,6 +58,7 @@ def test_dashboard_state_has_the_fields_the_page_reads() -> None:
     assert gauges["token_usage"] == pytest.approx(0.1)
     assert set(body["totals"]) >= {"generation_tokens_total", "ttft_seconds_sum", "ttft_count"}
     assert body["radix_tree"] is None  # the fake engine has no radix cache
+    assert body["role"] is None  # not a PD prefill or decode server
 
 
 def test_dashboard_state_carries_the_engine_radix_tree() -> None:

@@ -43,7 +43,8 @@ def test_support_table_is_honest_about_key_options() -> None:
     assert levels["--speculative-eagle-topk"] is Support.IMPLEMENTED
     assert levels["--speculative-token-map"] is Support.IMPLEMENTED
     assert levels["--speculative-dflash-block-size"] is Support.UNSUPPORTED
-    assert levels["--disaggregation-mode"] is Support.UNSUPPORTED
+    assert levels["--disaggregation-mode"] is Support.IMPLEMENTED
+    assert levels["--disaggregation-decode-enable-offload-kvcache"] is Support.UNSUPPORTED
     assert levels["--enable-hierarchical-cache"] is Support.IMPLEMENTED
     assert levels["--hicache-io-backend"] is Support.NOT_APPLICABLE
     # A deprecated spelling is as supported as the option it stands for.

@@ -200,14 +200,16 @@ def test_bad_values_name_the_option(kwargs: dict[str, object], message: str) -> 
 
 def test_unsupported_options_are_refused_not_ignored() -> None:
     with pytest.raises(ServerArgsError) as info:
-        _cpu(enable_lora_overlap_loading=True, disaggregation_mode="prefill")
+        _cpu(enable_lora_overlap_loading=True, disaggregation_decode_enable_offload_kvcache=True)
     message = str(info.value)
     assert info.value.option == "--enable-lora-overlap-loading"
     assert "not supported by radixserve yet" in message
     assert "--enable-lora-overlap-loading=True" in message
-    assert "--disaggregation-mode=prefill" in message
+    assert "--disaggregation-decode-enable-offload-kvcache=True" in message
     # Leaving them at their defaults is fine.
-    args = _cpu(enable_lora_overlap_loading=None, disaggregation_mode="null")
+    args = _cpu(
+        enable_lora_overlap_loading=None, disaggregation_decode_enable_offload_kvcache=False
+    )
     assert args.other["enable_lora_overlap_loading"] is None
     # EAGLE without its trained head is refused in one line.
     with pytest.raises(ServerArgsError, match="EAGLE needs a trained draft head"):

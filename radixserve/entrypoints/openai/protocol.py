@@ -66,6 +66,10 @@ class SamplingExtensions(RefusesUnimplementedFields):
     priority: int | None = None
     # A loaded LoRA adapter's name (a list: one per prompt of a completions batch).
     lora_path: str | list[str | None] | None = None
+    # Prefill/decode disaggregation (SGLang's router adds them; entrypoints/bootstrap_fields.py).
+    bootstrap_host: str | list[str] | None = None
+    bootstrap_port: int | list[int] | None = None
+    bootstrap_room: int | list[int] | None = None
 
 
 class CompletionRequest(SamplingExtensions):
@@ -280,6 +284,10 @@ class GenerateReqInput(RefusesUnimplementedFields):
     # A vision model's images (multimodal/request_images.py's ImageData): for one prompt an
     # image or a list; for a batch one entry per prompt. Data URL, base64 or a local path.
     image_data: str | list[str | list[str] | None] | None = None
+    # Prefill/decode disaggregation (SGLang's router adds them; entrypoints/bootstrap_fields.py).
+    bootstrap_host: str | list[str] | None = None
+    bootstrap_port: int | list[int] | None = None
+    bootstrap_room: int | list[int] | None = None
     unimplemented_fields = GENERATE_FIELDS
 
     @model_validator(mode="after")

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
+from radixserve.entrypoints.bootstrap_fields import bootstrap_per_prompt
 from radixserve.entrypoints.generation import GenItem, LogprobOptions
 from radixserve.entrypoints.openai.chat_images import ChatImages, chat_images
 from radixserve.entrypoints.openai.chat_template import render_chat
@@ -106,6 +107,9 @@ def plan_chat(
         rids = [req.rid] if req.n == 1 else [f"{req.rid}-{k}" for k in range(req.n)]
     else:
         rids = [f"{rid}-{k}" for k in range(req.n)]
+    rooms = bootstrap_per_prompt(req.bootstrap_host, req.bootstrap_port, req.bootstrap_room, 1)
+    if rooms[0] is not None and req.n > 1:
+        raise ApiError(400, "n > 1 cannot be combined with bootstrap_room.", param="n")
     items = [
         GenItem(
             dict(params),
@@ -117,6 +121,7 @@ def plan_chat(
             return_routed_experts=req.return_routed_experts,
             routed_experts_start_len=req.routed_experts_start_len,
             image_data=list(images.sources) or None,
+            bootstrap=rooms[0],
         )
         for r in rids
     ]

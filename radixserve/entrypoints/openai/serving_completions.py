@@ -10,6 +10,7 @@ from typing import Any
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
+from radixserve.entrypoints.bootstrap_fields import bootstrap_per_prompt
 from radixserve.entrypoints.generation import GenItem, LogprobOptions
 from radixserve.entrypoints.openai.common import (
     LogprobCursor,
@@ -88,6 +89,11 @@ def plan_completion(ctx: ServingContext, req: CompletionRequest) -> _Plan:
             f"lora_path has {len(adapter)} entries for {num_prompts} prompts.",
             param="lora_path",
         )
+    rooms = bootstrap_per_prompt(
+        req.bootstrap_host, req.bootstrap_port, req.bootstrap_room, num_prompts
+    )
+    if req.n > 1 and any(r is not None for r in rooms):
+        raise ApiError(400, "n > 1 cannot be combined with bootstrap_room.", param="n")
     for i in range(num_prompts):
         text = texts[i] if texts is not None else None
         ids = ids_list[i] if ids_list is not None else None
@@ -107,6 +113,7 @@ def plan_completion(ctx: ServingContext, req: CompletionRequest) -> _Plan:
                     priority=req.priority,
                     return_routed_experts=req.return_routed_experts,
                     routed_experts_start_len=req.routed_experts_start_len,
+                    bootstrap=rooms[i],
                 )
             )
     want_logprobs = req.logprobs is not None

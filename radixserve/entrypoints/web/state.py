@@ -34,6 +34,8 @@ async def dashboard_state(request: Request) -> JSONResponse:
     body: dict[str, Any] = {
         "time": time.time(),
         "model": ctx.config.served_model_name,
+        # "prefill" / "decode" under PD disaggregation (docs/scaling.md), else None.
+        "role": _role(info),
         "engine_reachable": bool(info),
         "max_running_requests": info.get("max_running_requests"),
         "inflight_http_requests": ctx.state.inflight,
@@ -45,3 +47,8 @@ async def dashboard_state(request: Request) -> JSONResponse:
         "expert_load": dashboard_rows(info),
     }
     return JSONResponse(body)
+
+
+def _role(info: dict[str, Any]) -> str | None:
+    mode = info.get("disaggregation_mode")
+    return None if mode in (None, "null") else str(mode)
