@@ -5,7 +5,7 @@ Each projection's `*_blocks` / `*_scales` pair is repacked into ggml's block_mxf
 stores and the C++ block kernels run), one expert at a time into one uint8 stack per
 projection, and handed to the layer as a GGUF file's experts are (layers/moe/methods.py
 use_gguf_experts; the same tensor-parallel slicing, models/gguf_shard.py). No expert is ever
-decoded to float: gpt-oss-20b's experts take ~12 GB instead of ~24 GB in bfloat16.
+decoded to float: gpt-oss-20b's experts take ~10 GB instead of ~38 GB in bfloat16.
 
 gate_up's rows alternate gate, up in the checkpoint; whole rows of blocks are moved so the
 stack has gate rows first, as FusedMoE expects (exact: a row's blocks are its own).
