@@ -57,7 +57,9 @@ class MxFp4ExpertLoader:
         inter = joined.shape[1] // 2
         down = ExpertBlocks(down_blocks, MXFP4, down_blocks.shape[1])
         if layer.moe_tp_size > 1:
-            halves = [ExpertBlocks(joined.narrow(1, i * inter, inter), MXFP4, inter) for i in (0, 1)]
+            halves = [
+                ExpertBlocks(joined.narrow(1, i * inter, inter), MXFP4, inter) for i in (0, 1)
+            ]
             gate_up, down = shard_expert_blocks(layer, halves, down)
         else:  # one stack, gate rows first: nothing to join
             gate_up = [ExpertBlocks(joined, MXFP4, 2 * inter)]

@@ -158,6 +158,7 @@ def test_two_tensor_parallel_ranks_match_transformers(tmp_path: Path) -> None:
 
 # --- MXFP4 ---
 
+
 def test_mxfp4_decodes_a_hand_computed_block() -> None:
     # Block 0, scale 2 ** (128 - 127) = 2: byte 0x21 holds codes 1 (0.5, low nibble first)
     # and 2 (1.0); 0xF8 holds 8 (-0.0) and 15 (-6.0); 0x7A holds 10 (-1.0) and 7 (6.0).
