@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from radixserve.kernels import gguf_dequant, gguf_types, ops, reference
-from radixserve.layers.moe import ExpertBlocks, GGUFExpertsMethod
+from radixserve.layers.moe import ExpertBlocks, FusedMoE, GGUFExpertsMethod, RouterSpec, Scoring
 from radixserve.layers.quantization.mxfp4 import dequantize_mxfp4, repack_mxfp4
 from radixserve.models.gpt_oss_blocks import MxFp4ExpertLoader, repack_stack
 from radixserve.models.loader import load_model
@@ -208,3 +209,62 @@ def test_greedy_on_blocks_equals_the_decoded_model(
     for req, prompt in enumerate(PROMPTS):
         tokens = _teacher_forced_greedy(ours, theirs, prompt, req)
         assert len(set(tokens)) > 1  # not a degenerate repeat
+
+
+# --- tensor parallel: each rank's slice of the blocks ---
+
+
+def _moe_on_rank(monkeypatch: pytest.MonkeyPatch, rank: int, hidden: int, inter: int) -> nn.Module:
+    """A FusedMoE as MoE-TP rank `rank` of 2 builds it (parallel_state answered here), in a
+    module whose `experts` it is."""
+    from radixserve.distributed import parallel_state as ps
+
+    for name, value in (
+        ("get_tp_rank", rank),
+        ("get_tp_size", 2),
+        ("get_moe_tp_rank", rank),
+        ("get_moe_tp_size", 2),
+    ):
+        monkeypatch.setattr(ps, name, lambda value=value: value)
+    holder = nn.Module()
+    holder.experts = FusedMoE(3, hidden, inter, RouterSpec(2, Scoring.TOPK_SOFTMAX), bias=True)
+    return holder
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_tensor_parallel_rank_keeps_its_slice_as_blocks(
+    monkeypatch: pytest.MonkeyPatch, rank: int
+) -> None:
+    """--tp-size 2: a rank holds its half of every expert's gate and up rows and of down's
+    input columns, as blocks, and multiplies them as the decoded slices."""
+    experts, hidden, inter = 3, 64, 64
+    gen = torch.Generator().manual_seed(7)
+    gu = [mxfp4_encode(2 * inter, hidden, gen) for _ in range(experts)]
+    dn = [mxfp4_encode(hidden, inter, gen) for _ in range(experts)]
+    holder = _moe_on_rank(monkeypatch, rank, hidden, inter)
+    loader = MxFp4ExpertLoader(holder)
+    stack = lambda parts, i: torch.stack([p[i] for p in parts])  # noqa: E731
+    assert loader("experts", "gate_up_proj", stack(gu, 0), stack(gu, 1))
+    assert loader("experts", "down_proj", stack(dn, 0), stack(dn, 1))
+    moe = holder.experts
+    assert isinstance(moe.quant_method, GGUFExpertsMethod) and loader.layers_on_blocks == 1
+    half = inter // 2
+    rows = slice(rank * half, (rank + 1) * half)
+    x = torch.randn(2, hidden, generator=gen)
+    h = torch.randn(2, half, generator=gen)
+    for e in range(experts):
+        w = gu[e][2]
+        want = torch.cat([w[0::2][rows], w[1::2][rows]]).double()
+        assert _relative_error(moe.quant_method.gate_up(moe, e, x), x.double() @ want.T) < 1e-4
+        down = dn[e][2][:, rows].double()
+        assert _relative_error(moe.quant_method.down(moe, e, h), h.double() @ down.T) < 1e-4
+
+
+def test_a_slice_off_the_blocks_is_decoded_instead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An intermediate size whose rank slice is not whole blocks of 32: the loader declines
+    (the checkpoint reader decodes those experts to float)."""
+    holder = _moe_on_rank(monkeypatch, 1, 64, 32)  # 16 columns a rank
+    blocks, scales = _checkpoint_blocks(3 * 64, 64, seed=2)
+    loader = MxFp4ExpertLoader(holder)
+    assert not loader("experts", "gate_up_proj", blocks.view(3, 64, 2, 16), scales.view(3, 64, 2))
+    assert loader.layers_on_blocks == 0
