@@ -91,11 +91,10 @@ def repack_stack(blocks: torch.Tensor, scales: torch.Tensor, gate_up: bool) -> t
     if gate_up and out % 2:
         raise ValueError(f"gate_up_proj has an odd number of rows ({out})")
     stack = torch.empty(experts, out, groups * FORMATS[MXFP4].bytes, dtype=torch.uint8)
-    for e in range(experts):
-        rows = repack_mxfp4(blocks[e], scales[e])  # [out, G * 17]
+    for e in range(experts):  # straight into the stack: no per-expert temporaries
         if gate_up:
-            stack[e, : out // 2] = rows[0::2]
-            stack[e, out // 2 :] = rows[1::2]
+            repack_mxfp4(blocks[e, 0::2], scales[e, 0::2], stack[e, : out // 2])
+            repack_mxfp4(blocks[e, 1::2], scales[e, 1::2], stack[e, out // 2 :])
         else:
-            stack[e] = rows
+            repack_mxfp4(blocks[e], scales[e], stack[e])
     return stack

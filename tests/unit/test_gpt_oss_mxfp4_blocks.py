@@ -61,6 +61,10 @@ def test_repack_holds_the_checkpoint_values_in_ggml_layout() -> None:
     one[0, 0, 0] = 0x21  # element 0 = code 1, element 1 = code 2
     got = repack_mxfp4(one, torch.full((1, 1), 127, dtype=torch.uint8))
     assert got[0, 0] == 127 and got[0, 1] == 0x01 and got[0, 2] == 0x02
+    with pytest.raises(ValueError, match="not uint8"):
+        repack_mxfp4(one, torch.full((1, 1), 127, dtype=torch.uint8), torch.empty(1, 16))
+    with pytest.raises(ValueError, match="do not match"):
+        repack_mxfp4(one, torch.full((1, 2), 127, dtype=torch.uint8))
 
 
 def test_repack_stack_puts_gate_rows_first() -> None:
