@@ -272,3 +272,19 @@ def test_a_slice_off_the_blocks_is_decoded_instead(monkeypatch: pytest.MonkeyPat
     loader = MxFp4ExpertLoader(holder)
     assert not loader("experts", "gate_up_proj", blocks.view(3, 64, 2, 16), scales.view(3, 64, 2))
     assert loader.layers_on_blocks == 0
+
+
+def test_bfloat16_model_runs_on_the_same_blocks(mxfp4_folder: Path) -> None:
+    """--dtype bfloat16: the experts stay MXFP4 blocks (bfloat16 rows into the block kernel)
+    and the logits stay within bfloat16 rounding of the float32 model's."""
+    prompt = PROMPTS[0]
+    logits = {}
+    for dtype in ("float32", "bfloat16"):
+        loaded = load_model(str(mxfp4_folder), dtype=dtype)
+        experts = loaded.model.model.layers[0].mlp.experts
+        assert isinstance(experts.quant_method, GGUFExpertsMethod)
+        assert experts.w13_bias.dtype == getattr(torch, dtype)
+        driver = ManualDriver(loaded.model, loaded.config)
+        logits[dtype] = driver.forward([(0, prompt)], all_logits=True).float()
+    want = logits["float32"]
+    assert _relative_error(logits["bfloat16"], want.double()) < 5e-2
