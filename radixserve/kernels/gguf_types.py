@@ -64,7 +64,9 @@ E8M0_FIELDS: dict[int, tuple[int, ...]] = {MXFP4: (0,)}
 # above. The C++ integer kernels run NATIVE_TYPES directly; the others are dequantized a tile of
 # rows at a time (kernels.ops.gguf_linear), never stored expanded.
 QUANTIZED_TYPES = frozenset(t for t, f in FORMATS.items() if f.weights > 1)
-NATIVE_TYPES = frozenset({Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS})
+NATIVE_TYPES = frozenset(
+    {Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4}
+)
 # Types with kernels on int8 activations per 256 (csrc/gguf_q8k.cpp), chosen at startup.
 Q8K_TYPES = frozenset({Q3_K, Q4_K, Q5_K, Q6_K})
 # The types the first integer kernels ran (one-call decoder layer and batch-1 chain).

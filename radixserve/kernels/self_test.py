@@ -179,9 +179,12 @@ def _check_block_types(ext: object, n: int, k: int) -> None:
             raise AssertionError(f"gguf_linear lacks {gguf_types.type_name(qtype)}")
         fmt = gguf_types.FORMATS[qtype]
         blocks = torch.randint(0, 256, (n, k // fmt.weights, fmt.bytes), dtype=torch.uint8)
-        for offset in gguf_types.FP16_FIELDS[qtype]:
+        for offset in gguf_types.FP16_FIELDS.get(qtype, ()):
             scales = (torch.rand(n, k // fmt.weights) * 0.002).to(torch.float16)
             blocks[..., offset : offset + 2] = scales.view(torch.uint8).reshape(n, -1, 2)
+        for offset in gguf_types.E8M0_FIELDS.get(qtype, ()):
+            # Power-of-two scales near 2 ** -10 (MXFP4): the size of the fp16 scales above.
+            blocks[..., offset] = torch.randint(114, 120, (n, k // fmt.weights), dtype=torch.uint8)
         blocks = blocks.reshape(n, -1).contiguous()
         w = gguf_dequant.dequantize_rows(blocks, qtype, n)
         for rows in (1, 2, 13):

@@ -11,6 +11,7 @@ QUANTIZED_TYPES = gguf_types.QUANTIZED_TYPES
 SUPPORTED_TYPES = frozenset(gguf_types.FORMATS)  # every type the loader reads
 type_name = gguf_types.type_name
 whole_blocks = gguf_types.whole_blocks
+MXFP4 = gguf_types.MXFP4  # gpt-oss experts, from a GGUF file or an mxfp4 safetensors checkpoint
 
 
 def dequantize(data: torch.Tensor, qtype: int, shape: tuple[int, ...]) -> torch.Tensor:

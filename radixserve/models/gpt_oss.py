@@ -5,8 +5,10 @@ sparse block whose router (with a bias) takes the top num_experts_per_tok logits
 over those only, and whose experts (with biases) apply a clamped SwiGLU:
 (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit).
 
-Checkpoints: transformers' float form or the published MXFP4 experts, decoded to the model
-dtype on load (models/gpt_oss_checkpoint.py). The layers run module by module (the one-call C++
+Checkpoints: transformers' float form, or the published MXFP4 experts, kept as MXFP4 blocks
+(models/gpt_oss_blocks.py: 17 bytes per 32 weights, run by the same block kernels as a GGUF
+file's MXFP4 experts) and decoded to the model dtype only where a tensor-parallel rank's slice
+would not be whole blocks (models/gpt_oss_checkpoint.py). The layers run module by module (the one-call C++
 layer has no sinks, biased experts or clamped SwiGLU); attention runs the C++ kernel with its
 sink term on intel_amx (PyTorch where the C++ kernels are not built, or a window or batch the
 kernel cannot see exactly) and the PyTorch reference on torch_native.
@@ -24,6 +26,7 @@ from torch import nn
 from radixserve.layers.activation import ClampedSwiGLU
 from radixserve.layers.linear import ReplicatedLinear
 from radixserve.layers.moe import FusedMoE, RouterSpec, Scoring, expert_shard
+from radixserve.models.gpt_oss_blocks import MxFp4ExpertLoader
 from radixserve.models.gpt_oss_checkpoint import gpt_oss_tensors
 from radixserve.models.llama import AttentionOptions, LlamaForCausalLM
 
@@ -64,9 +67,8 @@ class GptOssForCausalLM(LlamaForCausalLM):
         method = quant.get("quant_method") if isinstance(quant, dict) else None
         if method not in (None, "mxfp4"):
             raise ValueError(f"gpt-oss with quant_method {method!r} is not supported (mxfp4 is)")
-        if method == "mxfp4":
-            logger.info("gpt-oss: MXFP4 experts are decoded to the model dtype while loading")
         super().__init__(config)
+        self._mxfp4_experts = MxFp4ExpertLoader(self) if method == "mxfp4" else None
 
     @classmethod
     def attention_options(cls, config: ModelConfig) -> AttentionOptions:
@@ -95,7 +97,16 @@ class GptOssForCausalLM(LlamaForCausalLM):
     def checkpoint_tensors(
         self, weights: Iterable[tuple[str, torch.Tensor]]
     ) -> Iterable[tuple[str, torch.Tensor]]:
-        return gpt_oss_tensors(weights)
+        return gpt_oss_tensors(weights, self._mxfp4_experts)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights(weights)
+        if self._mxfp4_experts is not None:
+            logger.info(
+                "gpt-oss: %d MoE layers keep their MXFP4 experts as blocks (17 bytes per 32 "
+                "weights)",
+                self._mxfp4_experts.layers_on_blocks,
+            )
 
     def param_shard(self, name: str) -> tuple[str, object] | None:
         return expert_shard(name)

@@ -13,8 +13,11 @@ A converted GGUF (models/gguf.py) stacks them with gate and up apart:
 `experts.{gate,up,down}_proj.{weight,bias}` [experts, out, in] / [experts, out].
 All become `experts.{e}.{gate,up,down}_proj.{weight,bias}` as [out, in] matrices with gate and
 up de-interleaved into their own halves, so FusedMoE stacks gate rows first like every other
-family and the activation (ClampedSwiGLU) reads halves. MXFP4 experts are decoded one expert
-at a time into the model dtype: the float copy of a whole layer never exists at once.
+family and the activation (ClampedSwiGLU) reads halves.
+
+MXFP4 experts go to `keep_blocks` (models/gpt_oss_blocks.py: the layer takes them as blocks,
+never decoded) where the caller gives one and it accepts them; otherwise they are decoded one
+expert at a time into the model dtype (the float copy of a whole layer never exists at once).
 
 The attention sinks (`self_attn.sinks`) move to the attention layer that uses them
 (`self_attn.attn.sinks`).
@@ -41,11 +44,16 @@ _STACKED = re.compile(r"^(.*\.experts)\.(gate_proj|up_proj|down_proj)\.(weight|b
 _SINKS = ".self_attn.sinks"
 
 
+# (experts prefix, "gate_up_proj" | "down_proj", blocks, scales) -> whether it took them.
+KeepBlocks = Callable[[str, str, torch.Tensor, torch.Tensor], bool]
+
+
 def gpt_oss_tensors(
-    weights: Iterable[tuple[str, torch.Tensor]],
+    weights: Iterable[tuple[str, torch.Tensor]], keep_blocks: KeepBlocks | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """`weights` with gpt-oss's fused and MXFP4 expert tensors split per expert (see the
-    module docstring) and the sinks renamed; everything else passes through."""
+    module docstring) and the sinks renamed; everything else passes through. MXFP4 pairs that
+    `keep_blocks` takes are not yielded."""
     # MXFP4 halves seen so far: (experts prefix, projection) -> {"blocks"|"scales": tensor}.
     pending: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
     for name, tensor in weights:
@@ -59,6 +67,10 @@ def gpt_oss_tensors(
             parts[packed[3]] = tensor
             if len(parts) == 2:  # a file may list scales and blocks in either order
                 del pending[key]
+                if keep_blocks is not None and keep_blocks(
+                    key[0], key[1], parts["blocks"], parts["scales"]
+                ):
+                    continue
                 yield from _mxfp4_experts(key[0], key[1], parts["blocks"], parts["scales"])
             continue
         stacked = _STACKED.match(name)

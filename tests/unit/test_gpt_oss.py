@@ -14,7 +14,6 @@ and the clamped SwiGLU against transformers' modules.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -41,6 +40,7 @@ from tests.helpers.family_check import (
     transformers_greedy,
 )
 from tests.helpers.hf_reference import hf_logits
+from tests.helpers.tiny_gpt_oss_mxfp4 import write_mxfp4_checkpoint
 from tests.helpers.tiny_models import tiny_hf_config, tiny_hf_model
 from tests.helpers.window_check import (
     cached_chunked_greedy,
@@ -158,13 +158,6 @@ def test_two_tensor_parallel_ranks_match_transformers(tmp_path: Path) -> None:
 
 # --- MXFP4 ---
 
-_E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
-
-
-def _code_value(code: int) -> float:
-    """An FP4 E2M1 code's value, from the spec: bit 3 the sign, bits 0-2 the magnitude."""
-    return (-1.0 if code & 8 else 1.0) * _E2M1[code & 7]
-
 
 def test_mxfp4_decodes_a_hand_computed_block() -> None:
     # Block 0, scale 2 ** (128 - 127) = 2: byte 0x21 holds codes 1 (0.5, low nibble first)
@@ -195,42 +188,12 @@ def test_mxfp4_layout_equals_transformers_dequantizer() -> None:
     assert torch.equal(dequantize_mxfp4(blocks, scales), theirs.transpose(1, 2))
 
 
-def _mxfp4_encode(rows: int, cols: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
-    """Random MXFP4 blocks [rows, cols / 32, 16] and scales [rows, cols / 32] with the float
-    matrix [rows, cols] they stand for, computed element by element from the codes."""
-    codes = torch.randint(0, 16, (rows, cols), generator=gen, dtype=torch.uint8)
-    scales = torch.randint(121, 126, (rows, cols // 32), generator=gen, dtype=torch.uint8)
-    values = torch.tensor([_code_value(int(c)) for c in codes.flatten()]).view(rows, cols)
-    values *= torch.pow(2.0, scales.double() - 127).float().repeat_interleave(32, dim=1)
-    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)  # element 2j low nibble, 2j + 1 high
-    return packed.view(rows, cols // 32, 16), scales, values
-
-
 def test_mxfp4_checkpoint_equals_transformers(tmp_path: Path) -> None:
     """Experts stored as the published checkpoints store them (`*_blocks` and `*_scales`,
-    [experts, out, in] before packing, quant_method mxfp4) decode to the float weights they
-    encode: greedy tokens equal transformers' on those float weights."""
-    from safetensors.torch import save_file
-
+    [experts, out, in] before packing, quant_method mxfp4), served on their blocks: greedy
+    tokens equal transformers' on the float weights they encode."""
     hf = _gpt_oss_model(seed=2)
-    gen = torch.Generator().manual_seed(3)
-    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
-    for i, layer in enumerate(hf.model.layers):
-        experts = layer.mlp.experts
-        prefix = f"model.layers.{i}.mlp.experts"
-        for proj in ("gate_up_proj", "down_proj"):
-            param = getattr(experts, proj)  # [E, in, out]
-            encoded = [_mxfp4_encode(param.shape[2], param.shape[1], gen) for _ in param]
-            with torch.no_grad():
-                param.copy_(torch.stack([values.t() for _, _, values in encoded]))
-            del state[f"{prefix}.{proj}"]
-            state[f"{prefix}.{proj}_blocks"] = torch.stack([b for b, _, _ in encoded])
-            state[f"{prefix}.{proj}_scales"] = torch.stack([s for _, s, _ in encoded])
-    hf.save_pretrained(tmp_path)
-    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    config = json.loads((tmp_path / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "mxfp4"}
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    write_mxfp4_checkpoint(tmp_path, hf, seed=3)
     got = engine_greedy(tmp_path, PROMPTS, "torch_native")
     assert got == transformers_greedy(hf, PROMPTS)
 

@@ -22,6 +22,12 @@ inline __m128i iq4_table() {
   return _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
 }
 
+// MXFP4's 16 FP4 E2M1 code values doubled (ggml's kvalues_mxfp4: 0, 0.5, 1, 1.5, 2, 3, 4, 6
+// times 2, then negated for codes 8-15), so they are integers; the block scale is halved to match.
+inline __m128i mxfp4_table() {
+  return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+}
+
 // 16 bytes of nibbles -> 16 low nibbles (weights 0..15) and 16 high ones (16..31), as bytes.
 inline void split_nibbles16(const uint8_t* qs, __m128i* low, __m128i* high) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
@@ -140,6 +146,34 @@ struct DecIQ4_NL : ScaleOnly<18> {
     split_nibbles16(b + 2, &l, &h);
     *lo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(iq4_table(), l));
     *hi = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(iq4_table(), h));
+  }
+};
+
+// E8M0 scale byte e -> 2 ** (e - 128), i.e. half the block's scale 2 ** (e - 127) (the codes
+// are doubled), built from the float's bits as ggml does: exact, the subnormal results of
+// e < 2 included, and no libm call per block.
+inline float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// ggml's block_mxfp4 (gpt-oss experts): the E8M0 byte, then 16 bytes whose low nibbles are
+// weights 0..15 and high nibbles 16..31 (IQ4_NL's order, another table and scale). Codes are at
+// most 12 in magnitude: 32 of them times int16 activations sum exactly in int32.
+struct DecMXFP4 {
+  static constexpr int64_t kGroups = 1, kBytes = 17;
+  static constexpr bool kOffset = false;
+  static void scales(const uint8_t* b, float* a, float* o) {
+    a[0] = e8m0_half(b[0]);
+    o[0] = 0.0f;
+  }
+  static void codes(const uint8_t* b, int, __m256i* lo, __m256i* hi) {
+    __m128i l, h;
+    split_nibbles16(b + 1, &l, &h);
+    *lo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(mxfp4_table(), l));
+    *hi = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(mxfp4_table(), h));
   }
 };
 
@@ -370,6 +404,7 @@ void with_decoder(int64_t qtype, F&& f) {
     case kQ5_K: f(DecQ5_K{}); break;
     case kQ6_K: f(DecQ6_K{}); break;
     case kIQ4_XS: f(DecIQ4_XS{}); break;
+    case kMXFP4: f(DecMXFP4{}); break;
     default: TORCH_CHECK(false, "GGML type ", qtype, " has no integer kernel");
   }
 }
@@ -387,6 +422,7 @@ bool block_shape(int64_t qtype, int64_t* weights, int64_t* bytes) {
     case kQ5_K: *weights = 256, *bytes = 176; return true;
     case kQ6_K: *weights = 256, *bytes = 210; return true;
     case kIQ4_XS: *weights = 256, *bytes = 136; return true;
+    case kMXFP4: *weights = 32, *bytes = 17; return true;
     default: return false;
   }
 }

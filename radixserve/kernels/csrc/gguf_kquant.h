@@ -1,4 +1,4 @@
-// GGUF block types beyond Q4_1/Q8_0 (gguf_kquant.cpp): Q4_0, Q5_0, Q5_1, IQ4_NL and the
+// GGUF block types beyond Q4_1/Q8_0 (gguf_kquant.cpp): Q4_0, Q5_0, Q5_1, IQ4_NL, MXFP4 and the
 // K-quants Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, run on AVX2 by the same int16 activation blocks
 // (QuantizedRows) as Q4_1. Every type is decoded one group of 32 weights at a time into int16
 // codes c and two floats (a, o) with weight = a * c + o for the group: sub-block scales that
@@ -21,7 +21,7 @@ namespace gguf {
 
 // GGML type ids of the types gguf_kquant.cpp runs.
 constexpr int64_t kQ4_0 = 2, kQ5_0 = 6, kQ5_1 = 7, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13,
-                  kQ6_K = 14, kIQ4_NL = 20, kIQ4_XS = 23;
+                  kQ6_K = 14, kIQ4_NL = 20, kIQ4_XS = 23, kMXFP4 = 39;
 
 // True for the types above, in builds with AVX2 (the only ISA they are written for).
 bool kquant_type(int64_t qtype);
