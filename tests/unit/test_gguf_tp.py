@@ -17,6 +17,7 @@ from radixserve import Engine
 from radixserve.distributed import parallel_state as ps
 from radixserve.kernels import gguf_types as gt
 from radixserve.kernels.build import load_extension
+from radixserve.layers.kquant_paths import KQUANT_INT8_ENV
 from radixserve.layers.linear import QKVParallelLinear, RowParallelLinear
 from radixserve.models.gguf_shard import shard_linear_blocks, shard_vocab_blocks
 from radixserve.options.errors import ServerArgsError
@@ -29,6 +30,15 @@ PROMPTS = [[1, 5, 9, 30, 12], [1, 40, 41, 42, 43, 44, 45, 46, 47], [1, 7]]
 GREEDY = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
 # K-quant blocks hold 256 weights: a hidden size of 512 leaves each of 2 ranks whole blocks.
 TYPES = {"attn_v": gt.Q6_K, "token_embd": gt.Q6_K, "output": gt.Q8_0, "ffn_down": gt.Q5_K}
+
+
+@pytest.fixture(autouse=True)
+def _fixed_kquant_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The int8-or-int16 activation choice for K-quant layers is timed per process at start
+    (layers/kquant_paths.py), and a rank times its half of a layer: under load the one-rank
+    engine and the ranks could choose differently and round differently. Pinned here (the TP
+    workers inherit it) so the comparison is about the split, not the timing."""
+    monkeypatch.setenv(KQUANT_INT8_ENV, "0")
 
 
 def _engine_kwargs(path: Path, **overrides: Any) -> dict[str, Any]:
