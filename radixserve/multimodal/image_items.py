@@ -36,7 +36,8 @@ class ImageItem:
     content hash, where its tokens sit in the prompt, and its projected features
     [feature_count, hidden] while prefill needs them. `slots` (None: every token of the span
     is an image token) gives each span position's feature index, -1 for a marker token;
-    `pixel_mask` [tiles, S, S] marks a tile's real pixels (None: all are)."""
+    `pixel_mask` [tiles, S, S] marks a tile's real pixels (None: all are). `anyres` is a
+    cropped image's (height, width, grid rows, grid cols) (multimodal/anyres_images.py)."""
 
     pixel_values: torch.Tensor
     hash: int
@@ -45,6 +46,7 @@ class ImageItem:
     features: torch.Tensor | None = None
     pixel_mask: torch.Tensor | None = None
     slots: torch.Tensor | None = None
+    anyres: tuple[int, int, int, int] | None = None
 
     @property
     def end(self) -> int:
@@ -134,7 +136,9 @@ class ImagePreprocessor:
                 "image_data",
             )
         mask = None if image.pixel_mask is None else torch.from_numpy(image.pixel_mask)
-        return ImageItem(pixels, image.hash, image.offset, image.length, None, mask)
+        return ImageItem(
+            pixels, image.hash, image.offset, image.length, None, mask, anyres=image.anyres
+        )
 
     def place_tiled(self, items: Sequence[ImageItem], ids: Sequence[int]) -> None:
         """Give each tiled image the feature slots of its span of the prompt `ids`."""
