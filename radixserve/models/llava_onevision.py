@@ -82,7 +82,7 @@ class LlavaOnevisionForConditionalGeneration(LlavaForConditionalGeneration):
         """Every crop of `images` in one pass; each image's packed features."""
         pixels = torch.cat([im.pixel_values for im in images]).to(device)
         crops = self.vision(pixels).split([int(im.pixel_values.shape[0]) for im in images])
-        return [self._pack(f, getattr(im, "anyres", None)) for im, f in zip(images, crops)]
+        return [self._pack(f, im.anyres) for im, f in zip(images, crops, strict=True)]
 
     def _pack(self, crops: torch.Tensor, anyres: tuple[int, int, int, int] | None) -> torch.Tensor:
         """crops [n, side * side, C] -> [features, C]: the base crop's features, then the
@@ -121,8 +121,7 @@ class LlavaOnevisionForConditionalGeneration(LlavaForConditionalGeneration):
                 else:
                     yield name, tensor
 
-        for name, tensor in super().checkpoint_tensors(renamed()):
-            yield name, tensor
+        yield from super().checkpoint_tensors(renamed())
 
 
 class LlavaNextForConditionalGeneration(LlavaOnevisionForConditionalGeneration):

@@ -9,10 +9,10 @@ from typing import Any
 
 from radixserve.errors import InvalidRequestError
 from radixserve.messages import ImageInput
+from radixserve.multimodal.anyres_images import AnyresImages
 from radixserve.multimodal.image_prompt import ImagePrompt, expand_placeholders
 from radixserve.multimodal.image_source import load_image
 from radixserve.multimodal.media_fetch import MediaFetchPolicy
-from radixserve.multimodal.anyres_images import AnyresImages
 from radixserve.multimodal.tiled_images import TiledImages
 
 # SGLang's image_data: for one prompt an image or a list of images; for a batch a list with one

@@ -200,9 +200,16 @@ def hf_greedy(
     new_tokens: int,
 ) -> tuple[list[int], list[int]]:
     """transformers' (expanded prompt ids, greedy tokens) for `text` and its images."""
+    from transformers import GenerationConfig
+
     inputs = processor_inputs(folder, flavour, text, images)
-    out = model.generate(
-        **inputs, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens
-    )
+    # No eos: min_new_tokens would mask it (the server, told ignore_eos, may pick it), so
+    # the model's generation config loses it for the call and runs the full length.
+    saved = model.generation_config
+    model.generation_config = GenerationConfig(eos_token_id=None, pad_token_id=0)
+    try:
+        out = model.generate(**inputs, do_sample=False, max_new_tokens=new_tokens)
+    finally:
+        model.generation_config = saved
     prompt = inputs["input_ids"][0].tolist()
     return prompt, out[0, len(prompt) :].tolist()
