@@ -228,3 +228,50 @@ def test_repeated_image_hits_the_prefix_and_encoder_caches(
         else:
             assert out["meta_info"]["cached_tokens"] == 2 + span
             assert calls[2:] == []
+
+
+def _hub(name: str) -> str:
+    """The published layout (llava-onevision-qwen2-0.5b-ov-hf): SigLIP under vision_model."""
+    return name.replace("vision_tower.", "vision_tower.vision_model.")
+
+
+def _newer(name: str) -> str:
+    """Everything under model., the language model as model.language_model, lm_head on top."""
+    if name.startswith("language_model.lm_head."):
+        return name.removeprefix("language_model.")
+    if name.startswith("language_model.model."):
+        return "model.language_model." + name.removeprefix("language_model.model.")
+    return "model." + name
+
+
+@pytest.mark.parametrize("rename", [_hub, _newer], ids=["hub", "newer"])
+def test_other_checkpoint_layouts_load_the_same(tiny: tuple, tmp_path: Path, rename: Any) -> None:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder, _, _ = tiny
+    shutil.copytree(folder, tmp_path / "copy")
+    tensors = load_file(str(folder / "model.safetensors"))
+    assert "image_newline" in tensors
+    save_file(
+        {rename(k): v for k, v in tensors.items()}, str(tmp_path / "copy" / "model.safetensors")
+    )
+    ours = load_model(str(folder), dtype="float32").model.state_dict()
+    theirs = load_model(str(tmp_path / "copy"), dtype="float32").model.state_dict()
+    assert ours.keys() == theirs.keys() and "vision.image_newline" in ours
+    for name, value in ours.items():
+        assert torch.equal(value, theirs[name]), name
+    torch.testing.assert_close(ours["vision.image_newline"], tensors["image_newline"])
+
+
+def test_language_model_must_be_one_we_run(tmp_path: Path) -> None:
+    """A text_config of another family is refused by name when the model loads."""
+    import json
+
+    make_tiny(tmp_path, "next", seed=4)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["text_config"]["model_type"] = "gemma2"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="'gemma2' language model is not supported"):
+        load_model(str(tmp_path), dtype="float32")
