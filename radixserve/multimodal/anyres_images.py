@@ -12,6 +12,7 @@ sample of several images. NeXT crops every image. Both are loaded from the model
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import threading
@@ -99,28 +100,47 @@ class AnyresImages:
         self, ids: list[int], prompt: ImagePrompt, images: Sequence[LoadedImage]
     ) -> tuple[list[int], list[ImageInput]]:
         """`ids` with each image's placeholder (one per image, in order) repeated as many times
-        as the image has features, and each image's crops, size and span; raises
-        InvalidRequestError (a 400) for a placeholder count that does not match or an image
-        the processor refuses."""
+        as the image has features, and each image's crops, size and span. A prompt already
+        expanded (a run of exactly that many image tokens per image: the processor's ids) is
+        kept. Raises InvalidRequestError (a 400) for placeholders that do not match the images
+        or an image the processor refuses."""
         found = [i for i, tok in enumerate(ids) if tok == prompt.token_id]
-        if len(found) != len(images):
-            raise InvalidRequestError(
-                f"The prompt has {len(found)} image placeholder token(s) for {len(images)} "
-                "image(s); write one image token per image.",
-                "image_data",
-            )
         if not images:
+            if found:
+                raise _mismatch(len(found), 0)
             return list(ids), []
+        runs = _runs(ids, prompt.token_id)
+        if len(found) != len(images) and len(runs) != len(images):
+            raise _mismatch(len(found), len(images))
+        processed = self._process(prompt, images)
+        if len(found) != len(images):
+            # Already expanded: each run must hold its image's features exactly.
+            if [length for _, length in runs] != [p.length for p in processed]:
+                raise _mismatch(len(found), len(images))
+            starts = [at for at, _ in runs]
+            return list(ids), [
+                dataclasses.replace(p, offset=at) for p, at in zip(processed, starts, strict=True)
+            ]
+        out: list[int] = []
+        inputs: list[ImageInput] = []
+        pos = 0
+        for at, image in zip(found, processed, strict=True):
+            out.extend(ids[pos:at])
+            inputs.append(dataclasses.replace(image, offset=len(out)))
+            out.extend([prompt.token_id] * image.length)
+            pos = at + 1
+        out.extend(ids[pos:])
+        return out, inputs
+
+    def _process(self, prompt: ImagePrompt, images: Sequence[LoadedImage]) -> list[ImageInput]:
+        """Each image's crops, feature count, size and grid (offsets still 0)."""
         processor = self._load()
         # OneVision: one image is cropped, several are one crop each (the processor's rule).
         single_crop = prompt.anyres_max is not None and len(images) > 1
         pixels, sizes = self._pixels(processor, images, single_crop)
-        out: list[int] = []
-        inputs: list[ImageInput] = []
-        pos = 0
-        for k, (at, image) in enumerate(zip(found, images, strict=True)):
+        out = []
+        for k, image in enumerate(images):
             crops = pixels[k]
-            out.extend(ids[pos:at])
             if single_crop:
                 crops = crops[:1]
                 count = prompt.tokens_per_image + 1  # the base crop and one newline
@@ -129,15 +149,18 @@ class AnyresImages:
             else:
                 height, width = sizes[k]
                 rows, cols = self._grid(processor, height, width, crops.shape[-1])
+                if crops.shape[0] < rows * cols + 1:
+                    raise InvalidRequestError(
+                        f"Image {k} was cut into {crops.shape[0]} crops, not the "
+                        f"{rows} x {cols} + 1 its size asks for.",
+                        "image_data",
+                    )
                 crops = crops[: rows * cols + 1]  # the processor pads a batch's crop counts
                 count = anyres_feature_count(height, width, rows, cols, prompt)
                 grid = (height, width, rows, cols)
                 image_hash = image.hash
-            inputs.append(ImageInput(image.data, image_hash, len(out), count, crops, None, grid))
-            out.extend([prompt.token_id] * count)
-            pos = at + 1
-        out.extend(ids[pos:])
-        return out, inputs
+            out.append(ImageInput(image.data, image_hash, 0, count, crops, None, grid))
+        return out
 
     @staticmethod
     def _grid(processor: Any, height: int, width: int, crop: int) -> tuple[int, int]:
@@ -183,3 +206,24 @@ class AnyresImages:
             pixels = [np.ascontiguousarray(o["pixel_values"][0], dtype=np.float32) for o in out]
             sizes = [(int(o["image_sizes"][0][0]), int(o["image_sizes"][0][1])) for o in out]
         return pixels, sizes
+
+
+def _runs(ids: Sequence[int], token: int) -> list[tuple[int, int]]:
+    """(start, length) of each run of `token` in `ids`."""
+    runs: list[tuple[int, int]] = []
+    for i, tok in enumerate(ids):
+        if tok != token:
+            continue
+        if runs and runs[-1][0] + runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs
+
+
+def _mismatch(found: int, images: int) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"The prompt has {found} image placeholder token(s) for {images} image(s); write one "
+        "image token per image.",
+        "image_data",
+    )

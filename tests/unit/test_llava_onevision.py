@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from radixserve import Engine
+from radixserve.errors import InvalidRequestError
 from radixserve.models.loader import load_model
 from radixserve.multimodal.anyres_images import best_resolution
 from tests.helpers.tiny_llava import data_url
@@ -275,3 +276,24 @@ def test_language_model_must_be_one_we_run(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="'gemma2' language model is not supported"):
         load_model(str(tmp_path), dtype="float32")
+
+
+def test_expanded_prompts_and_placeholder_errors(tiny: tuple) -> None:
+    """The processor's own ids (a run per image) are taken as they are; placeholders that match
+    neither the images nor their counts are a 400 naming the problem."""
+    folder, flavour, hf = tiny
+    images = [png_bytes(16, TALL), png_bytes(17, WIDE)]
+    text = "w1 <image> w5 <image> w6"
+    prompt, expected = hf_greedy(hf, folder, flavour, text, images, NEW)
+    urls = [data_url(b) for b in images]
+    with _engine(folder, limit_mm_data_per_request='{"image": 2}') as engine:
+        out = engine.generate(input_ids=prompt, image_data=urls, sampling_params=GREEDY)
+        assert out["output_ids"] == expected
+        assert out["meta_info"]["prompt_tokens"] == len(prompt)
+        short = prompt[: prompt.index(IMAGE_TOKEN)] + prompt[prompt.index(IMAGE_TOKEN) + 1 :]
+        with pytest.raises(InvalidRequestError, match="placeholder"):
+            engine.generate(input_ids=short, image_data=urls, sampling_params=GREEDY)
+        with pytest.raises(InvalidRequestError, match="placeholder"):
+            _tokens(engine, "w1 <image> w5", images)
+        with pytest.raises(InvalidRequestError, match="at most 2"):
+            _tokens(engine, "w1 <image> <image> <image> w5", [*images, images[0]])
