@@ -29,9 +29,12 @@ ANYRES_MAX = "anyres_max_2"
 __all__ = ["FLAVOURS", "IMAGE_TOKEN", "hf_greedy", "make_tiny", "png_bytes", "processor_inputs"]
 
 
-def make_tiny(folder: Path, flavour: str, seed: int = 0) -> torch.nn.Module:
+def make_tiny(
+    folder: Path, flavour: str, seed: int = 0, text_type: str = "llama"
+) -> torch.nn.Module:
     """Save the checkpoint, image processor, tokenizer and chat template into `folder` and
-    return transformers' model (float32, eval)."""
+    return transformers' model (float32, eval); NeXT's language model is `text_type`
+    (llama or mistral, the latter with a sliding window shorter than the tests' prompts)."""
     import transformers
 
     if flavour == "onevision":
@@ -66,7 +69,10 @@ def make_tiny(folder: Path, flavour: str, seed: int = 0) -> torch.nn.Module:
             patch_size=PATCH,
             projection_dim=32,
         )
-        text = transformers.LlamaConfig(**_text_kwargs())
+        if text_type == "mistral":
+            text = transformers.MistralConfig(**_text_kwargs(), sliding_window=48)
+        else:
+            text = transformers.LlamaConfig(**_text_kwargs())
         config = transformers.LlavaNextConfig(
             vision_config=vision,
             text_config=text,

@@ -297,3 +297,14 @@ def test_expanded_prompts_and_placeholder_errors(tiny: tuple) -> None:
             _tokens(engine, "w1 <image> w5", images)
         with pytest.raises(InvalidRequestError, match="at most 2"):
             _tokens(engine, "w1 <image> <image> <image> w5", [*images, images[0]])
+
+
+def test_next_with_a_mistral_language_model(tmp_path: Path) -> None:
+    """LLaVA-NeXT on Mistral (llava-v1.6-mistral): its sliding window as transformers runs it."""
+    hf = make_tiny(tmp_path, "next", seed=6, text_type="mistral")
+    text = "w1 w5 <image> w6 w7"
+    image = png_bytes(18, SMALL)
+    prompt, expected = hf_greedy(hf, tmp_path, "next", text, [image], NEW)
+    assert len(prompt) > 48  # the window matters
+    with _engine(tmp_path) as engine:
+        assert _tokens(engine, text, [image])["output_ids"] == expected
