@@ -9,7 +9,9 @@ placeholder token of the image has been run, so only prefill holds them.
 An image whose processor tiles it (Idefics3, SmolVLM) arrives processed by the API side
 (multimodal/tiled_images.py); its span mixes marker tokens (`<fake_token_around_image>`,
 `<row_1_col_1>`, "\n") with its image tokens, so the item records which span positions take
-which feature (`slots`); the markers keep their text embeddings.
+which feature (`slots`); the markers keep their text embeddings. An image an "anyres" processor
+cropped (LLaVA-OneVision, LLaVA-NeXT; multimodal/anyres_images.py) arrives processed likewise,
+its span all image tokens, with its size and crop grid (`anyres`) for the model's packing.
 """
 
 from __future__ import annotations
