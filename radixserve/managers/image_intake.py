@@ -35,7 +35,10 @@ def image_prompt(model: Any, tokenizer: Any = None) -> ImagePrompt | None:
         raise ValueError(f"image layout {layout!r} is not one of {LAYOUTS}")
     frame = getattr(model, "image_frame", None)
     if frame is None:
-        return ImagePrompt(int(token_id), int(model.tokens_per_image), layout)
+        anyres_max = getattr(model, "anyres_max", None)
+        return ImagePrompt(
+            int(token_id), int(model.tokens_per_image), layout, anyres_max=anyres_max
+        )
     if tokenizer is None:
         # --skip-tokenizer-init: prompts come as ids, best expanded as the processor writes them.
         logger.warning(
@@ -73,7 +76,8 @@ def image_preprocessor(runner: Any) -> ImagePreprocessor | None:
     token_id = getattr(model, "image_token_id", None)
     if token_id is None:
         return None
-    tiled = getattr(model, "image_layout", "fixed") == "tiles"
+    # Processed on the API side: tiled (Idefics3, SmolVLM) or cropped (LLaVA-OneVision / NeXT).
+    tiled = getattr(model, "image_layout", "fixed") in ("tiles", "anyres")
     return ImagePreprocessor(runner.model_dir, model.image_size, int(token_id), tiled)
 
 

@@ -9,7 +9,9 @@ placeholder token of the image has been run, so only prefill holds them.
 An image whose processor tiles it (Idefics3, SmolVLM) arrives processed by the API side
 (multimodal/tiled_images.py); its span mixes marker tokens (`<fake_token_around_image>`,
 `<row_1_col_1>`, "\n") with its image tokens, so the item records which span positions take
-which feature (`slots`); the markers keep their text embeddings.
+which feature (`slots`); the markers keep their text embeddings. An image an "anyres" processor
+cropped (LLaVA-OneVision, LLaVA-NeXT; multimodal/anyres_images.py) arrives processed likewise,
+its span all image tokens, with its size and crop grid (`anyres`) for the model's packing.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ class ImageItem:
     content hash, where its tokens sit in the prompt, and its projected features
     [feature_count, hidden] while prefill needs them. `slots` (None: every token of the span
     is an image token) gives each span position's feature index, -1 for a marker token;
-    `pixel_mask` [tiles, S, S] marks a tile's real pixels (None: all are)."""
+    `pixel_mask` [tiles, S, S] marks a tile's real pixels (None: all are). `anyres` is a
+    cropped image's (height, width, grid rows, grid cols) (multimodal/anyres_images.py)."""
 
     pixel_values: torch.Tensor
     hash: int
@@ -45,6 +48,7 @@ class ImageItem:
     features: torch.Tensor | None = None
     pixel_mask: torch.Tensor | None = None
     slots: torch.Tensor | None = None
+    anyres: tuple[int, int, int, int] | None = None
 
     @property
     def end(self) -> int:
@@ -134,7 +138,9 @@ class ImagePreprocessor:
                 "image_data",
             )
         mask = None if image.pixel_mask is None else torch.from_numpy(image.pixel_mask)
-        return ImageItem(pixels, image.hash, image.offset, image.length, None, mask)
+        return ImageItem(
+            pixels, image.hash, image.offset, image.length, None, mask, anyres=image.anyres
+        )
 
     def place_tiled(self, items: Sequence[ImageItem], ids: Sequence[int]) -> None:
         """Give each tiled image the feature slots of its span of the prompt `ids`."""
