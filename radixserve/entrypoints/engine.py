@@ -2,6 +2,10 @@
 
 engine = Engine(model_path=..., **server_args)
 engine.generate("Hello", {"max_new_tokens": 16, "temperature": 0})
+
+Longer than this project's ~450-line norm because it is SGLang's whole Engine surface, one
+small method per control call, with generate's keyword arguments spelled out in both the sync
+and async forms (SGLang's signature); the request building is in engine_inputs.py.
 """
 
 from __future__ import annotations
@@ -14,6 +18,16 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from radixserve.entrypoints.engine_inputs import (
+    Built,
+    GenerateCall,
+    InputIds,
+    Params,
+    Prompt,
+    expand_call,
+    normalise_inputs,
+    per_item,
+)
 from radixserve.lora.config import LoRAError, lora_config_from_args
 from radixserve.lora.registry import LoRARef, LoRARegistry
 from radixserve.managers.grammar_backend import make_grammar_backend
@@ -48,7 +62,6 @@ from radixserve.multimodal.request_images import (
     ImageData,
     RequestImages,
     image_limit,
-    per_prompt_images,
 )
 from radixserve.server_args import ServerArgs
 
@@ -59,10 +72,6 @@ UNLOAD_WAIT_S = 60.0
 UNLOAD_POLL_S = 0.05
 # A weight update first waits for the running requests to finish.
 WEIGHT_UPDATE_TIMEOUT_S = 1800.0
-
-Prompt = str | Sequence[str] | None
-InputIds = Sequence[int] | Sequence[Sequence[int]] | None
-Params = Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
 
 
 class Engine:
@@ -171,25 +180,26 @@ class Engine:
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """One prompt gives one dict; a list gives a list (n > 1 gives n dicts per prompt,
         prompt-major). With stream=True, an iterator of chunks whose "text" is the new text."""
-        items, single = self._expand(
+        call = GenerateCall(
             prompt,
-            input_ids,
             sampling_params,
-            rid,
+            input_ids,
             return_logprob,
             logprob_start_len,
             top_logprobs_num,
             stream,
+            rid,
             priority,
-            lora_path=lora_path,
-            session_params=session_params,
-            custom_logit_processor=custom_logit_processor,
-            token_ids_logprob=token_ids_logprob,
-            return_routed_experts=return_routed_experts,
-            routed_experts_start_len=routed_experts_start_len,
-            image_data=image_data,
-            bootstrap=bootstrap,
+            lora_path,
+            session_params,
+            custom_logit_processor,
+            token_ids_logprob,
+            return_routed_experts,
+            routed_experts_start_len,
+            image_data,
+            bootstrap,
         )
+        items, single = self._expand(call)
         if stream:
             return self._stream(*items[0])
         sinks = [self._submit(msg) for msg, _ in items]
@@ -218,27 +228,26 @@ class Engine:
         image_data: ImageData = None,
         bootstrap: BootstrapInfo | Sequence[BootstrapInfo | None] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
-        expand = functools.partial(
-            self._expand,
+        call = GenerateCall(
             prompt,
-            input_ids,
             sampling_params,
-            rid,
+            input_ids,
             return_logprob,
             logprob_start_len,
             top_logprobs_num,
             stream,
+            rid,
             priority,
-            check_grammar=False,
-            lora_path=lora_path,
-            session_params=session_params,
-            custom_logit_processor=custom_logit_processor,
-            token_ids_logprob=token_ids_logprob,
-            return_routed_experts=return_routed_experts,
-            routed_experts_start_len=routed_experts_start_len,
-            image_data=image_data,
-            bootstrap=bootstrap,
+            lora_path,
+            session_params,
+            custom_logit_processor,
+            token_ids_logprob,
+            return_routed_experts,
+            routed_experts_start_len,
+            image_data,
+            bootstrap,
         )
+        expand = functools.partial(self._expand, call, check_grammar=False)
         # Images are decoded and hashed while the request is built: off the event loop.
         items, single = await asyncio.to_thread(expand) if image_data else expand()
         # Compiling a grammar can take seconds: await it here instead of blocking the loop.
@@ -281,9 +290,9 @@ class Engine:
     ) -> tuple[list[tuple[TokenizedGenerateReq, RequestState]], bool]:
         if not self.server_args.is_embedding:
             raise RequestError("This server does not serve an embedding model (--is-embedding).")
-        prompts, ids_list, single = _normalise_inputs(prompt, input_ids)
+        prompts, ids_list, single = normalise_inputs(prompt, input_ids)
         count = len(prompts) if prompts is not None else len(ids_list or [])
-        rids = _per_item(rid, count, "rid")
+        rids = per_item(rid, count, "rid")
         items = [
             self.tokenizer_manager.build_request(
                 prompt=prompts[i] if prompts is not None else None,
@@ -417,84 +426,12 @@ class Engine:
         return {ref.name: ref.path for ref in self.lora.refs()}
 
     # -- internals --------------------------------------------------------------------------
-    def _expand(
-        self,
-        prompt: Prompt,
-        input_ids: InputIds,
-        sampling_params: Params,
-        rid: Any,
-        return_logprob: bool,
-        logprob_start_len: int | None,
-        top_logprobs_num: int | None,
-        stream: bool,
-        priority: Any,
-        check_grammar: bool = True,
-        lora_path: str | Sequence[str | None] | None = None,
-        session_params: Any = None,
-        custom_logit_processor: Any = None,
-        token_ids_logprob: Sequence[int] | None = None,
-        return_routed_experts: bool = False,
-        routed_experts_start_len: int = 0,
-        image_data: ImageData = None,
-        bootstrap: BootstrapInfo | Sequence[BootstrapInfo | None] | None = None,
-    ) -> tuple[list[tuple[TokenizedGenerateReq, RequestState]], bool]:
+    def _expand(self, call: GenerateCall, check_grammar: bool = True) -> tuple[list[Built], bool]:
         if self.server_args.is_embedding:
             raise RequestError(
                 "This server serves an embedding model: use encode (or /v1/embeddings).", "model"
             )
-        prompts, ids_list, single = _normalise_inputs(prompt, input_ids)
-        count = len(prompts) if prompts is not None else len(ids_list or [])
-        params_list = _per_item(sampling_params, count, "sampling_params")
-        rids = _per_item(rid, count, "rid")
-        # lora_path: one adapter name for every prompt, or a list, one per prompt (None: base).
-        lora_ids = [self.lora.resolve(name) for name in _per_item(lora_path, count, "lora_path")]
-        priorities = _per_item(priority, count, "priority")
-        processors = _per_item(custom_logit_processor, count, "custom_logit_processor")
-        images = per_prompt_images(image_data, count)
-        sessions = (
-            list(session_params)
-            if isinstance(session_params, list | tuple)
-            else [session_params] * count
-        )
-        if len(sessions) != count:
-            raise RequestError(
-                f"session_params has {len(sessions)} entries for {count} prompts.", "session_params"
-            )
-        rooms = _per_item(bootstrap, count, "bootstrap")
-        items = []
-        for i in range(count):
-            params = dict(params_list[i] or {})
-            n = int(params.pop("n", 1) or 1)
-            if n < 1:
-                raise RequestError("n must be at least 1.", "n")
-            for copy in range(n):
-                item_rid = rids[i] if rids[i] is None or n == 1 else f"{rids[i]}-{copy}"
-                items.append(
-                    self.tokenizer_manager.build_request(
-                        prompt=prompts[i] if prompts is not None else None,
-                        input_ids=ids_list[i] if ids_list is not None else None,
-                        sampling_params=params,
-                        rid=item_rid,
-                        return_logprob=return_logprob,
-                        logprob_start_len=logprob_start_len,
-                        top_logprobs_num=top_logprobs_num,
-                        stream=stream,
-                        priority=priorities[i],
-                        check_grammar=check_grammar,
-                        session_params=sessions[i],
-                        custom_logit_processor=processors[i],
-                        token_ids_logprob=token_ids_logprob,
-                        return_routed_experts=return_routed_experts,
-                        routed_experts_start_len=routed_experts_start_len,
-                        image_data=images[i],
-                    )
-                )
-                items[-1][0].lora_id = lora_ids[i]
-                items[-1][0].bootstrap = rooms[i]
-            single = single and n == 1
-        if stream and len(items) != 1:
-            raise RequestError("stream=True takes a single prompt with n=1.", "stream")
-        return items, single
+        return expand_call(call, self.tokenizer_manager, self.lora.resolve, check_grammar)
 
     def _submit(self, msg: TokenizedGenerateReq) -> queue.Queue[ReqOutput]:
         sink: queue.Queue[ReqOutput] = queue.Queue()
@@ -548,26 +485,3 @@ class Engine:
         finally:
             if not finished:
                 self.runtime.abort(msg.rid)
-
-
-def _normalise_inputs(
-    prompt: Prompt, input_ids: InputIds
-) -> tuple[list[str] | None, list[list[int]] | None, bool]:
-    if (prompt is None) == (input_ids is None):
-        raise RequestError("Exactly one of prompt and input_ids must be given.", "prompt")
-    if prompt is not None:
-        if isinstance(prompt, str):
-            return [prompt], None, True
-        return list(prompt), None, False
-    assert input_ids is not None
-    if len(input_ids) > 0 and all(isinstance(x, int) for x in input_ids):
-        return None, [list(input_ids)], True  # type: ignore[arg-type]
-    return None, [list(x) for x in input_ids], False  # type: ignore[union-attr]
-
-
-def _per_item(value: Any, count: int, name: str) -> list[Any]:
-    if isinstance(value, list | tuple):
-        if len(value) != count:
-            raise RequestError(f"{name} has {len(value)} entries for {count} prompts.", name)
-        return list(value)
-    return [value] * count
