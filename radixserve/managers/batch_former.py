@@ -88,9 +88,9 @@ class BatchFormer:
             drafts = self.spec.propose(q.running)
             widths = [1 + len(d) for d in drafts]
             self._alloc_decode_slots(widths)
-            return ScheduledBatch(list(q.running), widths, is_decode=True, drafts=drafts)
+            return ScheduledBatch(list(q.running), widths, decode_round=True, drafts=drafts)
         self._alloc_decode_slots()
-        return ScheduledBatch(list(q.running), [1] * len(q.running), is_decode=True)
+        return ScheduledBatch(list(q.running), [1] * len(q.running), decode_round=True)
 
     def _schedule_mixed(self) -> ScheduledBatch | None:
         """The running requests' next tokens ride along with a prefill.
@@ -107,7 +107,7 @@ class BatchFormer:
         if prefill is None:
             if not decoding:
                 return None
-            return ScheduledBatch(list(running), [1] * len(running), is_decode=True)
+            return ScheduledBatch(list(running), [1] * len(running), decode_round=True)
         if decoding:
             prefill.num_prefill_reqs = len(prefill.reqs)
             prefill.reqs.extend(running)
@@ -162,7 +162,7 @@ class BatchFormer:
         q.chunked_req = adder.chunked_req
         if not adder.reqs:
             return None
-        return ScheduledBatch(adder.reqs, adder.extend_lens, is_decode=False)
+        return ScheduledBatch(adder.reqs, adder.extend_lens, decode_round=False)
 
     def _reserve(self, running: Sequence[Req]) -> int:
         """KV tokens kept back for the running requests' future tokens (new_token_ratio)."""

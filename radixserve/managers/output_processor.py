@@ -66,7 +66,7 @@ class OutputProcessor:
         return outputs
 
     def process(self, batch: ScheduledBatch, results: Sequence[Any]) -> None:
-        if batch.is_decode:
+        if batch.decode_round:
             self.ratio.decay()
             self.decode_log.step(len(batch.reqs))
         else:

@@ -130,7 +130,10 @@ class ScheduledBatch:
 
     reqs: list[Req]
     extend_lens: list[int]
-    is_decode: bool
+    # A round of the running requests alone: each extends by its next token (1 + its drafts
+    # in a speculative round), no prompt tokens. (StepInputs.is_decode is another thing: whether
+    # a forward may take the decode kernels; ForwardMode follows StepInputs.)
+    decode_round: bool
     # Prefill entries come first; in a mixed batch the running decodes follow them.
     num_prefill_reqs: int | None = None
     # A speculative decode round: each request's draft tree (extend_lens[i] = 1 + len).
@@ -138,7 +141,7 @@ class ScheduledBatch:
 
     def __post_init__(self) -> None:
         if self.num_prefill_reqs is None:
-            self.num_prefill_reqs = 0 if self.is_decode else len(self.reqs)
+            self.num_prefill_reqs = 0 if self.decode_round else len(self.reqs)
 
     def __len__(self) -> int:
         return len(self.reqs)

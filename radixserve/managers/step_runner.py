@@ -140,7 +140,7 @@ class StepRunner:
             fill = req.fill_ids
             reaches_end = req.kv_len + n == len(fill)
             prompt_logprobs = (
-                req.needs_input_logprobs() and not batch.is_decode and not req.output_ids
+                req.needs_input_logprobs() and not batch.decode_round and not req.output_ids
             )
             if req.is_embedding:
                 wanted: LogitsWanted = "none"
@@ -156,7 +156,7 @@ class StepRunner:
                 lora_id=req.lora_id,
                 logits=wanted,
             )
-            if req.images and not batch.is_decode:
+            if req.images and not batch.decode_round:
                 images.extend(image_chunks(req.images, start, req.kv_len, n))
             if req.is_embedding:
                 # Encoded as <= EMBED_POS_BASE: an index into the step's hidden rows.
@@ -168,7 +168,7 @@ class StepRunner:
             sample_pos.append(len(step.logits_rows) - 1 if reaches_end else -1)
         inputs = step.build(
             slot_table=self.kv.req_to_token_pool.req_to_token,
-            is_decode=batch.is_decode,
+            is_decode=batch.decode_round,
             capture_routing=any(r.return_routed_experts for r in batch.reqs),
             image_chunks=tuple(images),
         )

@@ -52,6 +52,9 @@ DEFAULT_MAX_RUNNING_REQUESTS = {"cpu": 256, "cuda": 2048}
 class StepInputs(NamedTuple):
     """One forward step, flattened over requests (see ForwardBatch for the meaning)."""
 
+    # The forward may take the decode path (decode attention, the compiled decode graph):
+    # every request extends by one token over its own table row. One-token extends over a
+    # per-round table (speculative tree steps) set it False.
     is_decode: bool
     input_ids: list[int]
     positions: list[int]
