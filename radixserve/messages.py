@@ -21,7 +21,9 @@ class ImageInput:
     hash, and where its placeholder tokens sit in input_ids. For a model whose processor tiles
     images (multimodal/tiled_images.py) the API side has processed it already: pixel_values
     (numpy float32 [tiles, 3, S, S]) and pixel_mask (numpy bool [tiles, S, S] or None); its
-    span then holds marker tokens among the image tokens."""
+    span then holds marker tokens among the image tokens. For a model whose processor picks the
+    resolution (multimodal/grid_images.py) pixel_values are the flattened patches (numpy float32
+    [patches, patch features]) and grid_thw their (t, h, w) patch grid."""
 
     data: bytes
     hash: int
@@ -29,6 +31,7 @@ class ImageInput:
     length: int
     pixel_values: Any = None
     pixel_mask: Any = None
+    grid_thw: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
