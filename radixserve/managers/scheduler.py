@@ -102,6 +102,12 @@ class Scheduler:
         self.finish_checker = FinishChecker(eos, self.context_len, tokenizer)
         self.step_runner = StepRunner(runner, self.kv, eos)
         spec = SpecConfig.from_args(server_args)
+        if spec and getattr(runner.model, "image_layout", None) == "grid":
+            # Speculative steps rotate by 1-D positions; an M-RoPE request's differ.
+            raise ValueError(
+                f"--speculative-algorithm is not supported with {cfg.model_type} (M-RoPE "
+                "positions); leave it unset"
+            )
         self.spec = SpecWorker(spec, self.step_runner, self.context_len) if spec else None
         if self.spec is not None and server_args.enable_mixed_chunk:
             logger.info("--enable-mixed-chunk is off with speculative decoding (as in SGLang)")

@@ -98,6 +98,11 @@ class RequestImages:
     def accepted(self) -> bool:
         return self.prompt is not None
 
+    @property
+    def sized_by_processor(self) -> bool:
+        """Whether an image's token count is the processor's (read from the image)."""
+        return self.tiled is not None or self.grid is not None
+
     def expand(
         self, ids: list[int], image_data: Sequence[str]
     ) -> tuple[list[int], list[ImageInput]]:
