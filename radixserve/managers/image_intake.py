@@ -108,8 +108,12 @@ def _apply(req: Req, items: list[ImageItem], merge_size: int = 0) -> None:
     if merge_size:
         # M-RoPE: the whole prompt's positions, from its layout, once.
         grids = [
-            GridSpan(im.offset, im.grid_thw[0], im.grid_thw[1] // merge_size,
-                     im.grid_thw[2] // merge_size)
+            GridSpan(
+                im.offset,
+                im.grid_thw[0],
+                im.grid_thw[1] // merge_size,
+                im.grid_thw[2] // merge_size,
+            )
             for im in items
             if im.grid_thw is not None
         ]

@@ -477,9 +477,7 @@ class ModelRunner:
             spec_hidden=step.spec_hidden,
             capture_layers=self.capture_layers,
             image_chunks=step.image_chunks,
-            mrope_positions=None
-            if step.mrope_positions is None
-            else step.mrope_positions.to(dev),
+            mrope_positions=None if step.mrope_positions is None else step.mrope_positions.to(dev),
         )
         backend.init_forward_metadata(fb)
         if self.lora is not None:

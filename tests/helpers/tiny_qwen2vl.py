@@ -59,8 +59,11 @@ def make_tiny_qwen2vl(folder: Path, flavour: str = "qwen2_vl", seed: int = 0) ->
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=1024,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                         "mrope_section": MROPE_SECTION},
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": MROPE_SECTION,
+        },
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,
@@ -75,11 +78,17 @@ def make_tiny_qwen2vl(folder: Path, flavour: str = "qwen2_vl", seed: int = 0) ->
     )
     if flavour == "qwen2_vl":
         vision.update(embed_dim=32, hidden_size=64, mlp_ratio=2)
-        config_cls, model_cls = transformers.Qwen2VLConfig, transformers.Qwen2VLForConditionalGeneration
+        config_cls, model_cls = (
+            transformers.Qwen2VLConfig,
+            transformers.Qwen2VLForConditionalGeneration,
+        )
     else:
         # Window attention over 2 x 2 merged patches (8 pixels); block 1 attends fully.
         vision.update(
-            hidden_size=32, out_hidden_size=64, intermediate_size=48, window_size=16,
+            hidden_size=32,
+            out_hidden_size=64,
+            intermediate_size=48,
+            window_size=16,
             fullatt_block_indexes=[1],
         )
         config_cls = transformers.Qwen2_5_VLConfig

@@ -33,18 +33,18 @@ def client(setup: tuple) -> Iterator[Any]:
     from radixserve.entrypoints.http_server import create_app
 
     folder, _ = setup
-    with Engine(
-        model_path=str(folder),
-        runtime="thread",
-        dtype="float32",
-        skip_server_warmup=True,
-        max_total_tokens=2048,
-        served_model_name=MODEL,
-    ) as engine:
-        with TestClient(
-            create_app(engine, engine.server_args), raise_server_exceptions=False
-        ) as c:
-            yield c
+    with (
+        Engine(
+            model_path=str(folder),
+            runtime="thread",
+            dtype="float32",
+            skip_server_warmup=True,
+            max_total_tokens=2048,
+            served_model_name=MODEL,
+        ) as engine,
+        TestClient(create_app(engine, engine.server_args), raise_server_exceptions=False) as c,
+    ):
+        yield c
 
 
 def _messages(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:

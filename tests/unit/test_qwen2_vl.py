@@ -186,8 +186,7 @@ def test_mrope_positions_and_rotation_equal_transformers(tiny: tuple) -> None:
     assert ours.delta == int(delta) < 0
     # Past the prompt: index + delta on every axis (generated tokens).
     assert ours.take(len(ids) - 1, 3) == [
-        [int(theirs[a, 0, -1]), len(ids) + ours.delta, len(ids) + 1 + ours.delta]
-        for a in range(3)
+        [int(theirs[a, 0, -1]), len(ids) + ours.delta, len(ids) + 1 + ours.delta] for a in range(3)
     ]
 
     hf_rope = hf.model.language_model.rotary_emb
