@@ -58,6 +58,9 @@ def language_config(config: ModelConfig) -> ModelConfig:
         scaling = None
     if scaling is not None:
         raise ValueError(f"{config.model_type} with rope scaling {scaling} is not supported")
+    # transformers ties lm_head to the embeddings by the top-level flag for these models (their
+    # text_config has none: Qwen2.5-VL-3B is tied, the 7B models are not).
+    tied = getattr(config.hf_config, "tie_word_embeddings", None)
     return dataclasses.replace(
         config,
         hf_config=getattr(config.hf_config, "text_config", config.hf_config),
@@ -65,6 +68,7 @@ def language_config(config: ModelConfig) -> ModelConfig:
         model_type="qwen2",
         rope_scaling=None,
         attention_bias=True,
+        tie_word_embeddings=config.tie_word_embeddings if tied is None else bool(tied),
     )
 
 

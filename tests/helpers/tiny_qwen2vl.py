@@ -44,9 +44,12 @@ HEAD_DIM = 16
 MROPE_SECTION = [2, 3, 3]  # sums to HEAD_DIM / 2
 
 
-def make_tiny_qwen2vl(folder: Path, flavour: str = "qwen2_vl", seed: int = 0) -> torch.nn.Module:
+def make_tiny_qwen2vl(
+    folder: Path, flavour: str = "qwen2_vl", seed: int = 0, tied: bool = False
+) -> torch.nn.Module:
     """Save the checkpoint, tokenizer and image processor into `folder` and return
-    transformers' model (float32, eval)."""
+    transformers' model (float32, eval); `tied`: lm_head is the embedding table (the top-level
+    tie_word_embeddings, as Qwen2.5-VL-3B has it)."""
     import transformers
 
     if flavour not in FLAVOURS:
@@ -100,7 +103,7 @@ def make_tiny_qwen2vl(folder: Path, flavour: str = "qwen2_vl", seed: int = 0) ->
         video_token_id=VIDEO_PAD,
         vision_start_token_id=VISION_START,
         vision_end_token_id=VISION_END,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )
     torch.manual_seed(seed)
     model = model_cls(config).to(torch.float32)

@@ -269,3 +269,45 @@ def test_step_builder_carries_mrope_positions() -> None:
     assert plain.build().mrope_positions is None
     with pytest.raises(ValueError, match="M-RoPE"):
         StepBuilder().add(0, 0, [1], slots=[0], mrope_positions=[[0], [0]])
+
+
+def test_tied_checkpoint(tmp_path: Path) -> None:
+    """tie_word_embeddings at the top level (Qwen2.5-VL-3B): lm_head is the embedding table,
+    stored or not; the tokens stay transformers'."""
+    from safetensors import safe_open
+
+    hf = make_tiny_qwen2vl(tmp_path, "qwen2_5_vl", seed=3, tied=True)
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        assert "lm_head.weight" not in set(f.keys())
+    text = f"w5 {IMG} w6"
+    image = png_bytes(16, SMALL)
+    _, expected = hf_greedy(hf, tmp_path, text, [image], NEW)
+    with _engine(tmp_path) as engine:
+        assert _tokens(engine, text, [image])["output_ids"] == expected
+
+
+def test_in_memory_checkpoint_names(tiny: tuple) -> None:
+    """transformers 5's own parameter names (`model.language_model.*`, `model.visual.*`) load
+    as the published ones (`model.*`, `visual.*`) do."""
+    folder, hf = tiny
+    names = [name for name, _ in hf.named_parameters()]
+    assert any(n.startswith("model.language_model.") for n in names)
+    assert any(n.startswith("model.visual.") for n in names)
+    model = load_model(str(folder), dtype="float32").model
+    for param in model.parameters():
+        param.data.zero_()
+    model.load_weights((n, t.detach().clone()) for n, t in hf.named_parameters())
+    ours = dict(model.named_parameters())
+    torch.testing.assert_close(
+        ours["visual.merger.mlp.0.weight"], hf.model.visual.merger.mlp[0].weight
+    )
+    torch.testing.assert_close(
+        ours["model.embed_tokens.weight"], hf.model.language_model.embed_tokens.weight
+    )
+
+
+def test_speculative_decoding_is_refused(tiny: tuple) -> None:
+    """Speculative steps rotate by 1-D positions: refused at start, naming the option."""
+    folder, _ = tiny
+    with pytest.raises(ValueError, match="--speculative-algorithm"):
+        _engine(folder, speculative_algorithm="NGRAM")
