@@ -45,17 +45,17 @@ class GridImages:
         processor's output: one run of the right length per image) is kept. Raises
         InvalidRequestError (a 400) for a count that does not match or an image the processor
         refuses."""
-        processor = self._load()
-        merge = prompt.tokens_per_image  # patches per token
-        processed = [self._patches(processor, image, k) for k, image in enumerate(images)]
-        counts = [t * h * w // merge for _, (t, h, w) in processed]
         runs = _runs(ids, prompt.token_id)
-        if len(runs) != len(images):
+        if len(runs) != len(images):  # checked before any image is processed
             raise InvalidRequestError(
                 f"The prompt has {len(runs)} image placeholder(s) for {len(images)} image(s); "
                 "write one image token per image.",
                 "image_data",
             )
+        processor = self._load()
+        merge = prompt.tokens_per_image  # patches per token
+        processed = [self._patches(processor, image, k) for k, image in enumerate(images)]
+        counts = [t * h * w // merge for _, (t, h, w) in processed]
         expanded = all(length == n for (_, length), n in zip(runs, counts, strict=True))
         if not expanded and any(length != 1 for _, length in runs):
             raise InvalidRequestError(

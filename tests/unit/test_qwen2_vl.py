@@ -311,3 +311,16 @@ def test_speculative_decoding_is_refused(tiny: tuple) -> None:
     folder, _ = tiny
     with pytest.raises(ValueError, match="--speculative-algorithm"):
         _engine(folder, speculative_algorithm="NGRAM")
+
+
+def test_pipeline_parallel_is_refused(tiny: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pipeline runs stage bodies past the image features and M-RoPE positions."""
+    from radixserve.distributed import parallel_state
+    from radixserve.models.config import ModelConfig
+    from radixserve.models.qwen2_vl import Qwen2VLForConditionalGeneration
+
+    folder, _ = tiny
+    config = ModelConfig.from_pretrained(str(folder))
+    monkeypatch.setattr(parallel_state, "get_pp_size", lambda: 2)
+    with pytest.raises(ValueError, match="--pp-size 1 only"):
+        Qwen2VLForConditionalGeneration(config)
