@@ -47,13 +47,15 @@ def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
 def _engine(folder: Path, **kwargs: Any) -> Engine:
     engine = Engine(
-        model_path=str(folder),
-        runtime="thread",
-        dtype="float32",
-        skip_tokenizer_init=True,
-        skip_server_warmup=True,
-        max_total_tokens=4096,
-        **kwargs,
+        **{
+            "model_path": str(folder),
+            "runtime": "thread",
+            "dtype": "float32",
+            "skip_tokenizer_init": True,
+            "skip_server_warmup": True,
+            "max_total_tokens": 4096,
+            **kwargs,
+        }
     )
     engine.scheduler.check_kv_each_step = True
     return engine
@@ -324,3 +326,21 @@ def test_pipeline_parallel_is_refused(tiny: tuple, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(parallel_state, "get_pp_size", lambda: 2)
     with pytest.raises(ValueError, match="--pp-size 1 only"):
         Qwen2VLForConditionalGeneration(config)
+
+
+def test_retraction_keeps_transformers_tokens(tiny: tuple) -> None:
+    """A KV pool too small for every request at once: requests with images are retracted and
+    re-prefilled (their generated tokens at index + delta on every axis) and still end with
+    transformers' tokens."""
+    folder, hf = tiny
+    long = 24
+    cases = [(f"w{5 + i} {IMG} w{30 + i} w{40 + i}", [png_bytes(20 + i, SMALL)]) for i in range(4)]
+    expected = [hf_greedy(hf, folder, text, imgs, long)[1] for text, imgs in cases]
+    with _engine(folder, max_total_tokens=128, page_size=4) as engine:
+        outs = engine.generate(
+            input_ids=[_ids(text) for text, _ in cases],
+            image_data=[[data_url(b) for b in imgs] for _, imgs in cases],
+            sampling_params={**GREEDY, "max_new_tokens": long},
+        )
+    assert [o["output_ids"] for o in outs] == expected
+    assert sum(o["meta_info"]["num_retractions"] for o in outs) > 0
