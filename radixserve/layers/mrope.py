@@ -61,8 +61,9 @@ class MRotaryEmbedding(RotaryEmbedding):
         self, base: float, rope_scaling: Mapping[str, Any] | None, original_max_position: int
     ) -> torch.Tensor:
         plain = super()._build_table(base, rope_scaling, original_max_position)
-        # One scratch row per image token a step may hold (a step's image tokens lie in
-        # requests' prompts, so no more distinct triples than max_position in practice).
+        # One scratch row per image token a step may hold: the scheduler keeps an M-RoPE
+        # model's prefill steps within the context length (managers/image_chunking.py's
+        # mrope_step_limits), which max_position is.
         return torch.cat([plain, torch.zeros_like(plain)])
 
     def mixed_rows(self, positions: torch.Tensor) -> torch.Tensor:

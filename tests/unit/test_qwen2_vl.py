@@ -344,3 +344,13 @@ def test_retraction_keeps_transformers_tokens(tiny: tuple) -> None:
         )
     assert [o["output_ids"] for o in outs] == expected
     assert sum(o["meta_info"]["num_retractions"] for o in outs) > 0
+
+
+def test_prefill_steps_stay_within_the_scratch_rows() -> None:
+    """An M-RoPE model's prefill budgets are capped at the context length (the rotary table's
+    scratch rows); budgets within it are kept."""
+    from radixserve.managers.image_chunking import mrope_step_limits
+
+    assert mrope_step_limits(16384, None, 4096) == (4096, None)
+    assert mrope_step_limits(16384, 8192, 4096) == (4096, 4096)
+    assert mrope_step_limits(2048, 512, 4096) == (2048, 512)
