@@ -84,11 +84,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--library", default=None, help="a built kernels .so to load instead")
+    ap.add_argument(
+        "--int16",
+        action="store_true",
+        help="int16 activations per 32 for the K-quant experts (default: Q8_K int8 per 256)",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     ext = _extension(args.library)
-    ext.set_kquant_int8(True)
+    ext.set_kquant_int8(not args.int16)
     layers = _expert_layers(args.model_path)
     gate, _, _, _, down, _ = layers[0]
     experts, hidden = gate.shape[0], down.shape[1]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import logging
 import time
@@ -51,6 +52,25 @@ class GenItem:
     routed_experts_start_len: int = 0
     image_data: list[str] | None = None  # a vision model's images (data URLs or paths)
     bootstrap: BootstrapInfo | None = None  # its room on a prefill server (PD disaggregation)
+
+
+def sample_rids(base: str, n: int, given: str | None = None) -> list[str]:
+    """The request ids of one prompt's n samples: the client's rid (else `base`) alone for one
+    sample, `<rid>-<k>` for each of several (SGLang's naming)."""
+    rid = given or base
+    return [rid] if n == 1 else [f"{rid}-{k}" for k in range(n)]
+
+
+def sample_copies(item: GenItem, rids: Sequence[str]) -> list[GenItem]:
+    """`item` once per sample, each with its rid and its own sampling_params dict: the one
+    place the HTTP routes expand `n`."""
+    if len(rids) > 1 and item.bootstrap is not None:
+        # One room holds one prompt's KV for one decode request.
+        raise ApiError(400, "n > 1 cannot be combined with bootstrap_room.", param="n")
+    return [
+        dataclasses.replace(item, sampling_params=dict(item.sampling_params), rid=rid)
+        for rid in rids
+    ]
 
 
 class LogprobOptions(NamedTuple):

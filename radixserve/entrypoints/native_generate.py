@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
 from radixserve.entrypoints.bootstrap_fields import bootstrap_per_prompt
-from radixserve.entrypoints.generation import GenItem, LogprobOptions
+from radixserve.entrypoints.generation import GenItem, LogprobOptions, sample_copies, sample_rids
 from radixserve.entrypoints.openai.common import finish_of
 from radixserve.entrypoints.openai.errors import ApiError
 from radixserve.entrypoints.openai.execute import start_generation
@@ -87,30 +87,22 @@ def plan_generate(req: GenerateReqInput) -> _Plan:
     for i, prompt in enumerate(prompts):
         params = dict(params_list[i] or {})
         n = _pop_n(params, "sampling_params.n" if not batch else f"sampling_params[{i}].n")
-        if n > 1 and rooms[i] is not None:
-            # One room holds one prompt's KV for one decode request.
-            raise ApiError(400, "n > 1 cannot be combined with bootstrap_room.", param="n")
         total_n += n
-        base = rids[i] or uuid.uuid4().hex
-        for copy in range(n):
-            rid = base if n == 1 else f"{base}-{copy}"
-            text, ids = (prompt, None) if req.text is not None else (None, prompt)
-            items.append(
-                GenItem(
-                    dict(params),
-                    text,
-                    ids,
-                    rid,
-                    lora_path=loras[i],
-                    priority=req.priority,
-                    session_params=sessions[i],
-                    custom_logit_processor=processors[i],
-                    return_routed_experts=req.return_routed_experts,
-                    routed_experts_start_len=req.routed_experts_start_len,
-                    image_data=images[i],
-                    bootstrap=rooms[i],
-                )
-            )
+        text, ids = (prompt, None) if req.text is not None else (None, prompt)
+        item = GenItem(
+            params,
+            text,
+            ids,
+            lora_path=loras[i],
+            priority=req.priority,
+            session_params=sessions[i],
+            custom_logit_processor=processors[i],
+            return_routed_experts=req.return_routed_experts,
+            routed_experts_start_len=req.routed_experts_start_len,
+            image_data=images[i],
+            bootstrap=rooms[i],
+        )
+        items.extend(sample_copies(item, sample_rids(uuid.uuid4().hex, n, rids[i])))
     seen: set[str] = set()
     for it in items:
         if it.rid in seen:

@@ -37,7 +37,10 @@ def image_prompt(model: Any, tokenizer: Any = None) -> ImagePrompt | None:
         raise ValueError(f"image layout {layout!r} is not one of {LAYOUTS}")
     frame = getattr(model, "image_frame", None)
     if frame is None:
-        return ImagePrompt(int(token_id), int(model.tokens_per_image), layout)
+        anyres_max = getattr(model, "anyres_max", None)
+        return ImagePrompt(
+            int(token_id), int(model.tokens_per_image), layout, anyres_max=anyres_max
+        )
     if tokenizer is None:
         # --skip-tokenizer-init: prompts come as ids, best expanded as the processor writes them.
         logger.warning(
@@ -75,11 +78,12 @@ def image_preprocessor(runner: Any) -> ImagePreprocessor | None:
     token_id = getattr(model, "image_token_id", None)
     if token_id is None:
         return None
+    # Processed on the API side: tiled (Idefics3, SmolVLM), cropped (LLaVA-OneVision / NeXT)
+    # or sized to a patch grid (Qwen2-VL, Qwen2.5-VL).
     layout = getattr(model, "image_layout", "fixed")
+    tiled = layout in ("tiles", "anyres")
     merge = int(getattr(model, "spatial_merge_size", 0)) if layout == "grid" else 0
-    return ImagePreprocessor(
-        runner.model_dir, model.image_size, int(token_id), layout == "tiles", merge
-    )
+    return ImagePreprocessor(runner.model_dir, model.image_size, int(token_id), tiled, merge)
 
 
 TEXT_ONLY_MODEL = "This model reads text only; the request carries images."

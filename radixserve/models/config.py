@@ -204,7 +204,16 @@ class ModelConfig:
 
 
 # Vision-language configs whose language model's fields sit in `text_config`.
-_VISION_LANGUAGE_TYPES = ("llava", "gemma3", "idefics3", "smolvlm", "qwen2_vl", "qwen2_5_vl")
+_VISION_LANGUAGE_TYPES = (
+    "llava",
+    "llava_next",
+    "llava_onevision",
+    "gemma3",
+    "idefics3",
+    "smolvlm",
+    "qwen2_vl",
+    "qwen2_5_vl",
+)
 
 
 def _vision_language_text_config(hf_config: Any) -> Any:

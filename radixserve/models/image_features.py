@@ -23,6 +23,8 @@ class ImageOfStep(Protocol):
     length: int
     slots: torch.Tensor | None
     features: torch.Tensor | None
+    # A cropped image's (height, width, grid rows, grid cols) (LLaVA-OneVision / NeXT).
+    anyres: tuple[int, int, int, int] | None
 
     @property
     def feature_count(self) -> int: ...

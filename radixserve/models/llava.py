@@ -1,7 +1,7 @@
 """LLaVA-1.5 (LlavaForConditionalGeneration): a CLIP vision tower and a projector turn each image
 into features (models/vision_tower.py) that replace the embeddings of its placeholder tokens;
-the language model is the project's Llama, so its KV is paged and its prefixes cached like any
-text model's (an image's tokens are keyed by its content hash, multimodal/image_prompt.py).
+the language model is the project's Llama, Mistral or Qwen2 (text_config's model_type), so its
+KV is paged and its prefixes cached like any text model's (an image's tokens are keyed by its content hash, multimodal/image_prompt.py).
 
 Checkpoints are read as transformers writes them: `language_model.model.*` /
 `language_model.lm_head.*` (LLaVA-1.5 on the hub, and transformers 5's save_pretrained), or
@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixserve.models.image_features import ImageOfStep, ImagePiece, image_rows
-from radixserve.models.llama import LlamaForCausalLM
+from radixserve.models.llama import AttentionOptions, LlamaForCausalLM, MistralForCausalLM
+from radixserve.models.qwen2 import Qwen2ForCausalLM
 from radixserve.models.vision_feature_cache import VisionFeatureCache, budget_bytes
 from radixserve.models.vision_tower import VisionEncoder, tokens_per_image
 
@@ -28,17 +29,29 @@ if TYPE_CHECKING:
 
 _VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
 VISION = "vision."  # the VisionEncoder's attribute name, prefixing its parameters
-_TEXT_MODEL_TYPES = ("llama",)
+# text_config's model_type -> the language model class, whose attention options (q/k/v
+# biases, sliding window) the LLaVA model takes; the layers and their names are Llama's.
+TEXT_MODELS: dict[str, type[LlamaForCausalLM]] = {
+    "llama": LlamaForCausalLM,
+    "mistral": MistralForCausalLM,
+    "qwen2": Qwen2ForCausalLM,
+}
 
 
 def language_config(config: ModelConfig) -> ModelConfig:
     """The language model's view of a LLaVA config: its text_config as the HF config."""
     text = config.hf_config.text_config
     model_type = str(getattr(text, "model_type", "llama"))
-    if model_type not in _TEXT_MODEL_TYPES:
-        raise ValueError(f"LLaVA with a {model_type!r} language model is not supported (llama)")
+    if model_type not in TEXT_MODELS:
+        raise ValueError(
+            f"{config.model_type} with a {model_type!r} language model is not supported "
+            f"({', '.join(TEXT_MODELS)})"
+        )
     return dataclasses.replace(
-        config, hf_config=text, architectures=("LlamaForCausalLM",), model_type=model_type
+        config,
+        hf_config=text,
+        architectures=(TEXT_MODELS[model_type].__name__,),
+        model_type=model_type,
     )
 
 
@@ -61,6 +74,11 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         self.image_size = int(hf.vision_config.image_size)
         # Encoder outputs by image hash (--mm-preprocess-cache-size-mb; the runner sets it).
         self.feature_cache = VisionFeatureCache(budget_bytes(None))
+
+    @classmethod
+    def attention_options(cls, config: ModelConfig) -> AttentionOptions:
+        # `config` is the language model's (language_config): its class decides.
+        return TEXT_MODELS[config.model_type].attention_options(config)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch

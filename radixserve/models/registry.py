@@ -27,6 +27,12 @@ _MODELS: dict[str, tuple[str, str]] = {
     "LlamaForCausalLMEagle3": ("llama_eagle3", "LlamaForCausalLMEagle3"),
     # LLaVA-1.5: CLIP vision tower + projector + Llama (models/llava.py).
     "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
+    # LLaVA-NeXT / OneVision: anyres crops + image_newline (models/llava_onevision.py).
+    "LlavaNextForConditionalGeneration": ("llava_onevision", "LlavaNextForConditionalGeneration"),
+    "LlavaOnevisionForConditionalGeneration": (
+        "llava_onevision",
+        "LlavaOnevisionForConditionalGeneration",
+    ),
     "MistralForCausalLM": ("llama", "MistralForCausalLM"),
     "MixtralForCausalLM": ("mixtral", "MixtralForCausalLM"),
     "Olmo2ForCausalLM": ("olmo2", "Olmo2ForCausalLM"),

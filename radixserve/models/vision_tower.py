@@ -1,6 +1,8 @@
-"""LLaVA's image side: a CLIP vision encoder and the multi-modal projector, in plain PyTorch.
+"""LLaVA's image side: a CLIP (or SigLIP) vision encoder and the multi-modal projector, in plain
+PyTorch.
 
-The encoder is transformers' CLIPVisionModel used as a module (built from the checkpoint's
+The encoder is transformers' CLIPVisionModel (SiglipVisionModel for LLaVA-OneVision) used as a
+module (built from the checkpoint's
 vision_config, its weights loaded by us): it runs once per image at prefill, off the paged-KV
 path, so it needs none of the serving layers. The features are the hidden states of
 `vision_feature_layer` (a list: several layers concatenated), without the CLS token under the
@@ -21,10 +23,12 @@ def feature_layers(hf_config: Any) -> list[int]:
 
 
 def tokens_per_image(hf_config: Any) -> int:
-    """Features one image becomes: a patch grid, plus the CLS token under the "full" strategy."""
+    """Features one image (crop) becomes: a patch grid, plus CLIP's CLS token under the "full"
+    strategy (SigLIP has none; "default" drops the first feature either way)."""
     vision = hf_config.vision_config
     grid = (int(vision.image_size) // int(vision.patch_size)) ** 2
-    return grid + (0 if select_strategy(hf_config) == "default" else 1)
+    cls_token = 0 if str(getattr(vision, "model_type", "")).startswith("siglip") else 1
+    return grid + cls_token - (1 if select_strategy(hf_config) == "default" else 0)
 
 
 def select_strategy(hf_config: Any) -> str:
@@ -52,14 +56,17 @@ class MultiModalProjector(nn.Module):
 class VisionEncoder(nn.Module):
     """Pixels [B, 3, H, W] -> projected image features [B, tokens_per_image, text hidden]."""
 
+    vision_tower: nn.Module
+
     def __init__(self, hf_config: Any, text_hidden: int) -> None:
         super().__init__()
-        from transformers import CLIPVisionModel
+        from transformers import AutoModel
 
         vision = hf_config.vision_config
         self.layers = feature_layers(hf_config)
         self.strategy = select_strategy(hf_config)
-        self.vision_tower = CLIPVisionModel(vision)
+        # CLIPVisionModel or SiglipVisionModel, as transformers builds the tower.
+        self.vision_tower = AutoModel.from_config(vision)
         self.multi_modal_projector = MultiModalProjector(
             int(vision.hidden_size) * len(self.layers),
             text_hidden,

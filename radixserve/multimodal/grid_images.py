@@ -70,7 +70,7 @@ class GridImages:
             runs, images, processed, counts, strict=True
         ):
             out.extend(ids[pos:at])
-            inputs.append(ImageInput(image.data, image.hash, len(out), n, pixels, None, grid))
+            inputs.append(ImageInput(image.data, image.hash, len(out), n, pixels, grid_thw=grid))
             out.extend([prompt.token_id] * n)
             pos = at + length
         out.extend(ids[pos:])

@@ -9,7 +9,9 @@ placeholder token of the image has been run, so only prefill holds them.
 An image whose processor tiles it (Idefics3, SmolVLM) arrives processed by the API side
 (multimodal/tiled_images.py); its span mixes marker tokens (`<fake_token_around_image>`,
 `<row_1_col_1>`, "\n") with its image tokens, so the item records which span positions take
-which feature (`slots`); the markers keep their text embeddings.
+which feature (`slots`); the markers keep their text embeddings. An image an "anyres" processor
+cropped (LLaVA-OneVision, LLaVA-NeXT; multimodal/anyres_images.py) arrives processed likewise,
+its span all image tokens, with its size and crop grid (`anyres`) for the model's packing.
 
 An image whose processor picks its resolution (Qwen2-VL, Qwen2.5-VL: the "grid" layout) also
 arrives processed: its flattened patches [patches, channels x temporal x patch x patch] and its
@@ -40,8 +42,9 @@ class ImageItem:
     content hash, where its tokens sit in the prompt, and its projected features
     [feature_count, hidden] while prefill needs them. `slots` (None: every token of the span
     is an image token) gives each span position's feature index, -1 for a marker token;
-    `pixel_mask` [tiles, S, S] marks a tile's real pixels (None: all are). `grid_thw` is a
-    "grid" image's patch grid (its pixel_values then [patches, patch features])."""
+    `pixel_mask` [tiles, S, S] marks a tile's real pixels (None: all are). `anyres` is a
+    cropped image's (height, width, grid rows, grid cols) (multimodal/anyres_images.py).
+    `grid_thw` is a "grid" image's patch grid (its pixel_values then [patches, features])."""
 
     pixel_values: torch.Tensor
     hash: int
@@ -50,6 +53,7 @@ class ImageItem:
     features: torch.Tensor | None = None
     pixel_mask: torch.Tensor | None = None
     slots: torch.Tensor | None = None
+    anyres: tuple[int, int, int, int] | None = None
     grid_thw: tuple[int, int, int] | None = None
 
     @property
@@ -149,7 +153,9 @@ class ImagePreprocessor:
                 "image_data",
             )
         mask = None if image.pixel_mask is None else torch.from_numpy(image.pixel_mask)
-        return ImageItem(pixels, image.hash, image.offset, image.length, None, mask)
+        return ImageItem(
+            pixels, image.hash, image.offset, image.length, None, mask, anyres=image.anyres
+        )
 
     def _grid_item(self, i: int, image: ImageInput, pixels: torch.Tensor) -> ImageItem:
         """A "grid" image: its patches must fill its grid, and its span its merged grid."""

@@ -9,6 +9,7 @@ from typing import Any
 
 from radixserve.errors import InvalidRequestError
 from radixserve.messages import ImageInput
+from radixserve.multimodal.anyres_images import AnyresImages
 from radixserve.multimodal.grid_images import GridImages
 from radixserve.multimodal.image_prompt import ImagePrompt, expand_placeholders
 from radixserve.multimodal.image_source import load_image
@@ -71,7 +72,7 @@ class RequestImages:
     """What the API side knows about the model's images: its placeholder (None: a text-only
     model), the most images one request may carry (None: no limit), how http(s) image URLs
     are fetched (None: refused) and the model folder, whose processor expands the images of a
-    "tiles" or "grid" layout."""
+    "tiles", "anyres" or "grid" layout."""
 
     def __init__(
         self,
@@ -83,11 +84,12 @@ class RequestImages:
         self.prompt = prompt
         self.limit = limit
         self.fetch = fetch
-        self.tiled: TiledImages | None = None
-        if prompt is not None and prompt.layout == "tiles":
+        # The processor that expands each image on this side (its count is the processor's).
+        self.tiled: TiledImages | AnyresImages | None = None
+        if prompt is not None and prompt.layout in ("tiles", "anyres"):
             if model_dir is None:
                 raise ValueError("a model whose processor tiles images needs its model folder")
-            self.tiled = TiledImages(model_dir)
+            self.tiled = (TiledImages if prompt.layout == "tiles" else AnyresImages)(model_dir)
         self.grid: GridImages | None = None
         if prompt is not None and prompt.layout == "grid":
             if model_dir is None:

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
 from radixserve.entrypoints.bootstrap_fields import bootstrap_per_prompt
-from radixserve.entrypoints.generation import GenItem, LogprobOptions
+from radixserve.entrypoints.generation import GenItem, LogprobOptions, sample_copies, sample_rids
 from radixserve.entrypoints.openai.chat_images import ChatImages, chat_images
 from radixserve.entrypoints.openai.chat_template import render_chat
 from radixserve.entrypoints.openai.common import (
@@ -103,28 +103,22 @@ def plan_chat(
     )
     images = chat_images(req.messages) if ctx.takes_images else ChatImages([], {})
     rid = response_id or new_id("chatcmpl")
-    if isinstance(req.rid, str) and req.rid:
-        rids = [req.rid] if req.n == 1 else [f"{req.rid}-{k}" for k in range(req.n)]
-    else:
-        rids = [f"{rid}-{k}" for k in range(req.n)]
+    given = req.rid if isinstance(req.rid, str) and req.rid else None
+    # Without a client rid every choice is `<response id>-<k>`, one choice included.
+    rids = sample_rids(rid, req.n, given) if given else [f"{rid}-{k}" for k in range(req.n)]
     rooms = bootstrap_per_prompt(req.bootstrap_host, req.bootstrap_port, req.bootstrap_room, 1)
-    if rooms[0] is not None and req.n > 1:
-        raise ApiError(400, "n > 1 cannot be combined with bootstrap_room.", param="n")
-    items = [
-        GenItem(
-            dict(params),
-            None,
-            list(prompt_ids),
-            r,
-            lora_path=adapter,
-            priority=req.priority,
-            return_routed_experts=req.return_routed_experts,
-            routed_experts_start_len=req.routed_experts_start_len,
-            image_data=list(images.sources) or None,
-            bootstrap=rooms[0],
-        )
-        for r in rids
-    ]
+    item = GenItem(
+        dict(params),
+        None,
+        list(prompt_ids),
+        lora_path=adapter,
+        priority=req.priority,
+        return_routed_experts=req.return_routed_experts,
+        routed_experts_start_len=req.routed_experts_start_len,
+        image_data=list(images.sources) or None,
+        bootstrap=rooms[0],
+    )
+    items = sample_copies(item, rids)
     opts = LogprobOptions(return_logprob=req.logprobs, top_logprobs_num=req.top_logprobs or 0)
     return ChatPlan(req, rid, items, opts, output, images.param_names)
 

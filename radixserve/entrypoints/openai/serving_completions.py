@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
 from radixserve.entrypoints.bootstrap_fields import bootstrap_per_prompt
-from radixserve.entrypoints.generation import GenItem, LogprobOptions
+from radixserve.entrypoints.generation import GenItem, LogprobOptions, sample_copies
 from radixserve.entrypoints.openai.common import (
     LogprobCursor,
     LogprobFormatter,
@@ -92,8 +92,6 @@ def plan_completion(ctx: ServingContext, req: CompletionRequest) -> _Plan:
     rooms = bootstrap_per_prompt(
         req.bootstrap_host, req.bootstrap_port, req.bootstrap_room, num_prompts
     )
-    if req.n > 1 and any(r is not None for r in rooms):
-        raise ApiError(400, "n > 1 cannot be combined with bootstrap_room.", param="n")
     for i in range(num_prompts):
         text = texts[i] if texts is not None else None
         ids = ids_list[i] if ids_list is not None else None
@@ -101,21 +99,17 @@ def plan_completion(ctx: ServingContext, req: CompletionRequest) -> _Plan:
             echo_texts.append(text)
         elif req.echo:
             echo_texts.append(ctx.require_tokenizer("echo of token ids").decode(ids or []))
-        for _ in range(req.n):
-            lora = adapter[i] if isinstance(adapter, list) else adapter
-            items.append(
-                GenItem(
-                    dict(params),
-                    text,
-                    ids,
-                    rids[len(items)],
-                    lora_path=lora,
-                    priority=req.priority,
-                    return_routed_experts=req.return_routed_experts,
-                    routed_experts_start_len=req.routed_experts_start_len,
-                    bootstrap=rooms[i],
-                )
-            )
+        item = GenItem(
+            dict(params),
+            text,
+            ids,
+            lora_path=adapter[i] if isinstance(adapter, list) else adapter,
+            priority=req.priority,
+            return_routed_experts=req.return_routed_experts,
+            routed_experts_start_len=req.routed_experts_start_len,
+            bootstrap=rooms[i],
+        )
+        items.extend(sample_copies(item, rids[len(items) : len(items) + req.n]))
     want_logprobs = req.logprobs is not None
     opts = LogprobOptions(
         return_logprob=want_logprobs,
