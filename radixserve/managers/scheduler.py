@@ -30,7 +30,6 @@ from radixserve.managers.grammar_manager import GrammarManager
 from radixserve.managers.image_chunking import check_chunk_size, mrope_step_limits
 from radixserve.managers.image_intake import ImageIntake, image_preprocessor
 from radixserve.managers.kv_manager import KVManager
-from radixserve.managers.load_report import load_fields
 from radixserve.managers.lora_scheduling import LoRAScheduling
 from radixserve.managers.output_processor import OutputProcessor
 from radixserve.managers.request_intake import IntakeLimits, RequestIntake
@@ -43,6 +42,7 @@ from radixserve.managers.runtime_control import (
 )
 from radixserve.managers.schedule_batch import Req, SchedulerStats
 from radixserve.managers.schedule_policy import PolicyConfig, SchedulePolicy
+from radixserve.managers.scheduler_info import eplb_fields, load_fields, spec_fields, tier_fields
 from radixserve.managers.scheduler_tokenizer import full_tokenizer
 from radixserve.managers.sessions import SessionController
 from radixserve.managers.step_runner import StepRunner
@@ -362,51 +362,12 @@ class Scheduler:
             "cache_hit_rate": stats.cache_hit_rate,
             "paused": self.paused,
             "num_sessions": len(self.sessions.sessions),
-            **load_fields(self),
-            **self._tier_info(),
-            **self._spec_info(),
+            **load_fields(self.kv, self.queues),
+            **tier_fields(self.kv, stats),
+            **(spec_fields(stats) if self.spec is not None else {}),
             **expert_record.info_fields(self.args.expert_distribution_recorder_mode),
             **(self.disagg.info() if self.disagg is not None else {}),
-            **self._eplb_info(),
-        }
-
-    def _eplb_info(self) -> dict[str, Any]:
-        """--enable-eplb: rebalances decided and layers whose experts moved so far."""
-        eplb = getattr(self.runner, "eplb", None)
-        if eplb is None:
-            return {}
-        return {
-            "eplb_rebalances_total": eplb.rebalances,
-            "eplb_layers_moved_total": eplb.layers_moved,
-        }
-
-    def _tier_info(self) -> dict[str, Any]:
-        """Prompt tokens served per cache tier (device / host / storage)."""
-        if self.kv.hicache is None:
-            return {}
-        stats = self.stats
-        lower = stats.cached_host_tokens + stats.cached_storage_tokens
-        return {
-            "cached_tokens_device_total": stats.cached_prompt_tokens - lower,
-            "cached_tokens_host_total": stats.cached_host_tokens,
-            "cached_tokens_storage_total": stats.cached_storage_tokens,
-            **self.kv.hicache.info(),
-        }
-
-    def _spec_info(self) -> dict[str, Any]:
-        if self.spec is None:
-            return {}
-        stats = self.stats
-        rounds, accepted = stats.spec_verify_rounds, stats.spec_accepted_tokens
-        return {
-            "spec_verify_rounds_total": rounds,
-            "spec_draft_tokens_total": stats.spec_draft_tokens,
-            "spec_accepted_tokens_total": accepted,
-            # SGLang's figures: tokens per verify round, and accepted / proposed drafts.
-            "spec_accept_length": (rounds + accepted) / rounds if rounds else 0.0,
-            "spec_accept_rate": accepted / stats.spec_draft_tokens
-            if stats.spec_draft_tokens
-            else 0.0,
+            **eplb_fields(getattr(self.runner, "eplb", None)),
         }
 
     def step_outputs_only(self) -> list[ReqOutput]:
