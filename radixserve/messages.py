@@ -23,7 +23,9 @@ class ImageInput:
     (numpy float32 [tiles, 3, S, S]) and pixel_mask (numpy bool [tiles, S, S] or None); its
     span then holds marker tokens among the image tokens. An image an "anyres" processor cropped
     (multimodal/anyres_images.py) carries its crops [crops, 3, S, S] and `anyres`: its
-    (height, width, grid rows, grid cols), None when it is one base crop."""
+    (height, width, grid rows, grid cols), None when it is one base crop. For a model whose
+    processor picks the resolution (multimodal/grid_images.py) pixel_values are the flattened
+    patches (numpy float32 [patches, patch features]) and grid_thw their (t, h, w) patch grid."""
 
     data: bytes
     hash: int
@@ -32,6 +34,7 @@ class ImageInput:
     pixel_values: Any = None
     pixel_mask: Any = None
     anyres: tuple[int, int, int, int] | None = None
+    grid_thw: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,15 @@
 """Prefill chunks that keep images whole, for models whose image tokens attend to each other
 both ways (Gemma 3): a chunk ending inside an image would run its first tokens without seeing
-the rest. SGLang keeps such images in one chunk likewise."""
+the rest. SGLang keeps such images in one chunk likewise. Also the step limits of a model
+whose rotary table has a bounded number of rows for a step's image tokens (M-RoPE)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Protocol
+
+logger = logging.getLogger(__name__)
 
 
 class ImageSpanLike(Protocol):
@@ -57,3 +61,19 @@ def check_chunk_size(chunk_size: int | None, tokens_per_image: int) -> None:
             f"({tokens_per_image} tokens), whose image tokens attend to each other and must run "
             f"in one prefill step; set it to at least {tokens_per_image} (or -1: no chunking)"
         )
+
+
+def mrope_step_limits(
+    max_prefill_tokens: int, chunk_size: int | None, context_len: int
+) -> tuple[int, int | None]:
+    """--max-prefill-tokens and --chunked-prefill-size capped at the context length, for an
+    M-RoPE model whose rotary table holds one scratch row per image token of a step: a prefill
+    step then never holds more tokens than that (its first request is at most one context)."""
+    capped = min(max_prefill_tokens, context_len)
+    chunk = None if chunk_size is None else min(chunk_size, context_len)
+    if capped != max_prefill_tokens or chunk != chunk_size:
+        logger.info(
+            "M-RoPE model: a prefill step holds at most %d tokens (the context length)",
+            context_len,
+        )
+    return capped, chunk

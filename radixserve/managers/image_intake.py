@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from radixserve.errors import InvalidRequestError
 from radixserve.managers.background_work import BackgroundQueue
 from radixserve.multimodal.image_prompt import LAYOUTS, ImagePrompt, keyed_ids
+from radixserve.multimodal.mrope_positions import GridSpan, mrope_positions
 
 if TYPE_CHECKING:
     from radixserve.managers.schedule_batch import Req
@@ -29,7 +30,8 @@ def image_prompt(model: Any, tokenizer: Any = None) -> ImagePrompt | None:
     token_id = getattr(model, "image_token_id", None)
     if token_id is None:
         return None
-    # "tiles": the model folder's processor expands each image (Idefics3, SmolVLM).
+    # "tiles": the model folder's processor expands each image (Idefics3, SmolVLM); "grid":
+    # it picks each image's resolution, so its token count (Qwen2-VL, Qwen2.5-VL).
     layout = str(getattr(model, "image_layout", "fixed"))
     if layout not in LAYOUTS:
         raise ValueError(f"image layout {layout!r} is not one of {LAYOUTS}")
@@ -76,9 +78,12 @@ def image_preprocessor(runner: Any) -> ImagePreprocessor | None:
     token_id = getattr(model, "image_token_id", None)
     if token_id is None:
         return None
-    # Processed on the API side: tiled (Idefics3, SmolVLM) or cropped (LLaVA-OneVision / NeXT).
-    tiled = getattr(model, "image_layout", "fixed") in ("tiles", "anyres")
-    return ImagePreprocessor(runner.model_dir, model.image_size, int(token_id), tiled)
+    # Processed on the API side: tiled (Idefics3, SmolVLM), cropped (LLaVA-OneVision / NeXT)
+    # or sized to a patch grid (Qwen2-VL, Qwen2.5-VL).
+    layout = getattr(model, "image_layout", "fixed")
+    tiled = layout in ("tiles", "anyres")
+    merge = int(getattr(model, "spatial_merge_size", 0)) if layout == "grid" else 0
+    return ImagePreprocessor(runner.model_dir, model.image_size, int(token_id), tiled, merge)
 
 
 TEXT_ONLY_MODEL = "This model reads text only; the request carries images."
@@ -100,10 +105,23 @@ def image_refusal(
     return None
 
 
-def _apply(req: Req, items: list[ImageItem]) -> None:
+def _apply(req: Req, items: list[ImageItem], merge_size: int = 0) -> None:
     req.images = items
     spans = [(im.offset, im.length, im.hash) for im in items]
     req.origin_key_ids = keyed_ids(req.origin_input_ids, spans)
+    if merge_size:
+        # M-RoPE: the whole prompt's positions, from its layout, once.
+        grids = [
+            GridSpan(
+                im.offset,
+                im.grid_thw[0],
+                im.grid_thw[1] // merge_size,
+                im.grid_thw[2] // merge_size,
+            )
+            for im in items
+            if im.grid_thw is not None
+        ]
+        req.mrope = mrope_positions(len(req.origin_input_ids), grids)
 
 
 class ImageIntake:
@@ -134,7 +152,7 @@ class ImageIntake:
         def apply(req: Req, items: list[ImageItem]) -> None:
             if preprocessor is not None:
                 preprocessor.place_tiled(items, req.origin_input_ids)
-            _apply(req, items)
+            _apply(req, items, 0 if preprocessor is None else preprocessor.merge_size)
 
         return self.preparing.collect(apply)
 

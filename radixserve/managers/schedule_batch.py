@@ -52,6 +52,9 @@ class Req:
     # derived from the image's hash (None: the prompt itself).
     images: list[Any] = field(default_factory=list)
     origin_key_ids: list[int] | None = None
+    # An M-RoPE model's positions for this request (multimodal/mrope_positions.py's
+    # MRopePositions; None: plain positions, as for a request without images).
+    mrope: Any = None
     # Prefill/decode disaggregation (managers/disagg_*.py): its room on the prefill server;
     # kv_received once a decode server holds its prompt's KV (a retracted request then
     # recomputes it locally like any other).

@@ -27,7 +27,7 @@ from radixserve.managers.disagg_setup import make_disagg
 from radixserve.managers.finish_checker import FinishChecker
 from radixserve.managers.grammar_backend import make_grammar_backend
 from radixserve.managers.grammar_manager import GrammarManager
-from radixserve.managers.image_chunking import check_chunk_size
+from radixserve.managers.image_chunking import check_chunk_size, mrope_step_limits
 from radixserve.managers.image_intake import ImageIntake, image_preprocessor
 from radixserve.managers.kv_manager import KVManager
 from radixserve.managers.lora_scheduling import LoRAScheduling
@@ -102,6 +102,12 @@ class Scheduler:
         self.finish_checker = FinishChecker(eos, self.context_len, tokenizer)
         self.step_runner = StepRunner(runner, self.kv, eos)
         spec = SpecConfig.from_args(server_args)
+        if spec and getattr(runner.model, "image_layout", None) == "grid":
+            # Speculative steps rotate by 1-D positions; an M-RoPE request's differ.
+            raise ValueError(
+                f"--speculative-algorithm is not supported with {cfg.model_type} (M-RoPE "
+                "positions); leave it unset"
+            )
         self.spec = SpecWorker(spec, self.step_runner, self.context_len) if spec else None
         if self.spec is not None and server_args.enable_mixed_chunk:
             logger.info("--enable-mixed-chunk is off with speculative decoding (as in SGLang)")
@@ -120,6 +126,13 @@ class Scheduler:
         keep_images_whole = bool(getattr(runner.model, "keep_images_whole", False))
         if keep_images_whole:
             check_chunk_size(chunk_size, int(runner.model.tokens_per_image))
+        max_prefill_tokens = server_args.max_prefill_tokens
+        if getattr(runner.model, "image_layout", None) == "grid":
+            # M-RoPE (layers/mrope.py) has context-length scratch rows for a step's image
+            # tokens: no prefill step may hold more tokens than that.
+            max_prefill_tokens, chunk_size = mrope_step_limits(
+                max_prefill_tokens, chunk_size, self.context_len
+            )
         self.in_flight: list[Req] = []  # the batch being run, for fail_all
         self.check_kv_each_step = False
         self.stats = SchedulerStats()
@@ -155,7 +168,7 @@ class Scheduler:
         self.former = BatchFormer(
             BatchLimits(
                 max_running_requests=self.max_running_requests,
-                max_prefill_tokens=server_args.max_prefill_tokens,
+                max_prefill_tokens=max_prefill_tokens,
                 chunk_size=chunk_size,
                 page_size=self.page_size,
                 radix_enabled=self.radix_enabled,

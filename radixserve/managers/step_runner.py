@@ -155,6 +155,7 @@ class StepRunner:
                 fill[req.kv_len : req.kv_len + n],
                 lora_id=req.lora_id,
                 logits=wanted,
+                mrope_positions=None if req.mrope is None else req.mrope.take(req.kv_len, n),
             )
             if req.images and not batch.decode_round:
                 images.extend(image_chunks(req.images, start, req.kv_len, n))

@@ -77,6 +77,10 @@ class ForwardBatch:
     # attention backends then run those requests on a PyTorch masked path
     # (layers/attention/bidirectional.py).
     bidirectional_blocks: tuple[tuple[int, int], ...] = ()
+    # An M-RoPE model's (Qwen2-VL) rotary positions [3, num_tokens] when a request of the step
+    # has images, else None (`positions` then rotate on all three axes); `positions` pick KV
+    # slots either way (models/qwen2_vl.py, layers/mrope.py).
+    mrope_positions: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

@@ -71,6 +71,9 @@ class StepInputs(NamedTuple):
     capture_routing: bool = False
     # A vision model's image pieces this step runs (multimodal/image_items.py's ImageChunk).
     image_chunks: tuple[Any, ...] = ()
+    # An M-RoPE model's rotary positions [3, num_tokens] (temporal, height, width) when some
+    # request of the step has images; None: `positions` rotate (and always pick KV slots).
+    mrope_positions: torch.Tensor | None = None
 
 
 class ForwardOutput(NamedTuple):
@@ -436,6 +439,8 @@ class ModelRunner:
             return None  # EAGLE features: the compiled graphs return logits only
         if step.capture_routing:
             return None  # the graphs call the experts inside, where nothing is captured
+        if step.mrope_positions is not None:
+            return None  # the graphs rotate by `positions`
         return self.compiled_decode.bucket(len(step.input_ids))
 
     def _forward_compiled(
@@ -475,6 +480,7 @@ class ModelRunner:
             spec_hidden=step.spec_hidden,
             capture_layers=self.capture_layers,
             image_chunks=step.image_chunks,
+            mrope_positions=None if step.mrope_positions is None else step.mrope_positions.to(dev),
         )
         backend.init_forward_metadata(fb)
         if self.lora is not None:

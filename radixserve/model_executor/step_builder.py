@@ -36,6 +36,9 @@ class StepBuilder:
     # Handed-in slots in order: tensors, and runs of plain ints kept as lists.
     _slot_parts: list[torch.Tensor | list[int]] = field(default_factory=list)
     _gathered: bool | None = None  # slots from the page table (True) or handed in (False)
+    # M-RoPE extends: (first flattened row, their [3][n] positions); the other extends' tokens
+    # take their 1-D position on all three axes. Empty: the step has 1-D positions only.
+    _mrope_parts: list[tuple[int, Sequence[Sequence[int]]]] = field(default_factory=list)
 
     def add(
         self,
@@ -47,10 +50,12 @@ class StepBuilder:
         slots: torch.Tensor | Sequence[int] | None = None,
         lora_id: int = 0,
         logits: LogitsWanted = "last",
+        mrope_positions: Sequence[Sequence[int]] | None = None,
     ) -> int:
         """One extend of `len(input_ids)` tokens on table row `row` after `prefix` tokens in
-        the KV; positions default to prefix, prefix + 1, ... Returns the flattened index of its
-        first token."""
+        the KV; positions default to prefix, prefix + 1, ... (they also pick the KV slots).
+        `mrope_positions` ([3][n]: temporal, height, width) are an M-RoPE model's rotary
+        positions for the tokens. Returns the flattened index of its first token."""
         start = len(self.input_ids)
         n = len(input_ids)
         if positions is None:
@@ -60,6 +65,10 @@ class StepBuilder:
         gathered = slots is None
         if self._gathered is not None and gathered != self._gathered:
             raise ValueError("a step's slots are either all handed in or all read from the table")
+        if mrope_positions is not None:
+            if len(mrope_positions) != 3 or any(len(a) != n for a in mrope_positions):
+                raise ValueError(f"{n} tokens need M-RoPE positions [3][{n}]")
+            self._mrope_parts.append((start, mrope_positions))
         if slots is not None:
             self._add_slots(slots, n)
         self._gathered = gathered
@@ -131,7 +140,17 @@ class StepBuilder:
             spec_hidden=spec_hidden,
             capture_routing=capture_routing,
             image_chunks=image_chunks,
+            mrope_positions=self._mrope(),
         )
+
+    def _mrope(self) -> torch.Tensor | None:
+        """[3, tokens] rotary positions when some extend has M-RoPE positions, else None."""
+        if not self._mrope_parts:
+            return None
+        out = torch.tensor(self.positions, dtype=torch.int64).repeat(3, 1)
+        for start, axes in self._mrope_parts:
+            out[:, start : start + len(axes[0])] = torch.tensor(axes, dtype=torch.int64)
+        return out
 
 
 def _gather_slots(

@@ -211,6 +211,8 @@ _VISION_LANGUAGE_TYPES = (
     "gemma3",
     "idefics3",
     "smolvlm",
+    "qwen2_vl",
+    "qwen2_5_vl",
 )
 
 

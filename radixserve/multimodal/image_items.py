@@ -12,6 +12,10 @@ An image whose processor tiles it (Idefics3, SmolVLM) arrives processed by the A
 which feature (`slots`); the markers keep their text embeddings. An image an "anyres" processor
 cropped (LLaVA-OneVision, LLaVA-NeXT; multimodal/anyres_images.py) arrives processed likewise,
 its span all image tokens, with its size and crop grid (`anyres`) for the model's packing.
+
+An image whose processor picks its resolution (Qwen2-VL, Qwen2.5-VL: the "grid" layout) also
+arrives processed: its flattened patches [patches, channels x temporal x patch x patch] and its
+patch grid (t, h, w), whose merged size is the number of its tokens.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ class ImageItem:
     [feature_count, hidden] while prefill needs them. `slots` (None: every token of the span
     is an image token) gives each span position's feature index, -1 for a marker token;
     `pixel_mask` [tiles, S, S] marks a tile's real pixels (None: all are). `anyres` is a
-    cropped image's (height, width, grid rows, grid cols) (multimodal/anyres_images.py)."""
+    cropped image's (height, width, grid rows, grid cols) (multimodal/anyres_images.py).
+    `grid_thw` is a "grid" image's patch grid (its pixel_values then [patches, features])."""
 
     pixel_values: torch.Tensor
     hash: int
@@ -49,6 +54,7 @@ class ImageItem:
     pixel_mask: torch.Tensor | None = None
     slots: torch.Tensor | None = None
     anyres: tuple[int, int, int, int] | None = None
+    grid_thw: tuple[int, int, int] | None = None
 
     @property
     def end(self) -> int:
@@ -72,13 +78,20 @@ class ImagePreprocessor:
     """The model folder's image processor, loaded on the first image."""
 
     def __init__(
-        self, model_dir: str | Path, image_size: int, token_id: int = -1, tiled: bool = False
+        self,
+        model_dir: str | Path,
+        image_size: int,
+        token_id: int = -1,
+        tiled: bool = False,
+        merge_size: int = 0,
     ) -> None:
         self.model_dir = str(model_dir)
         self.image_size = image_size  # what the vision tower's position table covers
         self.token_id = token_id  # the image token, among a tiled image's markers
         # The API side processes (tiles) every image of such a model; none is processed here.
-        self.tiled = tiled
+        self.tiled = tiled or merge_size > 0
+        # A "grid" model's patch merge (its images' token count is the grid over merge^2).
+        self.merge_size = merge_size
         self._processor: Any = None
         self._lock = threading.Lock()
 
@@ -131,6 +144,8 @@ class ImagePreprocessor:
                 f"Image {i} reached the scheduler without the processor's tiles.", "image_data"
             )
         pixels = torch.from_numpy(image.pixel_values)
+        if self.merge_size:
+            return self._grid_item(i, image, pixels)
         if pixels.ndim != 4 or tuple(pixels.shape[-2:]) != (self.image_size, self.image_size):
             raise InvalidRequestError(
                 f"Image {i} was processed to tiles of {tuple(pixels.shape)}, but the vision "
@@ -142,9 +157,27 @@ class ImagePreprocessor:
             pixels, image.hash, image.offset, image.length, None, mask, anyres=image.anyres
         )
 
+    def _grid_item(self, i: int, image: ImageInput, pixels: torch.Tensor) -> ImageItem:
+        """A "grid" image: its patches must fill its grid, and its span its merged grid."""
+        grid = image.grid_thw
+        m = self.merge_size
+        if grid is None or len(grid) != 3 or pixels.ndim != 2:
+            raise InvalidRequestError(
+                f"Image {i} reached the scheduler without the processor's patches and grid.",
+                "image_data",
+            )
+        t, h, w = (int(x) for x in grid)
+        if t * h * w != pixels.shape[0] or h % m or w % m or t * h * w // (m * m) != image.length:
+            raise InvalidRequestError(
+                f"Image {i}'s grid {t}x{h}x{w} does not match its {pixels.shape[0]} patches "
+                f"and {image.length} tokens (merge {m}).",
+                "image_data",
+            )
+        return ImageItem(pixels, image.hash, image.offset, image.length, grid_thw=(t, h, w))
+
     def place_tiled(self, items: Sequence[ImageItem], ids: Sequence[int]) -> None:
         """Give each tiled image the feature slots of its span of the prompt `ids`."""
-        if not self.tiled:
+        if not self.tiled or self.merge_size:
             return
         for item in items:
             item.slots = image_slots(ids[item.offset : item.end], self.token_id)

@@ -6,7 +6,9 @@ side, which expands each placeholder the prompt has (the chat template writes on
 LlavaProcessor does with the text; under the "tiles" layout (Idefics3, SmolVLM) the model
 folder's processor decides, image by image (multimodal/tiled_images.py); under "anyres"
 (LLaVA-OneVision, LLaVA-NeXT) into as many copies as the image's crops give features, which
-depends on its size (multimodal/anyres_images.py).
+depends on its size (multimodal/anyres_images.py); under the "grid" layout (Qwen2-VL) the
+processor picks each image's resolution and so its count of placeholder tokens, its merged
+patch grid (multimodal/grid_images.py).
 """
 
 from __future__ import annotations
@@ -19,14 +21,15 @@ from radixserve.errors import InvalidRequestError
 # Cache keys of image tokens live in [2**31, 2**32): above every vocabulary, below the LoRA
 # namespace stride (mem_cache/namespace.py adds multiples of 2**32).
 IMAGE_KEY_BASE = 1 << 31
-LAYOUTS = ("fixed", "tiles", "anyres")
+LAYOUTS = ("fixed", "tiles", "anyres", "grid")
 
 
 @dataclass(frozen=True)
 class ImagePrompt:
     """A vision model's placeholder: its token id and how many features an image becomes
     ("fixed"), or one tile of it becomes ("tiles": the processor picks the tiles), or one
-    crop of it becomes ("anyres": a square grid of them; the image's size picks the crops).
+    crop of it becomes ("anyres": a square grid of them; the image's size picks the crops), or
+    how many patches merge into one feature ("grid": the processor picks the patch grid).
 
     A model whose features take a token of their own, framed by others (Gemma 3: the template
     writes `<start_of_image>`, which Gemma3Processor turns into "\n\n", `<start_of_image>`,

@@ -10,6 +10,7 @@ from typing import Any
 from radixserve.errors import InvalidRequestError
 from radixserve.messages import ImageInput
 from radixserve.multimodal.anyres_images import AnyresImages
+from radixserve.multimodal.grid_images import GridImages
 from radixserve.multimodal.image_prompt import ImagePrompt, expand_placeholders
 from radixserve.multimodal.image_source import load_image
 from radixserve.multimodal.media_fetch import MediaFetchPolicy
@@ -71,7 +72,7 @@ class RequestImages:
     """What the API side knows about the model's images: its placeholder (None: a text-only
     model), the most images one request may carry (None: no limit), how http(s) image URLs
     are fetched (None: refused) and the model folder, whose processor expands the images of a
-    "tiles" or "anyres" layout."""
+    "tiles", "anyres" or "grid" layout."""
 
     def __init__(
         self,
@@ -89,10 +90,20 @@ class RequestImages:
             if model_dir is None:
                 raise ValueError("a model whose processor tiles images needs its model folder")
             self.tiled = (TiledImages if prompt.layout == "tiles" else AnyresImages)(model_dir)
+        self.grid: GridImages | None = None
+        if prompt is not None and prompt.layout == "grid":
+            if model_dir is None:
+                raise ValueError("a model whose processor sizes images needs its model folder")
+            self.grid = GridImages(model_dir)
 
     @property
     def accepted(self) -> bool:
         return self.prompt is not None
+
+    @property
+    def sized_by_processor(self) -> bool:
+        """Whether an image's token count is the processor's (read from the image)."""
+        return self.tiled is not None or self.grid is not None
 
     def expand(
         self, ids: list[int], image_data: Sequence[str]
@@ -113,6 +124,8 @@ class RequestImages:
         ]
         if self.tiled is not None:
             return self.tiled.expand(ids, self.prompt, loaded)
+        if self.grid is not None:
+            return self.grid.expand(ids, self.prompt, loaded)
         expanded, spans = expand_placeholders(ids, self.prompt, len(loaded))
         images = [
             ImageInput(im.data, im.hash, span.offset, span.length)

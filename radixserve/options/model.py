@@ -79,7 +79,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
     flag(
         "--enable-multimodal",
         "Enable multimodal inputs for a multimodal model. As in SGLang, a vision model (LLaVA, "
-        "Idefics3, SmolVLM) takes "
+        "Idefics3, SmolVLM, Gemma 3, Qwen2-VL) takes "
         "images with or without it, and a text-only model is unchanged by it.",
         default=None,
         support=IMPLEMENTED,

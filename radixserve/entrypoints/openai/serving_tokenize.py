@@ -70,11 +70,11 @@ def _tokenize_chat(ctx: ServingContext, body: dict[str, Any]) -> Response:
     )
     if ctx.takes_images:
         # The tokens the model runs: each image's placeholder expanded (images not read,
-        # unless the model's processor decides their counts: Idefics3, SmolVLM).
+        # unless the model's processor decides their counts: Idefics3, SmolVLM, Qwen2-VL).
         images = ctx.engine.tokenizer_manager.images
         sources = chat_images(req.messages).sources
         try:
-            if images.tiled is not None and sources:
+            if images.sized_by_processor and sources:
                 tokens, _ = images.expand(tokens, sources)
             else:
                 tokens, _ = expand_placeholders(tokens, images.prompt, len(sources))
