@@ -12,9 +12,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from radixserve.managers.image_chunking import whole_image_take
+from radixserve.managers.image_chunking import (
+    check_chunk_size,
+    mrope_step_limits,
+    whole_image_take,
+)
 from radixserve.managers.retraction import NewTokenRatio, retraction_order
 from radixserve.managers.schedule_batch import Req, ScheduledBatch, SchedulerStats
 from radixserve.managers.schedule_policy import PrefillAdder, SchedulePolicy
@@ -25,6 +29,7 @@ if TYPE_CHECKING:
     from radixserve.managers.lora_scheduling import LoRAScheduling
     from radixserve.managers.request_queues import RequestQueues
     from radixserve.managers.runtime_control import Preemption
+    from radixserve.server_args import ServerArgs
     from radixserve.speculative.worker import SpecWorker
 
 logger = logging.getLogger(__name__)
@@ -45,6 +50,42 @@ class BatchLimits:
     decode_width: int  # slots a running request may take in one decode round
     # Gemma 3's image tokens attend to each other both ways: no chunk may end inside one.
     keep_images_whole: bool = False
+
+    @classmethod
+    def from_args(
+        cls,
+        args: ServerArgs,
+        model: Any,
+        context_len: int,
+        max_running_requests: int,
+        *,
+        decode_width: int,
+        speculative: bool,
+    ) -> BatchLimits:
+        """The limits from the options, with the rules a model's images impose."""
+        chunk = args.chunked_prefill_size
+        chunk_size = None if chunk is None or chunk <= 0 else chunk
+        keep_images_whole = bool(getattr(model, "keep_images_whole", False))
+        if keep_images_whole:
+            check_chunk_size(chunk_size, int(model.tokens_per_image))
+        max_prefill_tokens = args.max_prefill_tokens
+        if getattr(model, "image_layout", None) == "grid":
+            # M-RoPE (layers/mrope.py) has context-length scratch rows for a step's image
+            # tokens: no prefill step may hold more tokens than that.
+            max_prefill_tokens, chunk_size = mrope_step_limits(
+                max_prefill_tokens, chunk_size, context_len
+            )
+        return cls(
+            max_running_requests=max_running_requests,
+            max_prefill_tokens=max_prefill_tokens,
+            chunk_size=chunk_size,
+            page_size=args.page_size,
+            radix_enabled=not args.disable_radix_cache,
+            mixed_chunk=bool(args.enable_mixed_chunk) and not speculative,
+            retraction_policy=args.retraction_policy,
+            decode_width=decode_width,
+            keep_images_whole=keep_images_whole,
+        )
 
 
 class BatchFormer:

@@ -27,7 +27,6 @@ from radixserve.managers.disagg_setup import make_disagg
 from radixserve.managers.finish_checker import FinishChecker
 from radixserve.managers.grammar_backend import make_grammar_backend
 from radixserve.managers.grammar_manager import GrammarManager
-from radixserve.managers.image_chunking import check_chunk_size, mrope_step_limits
 from radixserve.managers.image_intake import ImageIntake, image_preprocessor
 from radixserve.managers.kv_manager import KVManager
 from radixserve.managers.lora_scheduling import LoRAScheduling
@@ -120,19 +119,6 @@ class Scheduler:
         self.queues = RequestQueues()
         # A vision model's image processing, off this thread (a text-only model refuses images).
         self.image_intake = ImageIntake(image_preprocessor(runner))
-        chunk = server_args.chunked_prefill_size
-        chunk_size = None if chunk is None or chunk <= 0 else chunk
-        # Gemma 3's image tokens attend to each other both ways: no chunk may end inside one.
-        keep_images_whole = bool(getattr(runner.model, "keep_images_whole", False))
-        if keep_images_whole:
-            check_chunk_size(chunk_size, int(runner.model.tokens_per_image))
-        max_prefill_tokens = server_args.max_prefill_tokens
-        if getattr(runner.model, "image_layout", None) == "grid":
-            # M-RoPE (layers/mrope.py) has context-length scratch rows for a step's image
-            # tokens: no prefill step may hold more tokens than that.
-            max_prefill_tokens, chunk_size = mrope_step_limits(
-                max_prefill_tokens, chunk_size, self.context_len
-            )
         self.in_flight: list[Req] = []  # the batch being run, for fail_all
         self.check_kv_each_step = False
         self.stats = SchedulerStats()
@@ -166,17 +152,13 @@ class Scheduler:
             hold=self.disagg.hold if self.disagg is not None else None,
         )
         self.former = BatchFormer(
-            BatchLimits(
-                max_running_requests=self.max_running_requests,
-                max_prefill_tokens=max_prefill_tokens,
-                chunk_size=chunk_size,
-                page_size=self.page_size,
-                radix_enabled=self.radix_enabled,
-                mixed_chunk=bool(server_args.enable_mixed_chunk) and self.spec is None,
-                retraction_policy=server_args.retraction_policy,
-                # Slots a running request may take in one decode round.
+            BatchLimits.from_args(
+                server_args,
+                runner.model,
+                self.context_len,
+                self.max_running_requests,
                 decode_width=self.spec.tokens_per_request if self.spec else 1,
-                keep_images_whole=keep_images_whole,
+                speculative=self.spec is not None,
             ),
             self.queues,
             self.kv,
