@@ -28,11 +28,11 @@ import torch
 
 from radixserve.default_model import ensure_default_model
 from radixserve.managers.grammar_manager import GrammarManager
+from radixserve.models.tokenizer import get_tokenizer
 from radixserve.sampling.constrained import GrammarSpec, create_grammar_backend
 from radixserve.sampling.constrained.mask_apply import xgrammar_kernel
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 from radixserve.sampling.sampling_params import SamplingParams
-from radixserve.utils.tokenizer import get_tokenizer
 
 VOCAB = 49152
 SCHEMA = {

@@ -134,7 +134,7 @@ def _local_path(value: Any) -> str | None:
 def load_tokenizer(args: argparse.Namespace, model_info: dict[str, Any] | None) -> Any:
     """--tokenizer; else the server's tokenizer or model path when it is on this machine; else
     the default model's tokenizer."""
-    from radixserve.utils.tokenizer import get_tokenizer
+    from radixserve.models.tokenizer import get_tokenizer
 
     info = model_info or {}
     source = (

@@ -76,7 +76,7 @@ def _serve(argv: Sequence[str]) -> int:
     server_args.warn_not_applicable()
     if server_args.node_rank > 0:
         # Like SGLang's non-zero node ranks: this node's tensor-parallel ranks only, no HTTP.
-        from radixserve.distributed.nodes import run_worker_node
+        from radixserve.managers.worker_node import run_worker_node
 
         return run_worker_node(server_args)
     try:

@@ -101,9 +101,8 @@ def connect(num_ranks: int) -> RayCluster:
 
 
 def _python_path() -> str:
-    import radixserve
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(radixserve.__file__)))
+    # The folder holding the radixserve package (this file is radixserve/distributed/...).
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     rest = os.environ.get("PYTHONPATH")
     return root if not rest else f"{root}{os.pathsep}{rest}"
 

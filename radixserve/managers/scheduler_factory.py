@@ -41,7 +41,7 @@ def load_tokenizer(
         tokenizer = _load_without_auto_tokenizer(path, light, class_name)
         if tokenizer is not None:
             return tokenizer
-    from radixserve.utils.tokenizer import get_tokenizer, tokenizer_source
+    from radixserve.models.tokenizer import get_tokenizer, tokenizer_source
 
     tokenizer = get_tokenizer(
         path,
@@ -57,12 +57,12 @@ def load_tokenizer(
 
 
 def _load_without_auto_tokenizer(path: str, light: bool, class_name: str | None) -> Any | None:
+    from radixserve.models.tokenizer import tokenizer_source
     from radixserve.utils.light_tokenizer import (
         load_named_class,
         load_predicted,
         remembered_class,
     )
-    from radixserve.utils.tokenizer import tokenizer_source
 
     try:
         source = tokenizer_source(path)
@@ -100,8 +100,8 @@ class EarlyTokenizer:
             self._thread.start()
 
     def _load(self) -> None:
+        from radixserve.models.tokenizer import tokenizer_source
         from radixserve.utils.cpu_threads import yield_cpu_to_the_model
-        from radixserve.utils.tokenizer import tokenizer_source
 
         yield_cpu_to_the_model()
         try:
@@ -114,8 +114,8 @@ class EarlyTokenizer:
     def get(self, model_dir: str, class_name: str | None = None) -> Any | None:
         """The tokenizer for the scheduler's `model_dir`, of the class `class_name` that the
         scheduler's AutoTokenizer chose (None: not known)."""
+        from radixserve.models.tokenizer import tokenizer_source
         from radixserve.utils.light_tokenizer import tokenizer_class_name
-        from radixserve.utils.tokenizer import tokenizer_source
 
         if self._thread is not None:
             self._thread.join()
@@ -169,8 +169,8 @@ def _scheduler_tokenizer(
     """(the scheduler's tokenizer, its checked decode-only decoder, AutoTokenizer's class)."""
     from radixserve.managers import scheduler_tokenizer
     from radixserve.managers.light_detokenizer import light_decoder_source
+    from radixserve.models.tokenizer import tokenizer_source
     from radixserve.utils.light_tokenizer import tokenizer_class_name
-    from radixserve.utils.tokenizer import tokenizer_source
 
     if server_args.skip_tokenizer_init:
         return None, None, None

@@ -42,7 +42,9 @@ def run_scheduler_process(
         from radixserve.utils.gguf_prefetch import start_for
 
         start_for(server_args)  # the GGUF's blocks read on a thread while torch is imported
-        claim_compute_cores(cpu_plan)
+        from radixserve.kernels import ops
+
+        claim_compute_cores(cpu_plan, ops.bind_threads)
         if dist is not None:
             init_tensor_parallel(dist, 0)
         elif dp_rank and server_args.device == "cuda":

@@ -33,7 +33,9 @@ def run_tp_worker_process(
     apply_gc_threshold(server_args.gc_threshold)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        claim_compute_cores(cpu_plan)
+        from radixserve.kernels import ops
+
+        claim_compute_cores(cpu_plan, ops.bind_threads)
         init_tensor_parallel(dist, rank)
         from radixserve.mem_cache.req_to_token_pool import ReqToTokenPool
         from radixserve.model_executor.model_runner import ModelRunner

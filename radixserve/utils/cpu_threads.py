@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
@@ -198,21 +198,22 @@ def plan_replicas(
     ]
 
 
-def claim_compute_cores(plan: CpuPlan) -> None:
-    """In the scheduler process: pin it to the compute cores, one PyTorch thread per core."""
+def claim_compute_cores(
+    plan: CpuPlan, bind_threads: Callable[[list[int]], bool] | None = None
+) -> None:
+    """In the scheduler process: pin it to the compute cores, one PyTorch thread per core.
+    `bind_threads` (the C++ kernels' ops.bind_threads, handed in by the caller: utils does
+    not import kernels) pins each OpenMP thread to one core when the plan asks for it."""
     import torch
 
     _set_affinity(plan.compute)
     torch.set_num_threads(len(plan.compute))
-    if plan.pin_threads:
-        from radixserve.kernels.ops import bind_threads
-
-        if not bind_threads(list(plan.compute)):
-            logger.warning(
-                "%s: pinning each compute thread needs the C++ kernels; the process is pinned "
-                "to the cores but its threads may move between them",
-                BIND_ENV,
-            )
+    if plan.pin_threads and (bind_threads is None or not bind_threads(list(plan.compute))):
+        logger.warning(
+            "%s: pinning each compute thread needs the C++ kernels; the process is pinned "
+            "to the cores but its threads may move between them",
+            BIND_ENV,
+        )
     logger.info("CPU threads: %s", plan.describe())
 
 

@@ -18,7 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from radixserve.models.loader import LoadedModel
-from radixserve.utils.tokenizer import get_tokenizer
+from radixserve.models.tokenizer import get_tokenizer
 from tests.helpers.default_model import TimedLoad, timed_load
 from tests.helpers.hf_reference import default_gguf_path, hf_greedy, load_hf_from_gguf
 from tests.helpers.stored_reference import load_stored_reference

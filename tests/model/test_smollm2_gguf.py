@@ -10,7 +10,7 @@ import torch
 
 from radixserve.models import gguf
 from radixserve.models.loader import LoadedModel
-from radixserve.utils.tokenizer import get_tokenizer
+from radixserve.models.tokenizer import get_tokenizer
 from tests.helpers.default_model import TimedLoad, timed_load
 from tests.helpers.hf_reference import argmax_agrees, hf_greedy, hf_logits
 from tests.helpers.model_driver import ManualDriver

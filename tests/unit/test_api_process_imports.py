@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from radixserve.models.tokenizer import get_tokenizer, tokenizer_source
 from radixserve.utils.cache_dir import CACHE_DIR_ENV
 from radixserve.utils.light_tokenizer import tokenizer_class_name
-from radixserve.utils.tokenizer import get_tokenizer, tokenizer_source
 from tests.helpers.hf_reference import default_gguf_path
 from tests.helpers.tiny_gguf import write_tiny_gguf
 from tests.helpers.tiny_models import tiny_hf_config, tiny_hf_model

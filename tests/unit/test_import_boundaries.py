@@ -76,6 +76,20 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "radixserve.utils",
     ),
     "radixserve.server_args": ("radixserve.options", "radixserve.defaults"),
+    # Leaf utilities: caches, CPU plans, dtype choice, GGUF prefetch. Of the kernels they read
+    # only facts (CPU features, GGUF block types); kernel calls are handed in (cpu_threads).
+    "radixserve.utils": (
+        "radixserve.utils",
+        "radixserve.kernels.cpu_features",
+        "radixserve.kernels.gguf_types",
+    ),
+    # The parallel groups and the node layout; launching processes is managers' (worker_node).
+    "radixserve.distributed": (
+        "radixserve.distributed",
+        "radixserve.utils",
+        "radixserve.errors",
+        "radixserve.server_args",
+    ),
     # Drafting and verification run on the target's model, KV and sampler, handed in through
     # speculative/target.py's protocols; of managers/ only the request type is read.
     "radixserve.speculative": (

@@ -19,7 +19,7 @@ from tests.helpers.tiny_models import save_word_tokenizer
 
 @pytest.fixture(scope="module")
 def smollm_tokenizer() -> Any:
-    from radixserve.utils.tokenizer import get_tokenizer
+    from radixserve.models.tokenizer import get_tokenizer
 
     path = default_gguf_path()
     if path is None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from radixserve.managers.scheduler_factory import load_tokenizer
+from radixserve.models.tokenizer import tokenizer_source
 from radixserve.server_args import ServerArgs
 from radixserve.utils.light_tokenizer import (
     load_named_class,
@@ -18,7 +19,6 @@ from radixserve.utils.light_tokenizer import (
     remembered_class,
     tokenizer_class_name,
 )
-from radixserve.utils.tokenizer import tokenizer_source
 from tests.helpers.hf_reference import default_gguf_path
 from tests.helpers.tiny_models import save_word_tokenizer
 
@@ -155,7 +155,7 @@ def test_autotokenizers_choice_is_remembered(
 ) -> None:
     """The scheduler's first start asks AutoTokenizer; later starts load the class it chose
     directly, until the folder's tokenizer files change."""
-    from radixserve.utils import tokenizer as tokenizer_module
+    from radixserve.models import tokenizer as tokenizer_module
     from radixserve.utils.cache_dir import CACHE_DIR_ENV
 
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))

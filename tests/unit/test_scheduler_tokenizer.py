@@ -13,10 +13,10 @@ import pytest
 from radixserve.managers import scheduler_tokenizer
 from radixserve.managers.scheduler_factory import _scheduler_tokenizer
 from radixserve.managers.scheduler_tokenizer import DecodeOnlyTokenizer, full_tokenizer
+from radixserve.models.tokenizer import tokenizer_source
 from radixserve.server_args import ServerArgs
 from radixserve.utils.cache_dir import CACHE_DIR_ENV
 from radixserve.utils.light_tokenizer import tokenizer_class_name
-from radixserve.utils.tokenizer import tokenizer_source
 from tests.helpers.hf_reference import default_gguf_path
 
 
@@ -55,7 +55,7 @@ def test_a_warm_start_gets_the_decode_only_tokenizer(default_folder: str) -> Non
 
 def test_the_full_tokenizer_loads_once_on_other_use(default_folder: str) -> None:
     from radixserve.managers.light_detokenizer import light_decoder_source
-    from radixserve.utils.tokenizer import get_tokenizer
+    from radixserve.models.tokenizer import get_tokenizer
 
     full = get_tokenizer(default_folder)
     source = light_decoder_source(full)
