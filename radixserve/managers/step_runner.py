@@ -16,8 +16,8 @@ import torch
 from radixserve.kernels import ops
 from radixserve.managers.grammar_manager import GrammarManager
 from radixserve.managers.routed_experts import keep_routed_experts
-from radixserve.model_executor.model_runner import StepInputs
 from radixserve.model_executor.step_builder import LogitsWanted, StepBuilder
+from radixserve.model_executor.step_io import StepInputs
 from radixserve.multimodal.image_items import ImageChunk, image_chunks
 from radixserve.sampling.custom_logit_processor import apply_processors
 from radixserve.sampling.output_counts import OutputTokenCounts, batch_token_counts

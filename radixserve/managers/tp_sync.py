@@ -28,7 +28,8 @@ from radixserve.distributed.launch import RankLostError
 
 if TYPE_CHECKING:
     from radixserve.mem_cache.req_to_token_pool import ReqToTokenPool
-    from radixserve.model_executor.model_runner import ModelRunner, StepInputs
+    from radixserve.model_executor.model_runner import ModelRunner
+    from radixserve.model_executor.step_io import StepInputs
 
 logger = logging.getLogger(__name__)
 

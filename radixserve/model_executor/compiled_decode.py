@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from radixserve.model_executor.forward_batch import ForwardBatch
-    from radixserve.model_executor.model_runner import StepInputs
+    from radixserve.model_executor.step_io import StepInputs
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from radixserve.distributed.pipeline_layout import micro_batches
 
 if TYPE_CHECKING:
-    from radixserve.model_executor.model_runner import StepInputs
+    from radixserve.model_executor.step_io import StepInputs
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ from radixserve.distributed.pipeline_layout import PipelineLayout
 from radixserve.model_executor.micro_batch import MicroBatch, split_step
 
 if TYPE_CHECKING:
-    from radixserve.model_executor.model_runner import ForwardOutput, ModelRunner, StepInputs
+    from radixserve.model_executor.model_runner import ModelRunner
+    from radixserve.model_executor.step_io import ForwardOutput, StepInputs
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class PipelineExecutor:
         return self.max_micro_batch or max(1, math.ceil(num_reqs / self.layout.pp_size))
 
     def forward(self, step: StepInputs, req_to_token: torch.Tensor) -> ForwardOutput:
-        from radixserve.model_executor.model_runner import ForwardOutput
+        from radixserve.model_executor.step_io import ForwardOutput
 
         parts = split_step(step, self.micro_batch_size(len(step.extend_lens)))
         pending: list[tuple[Any, torch.Tensor]] = []  # sends in flight, with their buffers
@@ -116,7 +117,7 @@ class PipelineExecutor:
     def _gather_outputs(self, step: StepInputs, parts: list[MicroBatch]) -> ForwardOutput:
         """On rank 0: every micro-batch's logits (and embedding) rows from the last stage, in
         the step's order."""
-        from radixserve.model_executor.model_runner import ForwardOutput
+        from radixserve.model_executor.step_io import ForwardOutput
 
         src = self.layout.logits_sender
         device = self.runner.device

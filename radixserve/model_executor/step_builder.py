@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import torch
 
-from radixserve.model_executor.model_runner import StepInputs
+from radixserve.model_executor.step_io import StepInputs
 
 # Which of an extend's rows need logits: its last token's (it samples), all of them (prompt
 # logprobs, verification), or none (a prefill chunk that stops short of the prompt's end).

@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
-from radixserve.model_executor.model_runner import ModelRunner, StepInputs
+from radixserve.model_executor.model_runner import ModelRunner
 from radixserve.model_executor.step_builder import StepBuilder
+from radixserve.model_executor.step_io import StepInputs
 from radixserve.speculative.draft_tree import DraftTree, paths_table
 from radixserve.speculative.tree_search import Frontier, ScratchSlots, TreeSearch, grow_searches
 

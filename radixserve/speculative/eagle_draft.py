@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixserve.model_executor.model_runner import ModelRunner, StepInputs
+from radixserve.model_executor.model_runner import ModelRunner
 from radixserve.model_executor.step_builder import StepBuilder
+from radixserve.model_executor.step_io import StepInputs
 from radixserve.models.eagle_common import load_token_map
 from radixserve.speculative.draft_model import check_draft_vocab, draft_kv_pool, draft_server_args
 from radixserve.speculative.draft_tree import DraftTree, paths_table

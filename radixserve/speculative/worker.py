@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from radixserve.model_executor.model_runner import StepInputs
 from radixserve.model_executor.step_builder import StepBuilder
+from radixserve.model_executor.step_io import StepInputs
 from radixserve.sampling.constrained.bitmask import allocate_bitmask
 from radixserve.sampling.constrained.mask_apply import PackedVocabMask
 from radixserve.sampling.custom_logit_processor import apply_processors

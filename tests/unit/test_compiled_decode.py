@@ -16,7 +16,8 @@ from radixserve.model_executor.compiled_decode import (
     decode_buckets,
     pad_decode,
 )
-from radixserve.model_executor.model_runner import ModelRunner, StepInputs
+from radixserve.model_executor.model_runner import ModelRunner
+from radixserve.model_executor.step_io import StepInputs
 from radixserve.server_args import ServerArgs, ServerArgsError
 from tests.unit.tiny_model import write_tiny_llama
 

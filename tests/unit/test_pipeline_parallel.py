@@ -13,7 +13,7 @@ from radixserve.distributed import parallel_state as ps
 from radixserve.distributed.pipeline_layout import PipelineLayout, micro_batches, stage_layers
 from radixserve.mem_cache.kv_cache import KVCache
 from radixserve.model_executor.micro_batch import split_step
-from radixserve.model_executor.model_runner import StepInputs
+from radixserve.model_executor.step_io import StepInputs
 from radixserve.models.loader import load_model
 from radixserve.models.pipeline_stage import PPMissingLayer
 from radixserve.server_args import ServerArgs, ServerArgsError

@@ -501,7 +501,8 @@ def test_capturing_steps_skip_the_compiled_decode_graphs() -> None:
     a decode step that captures runs eagerly (one that does not keeps its graph)."""
     from types import SimpleNamespace
 
-    from radixserve.model_executor.model_runner import ModelRunner, StepInputs
+    from radixserve.model_executor.model_runner import ModelRunner
+    from radixserve.model_executor.step_io import StepInputs
 
     runner = SimpleNamespace(
         compiled_decode=SimpleNamespace(bucket=lambda n: 8),

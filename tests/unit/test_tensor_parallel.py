@@ -12,7 +12,7 @@ from radixserve.distributed import parallel_state as ps
 from radixserve.distributed.launch import dist_config_for
 from radixserve.managers import tp_sync
 from radixserve.mem_cache.req_to_token_pool import ReqToTokenPool
-from radixserve.model_executor.model_runner import StepInputs
+from radixserve.model_executor.step_io import StepInputs
 from radixserve.options.errors import ServerArgsError
 from radixserve.options.validate import valid_tp_sizes, validate_against_model
 from radixserve.server_args import ServerArgs
