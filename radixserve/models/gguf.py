@@ -8,6 +8,10 @@ folder then renamed, so a half-written conversion is never used and the second s
 conversion entirely. Config and tokenizer come from transformers' GGUF readers (the config fields
 they leave out are filled from the metadata by gguf_config.py); tensor names, llama.cpp's q/k row
 permutation and Gemma's norm weights (stored plus one) are handled here.
+
+Longer than the project's ~450-line norm: the conversion and the GGUF-to-transformers tensor
+naming it writes with are one contract (gguf_quant.py reads the same names back), kept in one
+file so a new architecture's names are added in one place.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ LlamaForCausalLM: attention_options, make_layer, embedding_multiplier, model_cla
 
 Model code only: it sees token ids, positions and the ForwardBatch its attention layers pass on,
 and returns hidden states or logits.
+
+Longer than the project's ~450-line norm: the base classes and every hook the derived families
+override are read together (a family's file is its overrides only).
 """
 
 from __future__ import annotations
