@@ -30,7 +30,7 @@ import torch
 
 from radixserve.models.gemma3 import Gemma3ForCausalLM
 from radixserve.models.gemma3_vision_tower import Gemma3VisionEncoder, tokens_per_image
-from radixserve.models.image_features import ImageOfStep, ImagePiece, image_rows
+from radixserve.models.image_features import ImageFeatureSteps, ImagePiece
 from radixserve.models.vision_feature_cache import VisionFeatureCache, budget_bytes
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ def _token_id(hf: object, name: str) -> int:
     return int(value)
 
 
-class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
+class Gemma3ForConditionalGeneration(ImageFeatureSteps, Gemma3ForCausalLM):
     # Read by the scheduler: an image's tokens attend to each other both ways, so a prefill
     # chunk must never end inside one.
     keep_images_whole = True
@@ -96,21 +96,13 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
     ) -> torch.Tensor:
         if forward_batch.image_chunks:
             chunks = forward_batch.image_chunks
-            forward_batch.embedding_overrides = self._image_rows(chunks, input_ids.device)
+            self.set_image_rows(forward_batch, input_ids.device)
             forward_batch.bidirectional_blocks = image_blocks(chunks)
             if self.image_token_id >= self.vocab_size:
                 # A soft token outside the vocabulary (as transformers does): any row embeds,
                 # the features replace it.
                 input_ids = input_ids.masked_fill(input_ids == self.image_token_id, 0)
         return self.model(input_ids, positions, forward_batch)
-
-    def _image_rows(
-        self, chunks: Iterable[ImagePiece], device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return image_rows(chunks, device, self.feature_cache, self._encode)
-
-    def _encode(self, images: list[ImageOfStep], device: torch.device) -> list[torch.Tensor]:
-        return list(self.vision(torch.stack([im.pixel_values for im in images]).to(device)))
 
     def checkpoint_tensors(
         self, weights: Iterable[tuple[str, torch.Tensor]]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from radixserve.models.image_features import ImageOfStep, ImagePiece, image_rows
+from radixserve.models.image_features import ImageFeatureSteps, ImageOfStep
 from radixserve.models.llama import LlamaForCausalLM
 from radixserve.models.vision_feature_cache import VisionFeatureCache, budget_bytes
 
@@ -96,7 +96,7 @@ class TiledVisionEncoder(nn.Module):
         return self.connector(hidden.last_hidden_state)
 
 
-class Idefics3ForConditionalGeneration(LlamaForCausalLM):
+class Idefics3ForConditionalGeneration(ImageFeatureSteps, LlamaForCausalLM):
     # The API side asks the model folder's processor for each image's tokens.
     image_layout = "tiles"
 
@@ -119,16 +119,8 @@ class Idefics3ForConditionalGeneration(LlamaForCausalLM):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
-        if forward_batch.image_chunks:
-            forward_batch.embedding_overrides = self._image_rows(
-                forward_batch.image_chunks, input_ids.device
-            )
+        self.set_image_rows(forward_batch, input_ids.device)
         return self.model(input_ids, positions, forward_batch)
-
-    def _image_rows(
-        self, chunks: Iterable[ImagePiece], device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return image_rows(chunks, device, self.feature_cache, self._encode)
 
     def _encode(self, images: list[ImageOfStep], device: torch.device) -> list[torch.Tensor]:
         """Every tile of `images` in one pass; each image's features [tiles * seq_len, hidden]."""

@@ -5,11 +5,14 @@ step's image tokens. Shared by LLaVA (models/llava.py) and Idefics3 / SmolVLM
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from radixserve.models.vision_feature_cache import VisionFeatureCache
+
+if TYPE_CHECKING:
+    from radixserve.model_executor.forward_batch import ForwardBatch
 
 
 class ImageOfStep(Protocol):
@@ -84,3 +87,23 @@ def image_rows(
         rows.append((at + c.row).to(device))
         values.append(features[piece[at].to(features.device)])
     return torch.cat(rows), torch.cat(values)
+
+
+class ImageFeatureSteps:
+    """What every vision-language model's forward does first (mixed into LLaVA, Idefics3 /
+    SmolVLM, Gemma 3 and Qwen2-VL): the step's image pieces become the embedding overrides of
+    their rows, from the feature cache or `_encode`. A model overrides `_encode` when its
+    images are more than one stack of pixels through `self.vision` (tiles, crops, grids)."""
+
+    feature_cache: VisionFeatureCache
+    vision: torch.nn.Module
+
+    def set_image_rows(self, forward_batch: ForwardBatch, device: torch.device) -> None:
+        if forward_batch.image_chunks:
+            forward_batch.embedding_overrides = image_rows(
+                forward_batch.image_chunks, device, self.feature_cache, self._encode
+            )
+
+    def _encode(self, images: list[ImageOfStep], device: torch.device) -> list[torch.Tensor]:
+        """Stacked pixels [B, 3, H, W] through the vision module: one feature tensor each."""
+        return list(self.vision(torch.stack([im.pixel_values for im in images]).to(device)))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixserve.models.image_features import ImageOfStep, ImagePiece, image_rows
+from radixserve.models.image_features import ImageFeatureSteps
 from radixserve.models.llama import AttentionOptions, LlamaForCausalLM, MistralForCausalLM
 from radixserve.models.qwen2 import Qwen2ForCausalLM
 from radixserve.models.vision_feature_cache import VisionFeatureCache, budget_bytes
@@ -55,7 +55,7 @@ def language_config(config: ModelConfig) -> ModelConfig:
     )
 
 
-class LlavaForConditionalGeneration(LlamaForCausalLM):
+class LlavaForConditionalGeneration(ImageFeatureSteps, LlamaForCausalLM):
     def __init__(self, config: ModelConfig) -> None:
         from radixserve.distributed import parallel_state
 
@@ -83,19 +83,8 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
-        if forward_batch.image_chunks:
-            forward_batch.embedding_overrides = self._image_rows(
-                forward_batch.image_chunks, input_ids.device
-            )
+        self.set_image_rows(forward_batch, input_ids.device)
         return self.model(input_ids, positions, forward_batch)
-
-    def _image_rows(
-        self, chunks: Iterable[ImagePiece], device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return image_rows(chunks, device, self.feature_cache, self._encode)
-
-    def _encode(self, images: list[ImageOfStep], device: torch.device) -> list[torch.Tensor]:
-        return list(self.vision(torch.stack([im.pixel_values for im in images]).to(device)))
 
     def checkpoint_tensors(
         self, weights: Iterable[tuple[str, torch.Tensor]]

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from radixserve.layers.mrope import MRotaryEmbedding
-from radixserve.models.image_features import ImageOfStep, image_rows
+from radixserve.models.image_features import ImageFeatureSteps, ImageOfStep
 from radixserve.models.qwen2 import Qwen2ForCausalLM
 from radixserve.models.vision_feature_cache import VisionFeatureCache, budget_bytes
 
@@ -84,7 +84,7 @@ def vision_transformer(hf_config: Any) -> nn.Module:
     return getattr(module, class_name)(hf_config.vision_config)
 
 
-class Qwen2VLForConditionalGeneration(Qwen2ForCausalLM):
+class Qwen2VLForConditionalGeneration(ImageFeatureSteps, Qwen2ForCausalLM):
     # The API side asks the model folder's processor for each image's grid and tokens.
     image_layout = "grid"
 
@@ -127,10 +127,7 @@ class Qwen2VLForConditionalGeneration(Qwen2ForCausalLM):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
-        if forward_batch.image_chunks:
-            forward_batch.embedding_overrides = image_rows(
-                forward_batch.image_chunks, input_ids.device, self.feature_cache, self._encode
-            )
+        self.set_image_rows(forward_batch, input_ids.device)
         if forward_batch.mrope_positions is not None:
             positions = forward_batch.mrope_positions
         return self.model(input_ids, positions, forward_batch)

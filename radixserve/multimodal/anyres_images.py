@@ -15,12 +15,12 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 from radixserve.errors import InvalidRequestError
 from radixserve.messages import ImageInput
+from radixserve.multimodal.folder_processor import FolderImageProcessor
 from radixserve.multimodal.image_prompt import ImagePrompt
 from radixserve.multimodal.image_source import LoadedImage
 
@@ -78,23 +78,8 @@ def anyres_feature_count(height: int, width: int, rows: int, cols: int, prompt: 
     return prompt.tokens_per_image + grid_h * grid_w + grid_h
 
 
-class AnyresImages:
-    """The model folder's image processor, loaded on the first image."""
-
-    def __init__(self, model_dir: str) -> None:
-        self.model_dir = model_dir
-        self._processor: Any = None
-        self._lock = threading.Lock()
-
-    def _load(self) -> Any:
-        with self._lock:
-            if self._processor is None:
-                from transformers import AutoImageProcessor
-
-                self._processor = AutoImageProcessor.from_pretrained(
-                    self.model_dir, local_files_only=True
-                )
-            return self._processor
+class AnyresImages(FolderImageProcessor):
+    """The model folder's image processor, loaded on the first image (FolderImageProcessor)."""
 
     def expand(
         self, ids: list[int], prompt: ImagePrompt, images: Sequence[LoadedImage]

@@ -9,33 +9,18 @@ loaded from the model folder only, never fetched."""
 from __future__ import annotations
 
 import io
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 from radixserve.errors import InvalidRequestError
 from radixserve.messages import ImageInput
+from radixserve.multimodal.folder_processor import FolderImageProcessor
 from radixserve.multimodal.image_prompt import ImagePrompt
 from radixserve.multimodal.image_source import LoadedImage
 
 
-class GridImages:
-    """The model folder's image processor, loaded on the first image."""
-
-    def __init__(self, model_dir: str) -> None:
-        self.model_dir = model_dir
-        self._processor: Any = None
-        self._lock = threading.Lock()
-
-    def _load(self) -> Any:
-        with self._lock:
-            if self._processor is None:
-                from transformers import AutoImageProcessor
-
-                self._processor = AutoImageProcessor.from_pretrained(
-                    self.model_dir, local_files_only=True
-                )
-            return self._processor
+class GridImages(FolderImageProcessor):
+    """The model folder's image processor, loaded on the first image (FolderImageProcessor)."""
 
     def expand(
         self, ids: list[int], prompt: ImagePrompt, images: Sequence[LoadedImage]
