@@ -30,14 +30,17 @@ import torch
 
 from radixserve.models.gemma3 import Gemma3ForCausalLM
 from radixserve.models.gemma3_vision_tower import Gemma3VisionEncoder, tokens_per_image
-from radixserve.models.image_features import ImageFeatureSteps, ImagePiece
+from radixserve.models.image_features import (
+    ImageFeatureSteps,
+    ImagePiece,
+    language_and_vision_names,
+)
 from radixserve.models.vision_feature_cache import VisionFeatureCache, budget_bytes
 
 if TYPE_CHECKING:
     from radixserve.model_executor.forward_batch import ForwardBatch
     from radixserve.models.config import ModelConfig
 
-_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
 VISION = "vision."  # the encoder's attribute name, prefixing its parameters
 # What Gemma3Processor writes around an image's soft tokens (its full_image_sequence), as text
 # to be tokenized by the model's tokenizer (managers/image_intake.image_prompt).
@@ -109,19 +112,7 @@ class Gemma3ForConditionalGeneration(ImageFeatureSteps, Gemma3ForCausalLM):
     ) -> Iterator[tuple[str, torch.Tensor]]:
         """The checkpoint's tensors under this model's names: the language model's as
         Gemma3ForCausalLM names them, the vision side's under `vision.`."""
-        for name, tensor in weights:
-            plain = name.removeprefix("model.")
-            if plain.startswith(_VISION_PREFIXES):
-                target = self.vision.param_name(plain)
-                if target is None:
-                    continue  # e.g. a stored position_ids buffer, built at construction
-                yield f"{VISION}{target}", tensor
-            elif plain.startswith(("language_model.lm_head.", "language_model.model.")):
-                yield plain.removeprefix("language_model."), tensor
-            elif plain.startswith("language_model."):
-                yield "model." + plain.removeprefix("language_model."), tensor
-            else:
-                yield name, tensor  # lm_head.* of the newer layout
+        return language_and_vision_names(weights, self.vision.param_name, VISION)
 
     def param_shard(self, name: str) -> tuple[str, object] | None:
         # The vision side's tensors load whole (SigLIP's q/k/v projections are not stacked).

@@ -4,7 +4,7 @@ step's image tokens. Shared by LLaVA (models/llava.py) and Idefics3 / SmolVLM
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -107,3 +107,33 @@ class ImageFeatureSteps:
     def _encode(self, images: list[ImageOfStep], device: torch.device) -> list[torch.Tensor]:
         """Stacked pixels [B, 3, H, W] through the vision module: one feature tensor each."""
         return list(self.vision(torch.stack([im.pixel_values for im in images]).to(device)))
+
+
+# LLaVA's and Gemma 3's checkpoints: the vision side under these prefixes (with or without a
+# leading `model.`), the language model under `language_model.`.
+VISION_TOWER_PREFIXES = ("vision_tower.", "multi_modal_projector.")
+
+
+def language_and_vision_names(
+    weights: Iterable[tuple[str, torch.Tensor]],
+    vision_name: Callable[[str], str | None],
+    vision_attr: str = "vision.",
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """A LLaVA-style checkpoint's tensors under the model's names, as transformers writes them:
+    `language_model.model.*` / `language_model.lm_head.*` (the published layout) or
+    `model.language_model.*` / `lm_head.*` (transformers 5) become the language model's
+    `model.*` / `lm_head.*`; `vision_tower.*` and `multi_modal_projector.*` become
+    `vision_attr` + the vision module's name for them (`vision_name`; None: a tensor it has
+    no parameter for, e.g. a stored position_ids buffer, skipped)."""
+    for name, tensor in weights:
+        plain = name.removeprefix("model.")
+        if plain.startswith(VISION_TOWER_PREFIXES):
+            target = vision_name(plain)
+            if target is not None:
+                yield f"{vision_attr}{target}", tensor
+        elif plain.startswith(("language_model.lm_head.", "language_model.model.")):
+            yield plain.removeprefix("language_model."), tensor
+        elif plain.startswith("language_model."):
+            yield "model." + plain.removeprefix("language_model."), tensor
+        else:
+            yield name, tensor  # lm_head.* of the newer layout

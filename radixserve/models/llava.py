@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixserve.models.image_features import ImageFeatureSteps
+from radixserve.models.image_features import ImageFeatureSteps, language_and_vision_names
 from radixserve.models.llama import AttentionOptions, LlamaForCausalLM, MistralForCausalLM
 from radixserve.models.qwen2 import Qwen2ForCausalLM
 from radixserve.models.vision_feature_cache import VisionFeatureCache, budget_bytes
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from radixserve.model_executor.forward_batch import ForwardBatch
     from radixserve.models.config import ModelConfig
 
-_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
 VISION = "vision."  # the VisionEncoder's attribute name, prefixing its parameters
 # text_config's model_type -> the language model class, whose attention options (q/k/v
 # biases, sliding window) the LLaVA model takes; the layers and their names are Llama's.
@@ -91,19 +90,7 @@ class LlavaForConditionalGeneration(ImageFeatureSteps, LlamaForCausalLM):
     ) -> Iterator[tuple[str, torch.Tensor]]:
         """The checkpoint's tensors under this model's names: the language model's as
         LlamaForCausalLM names them, the vision side's under `vision.`."""
-        for name, tensor in weights:
-            plain = name.removeprefix("model.") if name.startswith("model.") else name
-            if plain.startswith(_VISION_PREFIXES):
-                target = self.vision.param_name(plain)
-                if target is None:
-                    continue  # e.g. CLIP's stored position_ids, a buffer built at construction
-                yield f"{VISION}{target}", tensor
-            elif plain.startswith(("language_model.lm_head.", "language_model.model.")):
-                yield plain.removeprefix("language_model."), tensor
-            elif plain.startswith("language_model."):
-                yield "model." + plain.removeprefix("language_model."), tensor
-            else:
-                yield name, tensor  # lm_head.* of the newer layout
+        return language_and_vision_names(weights, self.vision.param_name, VISION)
 
     def param_shard(self, name: str) -> tuple[str, object] | None:
         # The vision side's tensors load whole (CLIP's q/k/v projections are not stacked).

@@ -21,7 +21,7 @@ from typing import Any
 from radixserve.errors import InvalidRequestError
 from radixserve.messages import ImageInput
 from radixserve.multimodal.folder_processor import FolderImageProcessor
-from radixserve.multimodal.image_prompt import ImagePrompt
+from radixserve.multimodal.image_prompt import ImagePrompt, token_runs
 from radixserve.multimodal.image_source import LoadedImage
 
 # Mixed into a OneVision image's hash when it is one of several (base crop only): the same
@@ -94,7 +94,7 @@ class AnyresImages(FolderImageProcessor):
             if found:
                 raise _mismatch(len(found), 0)
             return list(ids), []
-        runs = _runs(ids, prompt.token_id)
+        runs = token_runs(ids, prompt.token_id)
         if len(found) != len(images) and len(runs) != len(images):
             raise _mismatch(len(found), len(images))
         processed = self._process(prompt, images)
@@ -191,19 +191,6 @@ class AnyresImages(FolderImageProcessor):
             pixels = [np.ascontiguousarray(o["pixel_values"][0], dtype=np.float32) for o in out]
             sizes = [(int(o["image_sizes"][0][0]), int(o["image_sizes"][0][1])) for o in out]
         return pixels, sizes
-
-
-def _runs(ids: Sequence[int], token: int) -> list[tuple[int, int]]:
-    """(start, length) of each run of `token` in `ids`."""
-    runs: list[tuple[int, int]] = []
-    for i, tok in enumerate(ids):
-        if tok != token:
-            continue
-        if runs and runs[-1][0] + runs[-1][1] == i:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((i, 1))
-    return runs
 
 
 def _mismatch(found: int, images: int) -> InvalidRequestError:

@@ -15,7 +15,7 @@ from typing import Any
 from radixserve.errors import InvalidRequestError
 from radixserve.messages import ImageInput
 from radixserve.multimodal.folder_processor import FolderImageProcessor
-from radixserve.multimodal.image_prompt import ImagePrompt
+from radixserve.multimodal.image_prompt import ImagePrompt, token_runs
 from radixserve.multimodal.image_source import LoadedImage
 
 
@@ -30,7 +30,7 @@ class GridImages(FolderImageProcessor):
         processor's output: one run of the right length per image) is kept. Raises
         InvalidRequestError (a 400) for a count that does not match or an image the processor
         refuses."""
-        runs = _runs(ids, prompt.token_id)
+        runs = token_runs(ids, prompt.token_id)
         if len(runs) != len(images):  # checked before any image is processed
             raise InvalidRequestError(
                 f"The prompt has {len(runs)} image placeholder(s) for {len(images)} image(s); "
@@ -79,16 +79,3 @@ class GridImages(FolderImageProcessor):
         t, h, w = (int(x) for x in out["image_grid_thw"][0])
         pixels = np.ascontiguousarray(out["pixel_values"], dtype=np.float32)
         return pixels, (t, h, w)
-
-
-def _runs(ids: Sequence[int], token: int) -> list[tuple[int, int]]:
-    """(start, length) of each run of `token` in `ids`."""
-    runs: list[tuple[int, int]] = []
-    for i, tok in enumerate(ids):
-        if tok != token:
-            continue
-        if runs and runs[-1][0] + runs[-1][1] == i:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((i, 1))
-    return runs

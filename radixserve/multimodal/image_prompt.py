@@ -119,6 +119,19 @@ def _expand_framed(
     )
 
 
+def token_runs(ids: Sequence[int], token: int) -> list[tuple[int, int]]:
+    """(start, length) of each run of `token` in `ids`: where a prompt's expanded images are."""
+    runs: list[tuple[int, int]] = []
+    for i, tok in enumerate(ids):
+        if tok != token:
+            continue
+        if runs and runs[-1][0] + runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs
+
+
 def _run_length(ids: Sequence[int], at: int, token: int) -> int:
     end = at
     while end < len(ids) and ids[end] == token:
