@@ -1,6 +1,7 @@
 """A tiny LLaVA under the process runtime (scheduler and detokenizer in their own processes, the
-API side's light tokenizer), and under --tp-size 2 (the step's image pieces travel to rank 1
-with the step): text prompts with images give transformers' greedy tokens."""
+API side's light tokenizer), under --tp-size 2 (the step's image pieces travel to rank 1 with
+the step) and under --dp-size 2 (each replica gets its requests' images): text prompts with
+images give transformers' greedy tokens."""
 
 from __future__ import annotations
 
@@ -28,8 +29,10 @@ def llava(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     return folder, make_tiny_llava(folder)
 
 
-@pytest.mark.parametrize("tp_size", [1, 2])
-def test_process_runtime_with_images(llava: tuple, tp_size: int) -> None:
+@pytest.mark.parametrize(
+    "parallel", [{"tp_size": 1}, {"tp_size": 2}, {"dp_size": 2}], ids=["tp1", "tp2", "dp2"]
+)
+def test_process_runtime_with_images(llava: tuple, parallel: dict[str, int]) -> None:
     folder, hf = llava
     images = [png_bytes(30), png_bytes(31)]
     expected = [
@@ -42,7 +45,7 @@ def test_process_runtime_with_images(llava: tuple, tp_size: int) -> None:
         skip_server_warmup=True,
         max_total_tokens=2048,
         attention_backend="torch_native",
-        tp_size=tp_size,
+        **parallel,
     ) as engine:
         outs = engine.generate(
             prompt=["w5 <image> w6", "w5 <image> w7 <image> w6"],
