@@ -12,6 +12,7 @@ still be writing into them).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from concurrent.futures import Future
@@ -169,9 +170,17 @@ class DisaggDecode:
                     t.req, FinishReason("abort", message="Aborted by the client.")
                 )
 
+    def before_hard_reset(self) -> None:
+        """A failed step is about to wipe the pool: wait for the transfers in flight, whose
+        prefill servers write into pages the next requests would be given. Each ends by the
+        receiver's waiting timeout at the latest."""
+        for t in self.transfers.values():
+            with contextlib.suppress(Exception):
+                t.future.result(timeout=self.receiver.wait_timeout_s)
+
     def after_hard_reset(self, message: str) -> None:
-        """A failed step wiped the pool: every request here ends with the error. A transfer
-        still running may write into pages handed out again; they are written before read."""
+        """A failed step wiped the pool (its transfers ended first, before_hard_reset): every
+        request here ends with the error."""
         sched = self.sched
         for req in self.live_reqs():
             req.req_pool_idx = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import time
 from typing import TYPE_CHECKING, Any
 
 from radixserve.disaggregation.bootstrap import (
@@ -35,6 +36,11 @@ def is_pd_request(req: Req) -> bool:
     """A request with a real room (SGLang's warm-up and health checks use host 2.2.2.2 and run
     as plain requests)."""
     return req.bootstrap is not None and req.bootstrap.host != FAKE_BOOTSTRAP_HOST
+
+
+# A failed step waits this long for KV writes in flight before the pool is reset.
+DRAIN_TIMEOUT_S = 30.0
+DRAIN_POLL_S = 0.01
 
 
 class DisaggPrefill:
@@ -144,11 +150,23 @@ class DisaggPrefill:
     def abort(self, rid: str | None, abort_all: bool) -> None:
         """Held requests have answered their client already; an abort changes nothing."""
 
-    def after_hard_reset(self, message: str) -> None:
-        # The pool was wiped under the held requests (a failed step): their rooms cannot be
-        # served any more; a decode that claims one is told it is unknown.
+    def before_hard_reset(self, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+        """A failed step is about to wipe the pool: close every room (a decode that claims one
+        is told it is unknown) and wait for the writes in flight, which read pages the next
+        requests would be given."""
         for room in list(self.held):
             self.rooms.release(room)
+        deadline = time.monotonic() + timeout_s
+        while self.sender.stats.in_flight and time.monotonic() < deadline:
+            time.sleep(DRAIN_POLL_S)
+        if self.sender.stats.in_flight:
+            logger.warning(
+                "%d KV transfer(s) still reading pages after %.0f s; resetting the pool anyway",
+                self.sender.stats.in_flight,
+                timeout_s,
+            )
+
+    def after_hard_reset(self, message: str) -> None:
         self.held.clear()
 
     def info(self) -> dict[str, Any]:

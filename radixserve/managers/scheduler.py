@@ -273,6 +273,8 @@ class Scheduler:
             req.req_pool_idx = None
             req.last_node = None
             self.outputs.end_unrun(req, FinishReason("abort", message=message, status_code=500))
+        if self.disagg is not None:
+            self.disagg.before_hard_reset()  # no KV transfer may touch the pool being reset
         self.kv.hard_reset()
         if self.disagg is not None:
             self.disagg.after_hard_reset(message)
