@@ -38,13 +38,14 @@ class Header(NamedTuple):
 
 
 def parse_header(header: str) -> Header:
-    """The channel and recipient of a header (the raw text before `<|message|>`)."""
-    channel = _CHANNEL_NAME.search(header)
-    recipient = _RECIPIENT.search(header)
-    return Header(
-        channel.group(1) if channel else None,
-        recipient.group(1) if recipient else None,
-    )
+    """The channel and recipient of a header (the raw text before `<|message|>`).
+
+    The last channel counts and `to=assistant` is no recipient: gpt-oss-20b sometimes prefixes
+    a header with a stray `<|channel|>commentary to=assistant` (llama.cpp's parser notes it).
+    """
+    channels = _CHANNEL_NAME.findall(header)
+    recipients = [r for r in _RECIPIENT.findall(header) if r != "assistant"]
+    return Header(channels[-1] if channels else None, recipients[-1] if recipients else None)
 
 
 def first_of(text: str, markers: tuple[str, ...], pos: int = 0) -> tuple[int, str]:

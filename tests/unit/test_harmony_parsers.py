@@ -37,6 +37,18 @@ REASONING_CASES = [
     (f"{ANALYSIS}a{NEXT}{PREAMBLE}Checking.{NEXT}{FINAL}Done.", "a", "Checking.Done."),
     # A model that forgets <|end|>: the next header still ends the analysis.
     (f"{ANALYSIS}think<|start|>assistant{FINAL}answer", "think", "answer"),
+    # gpt-oss-20b's stray `<|channel|>commentary to=assistant` before the real channel.
+    (
+        f"<|channel|>commentary to=assistant{ANALYSIS}r{NEXT}<|channel|>commentary{FINAL}c",
+        "r",
+        "c",
+    ),
+    # The recipient in the role part right after the prompt's `<|start|>assistant`.
+    (
+        ' to=functions.add<|channel|>commentary json<|message|>{"a": 1}',
+        "",
+        '<|channel|>commentary to=functions.add<|message|>{"a": 1}',
+    ),
     # Cut off inside a header: the header carries no text.
     (f"{ANALYSIS}think{NEXT}<|channel|>fin", "think", ""),
 ]
@@ -107,6 +119,14 @@ TOOL_CASES = [
         [A],
     ),
     ("No tools needed.", "No tools needed.", []),
+    (' to=functions.add<|channel|>commentary json<|message|>{"a": 1, "b": 2}', "", [A]),
+    # A tool call in the analysis channel still counts (llama.cpp accepts it too).
+    ('<|channel|>analysis to=functions.add<|message|>{"a": 1, "b": 2}<|call|>', "", [A]),
+    (
+        "x<|channel|>commentary to=assistant<|message|>y",
+        "x<|channel|>commentary to=assistant<|message|>y",
+        [],
+    ),
     (f"{FINAL}plain final", f"{FINAL}plain final", []),
     # Cut off mid-arguments: no call, the text is kept.
     (

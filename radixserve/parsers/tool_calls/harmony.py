@@ -14,18 +14,25 @@ from radixserve.parsers import harmony as h
 from radixserve.parsers.tool_calls.base import ParseResult, ToolCall, ToolCallParser, make_call
 from radixserve.parsers.tool_calls.json_util import decode_at, skip_ws
 
+_ROLE_RECIPIENT = "to="
+# Longest `to=functions.NAME<|channel|>commentary json` header held back while it arrives; a
+# longer run of text after a delta that happens to start with "to=" is sent on.
+_MAX_ROLE_HEADER = 160
+
 
 class HarmonyToolParser(ToolCallParser):
     name = "gpt-oss"
     start = h.CHANNEL
 
-    def _scan(self, text: str, pos: int) -> tuple[int, int]:
+    def _scan(self, text: str, pos: int, at_start: bool = True) -> tuple[int, int]:
         """(where the next call message starts, where its arguments start) from `pos`:
-        (-1, -1) when there is none; (start, -1) while its header is still incomplete."""
+        (-1, -1) when there is none; (start, -1) while its header is still incomplete.
+        `at_start`: `text` opens the reply, where the header may begin with the recipient
+        (the prompt ends with the role, `<|start|>assistant`)."""
         while True:
             idx, _ = h.first_of(text, h.OPENERS, pos)
-            if pos == 0 and text.lstrip().startswith("to="):
-                idx = len(text) - len(text.lstrip())  # recipient right after the prompt's role
+            if at_start and pos == 0 and text.lstrip().startswith(_ROLE_RECIPIENT):
+                idx = len(text) - len(text.lstrip())
             if idx < 0:
                 return -1, -1
             body = text.find(h.MESSAGE, idx)
@@ -36,10 +43,19 @@ class HarmonyToolParser(ToolCallParser):
             pos = body + len(h.MESSAGE)
 
     def find_start(self, text: str, at_start: bool = True) -> int:
-        idx, body = self._scan(text, 0)
+        idx, body = self._scan(text, 0, at_start)
         return idx if body >= 0 else -1
 
     def hold_len(self, text: str) -> int:
+        stripped = text.lstrip()
+        if (
+            stripped
+            and len(stripped) <= _MAX_ROLE_HEADER
+            and (_ROLE_RECIPIENT.startswith(stripped) or stripped.startswith(_ROLE_RECIPIENT))
+        ):
+            # Maybe a reply opening with its recipient: hold it all, leading space included
+            # (text sent on would make the streamer treat what follows as mid-reply).
+            return len(text)
         idx, body = self._scan(text, 0)
         if idx >= 0 and body < 0:
             return len(text) - idx  # a header still arriving: it may address a function
