@@ -46,8 +46,14 @@ class IncrementalDetokenizer:
             kwargs.pop("spaces_between_special_tokens", None)
             return self.tokenizer.decode(list(ids), **kwargs)
 
-    def add(self, new_ids: Sequence[int], finished: bool, matched_stop: str | None) -> str:
-        """Append tokens; return the text delta that is safe to send now."""
+    def add(self, new_ids: Sequence[int], finished: bool, matched_stop: str | int | None) -> str:
+        """Append tokens; return the text delta that is safe to send now. `matched_stop`: the
+        stop string, or the stop token id (EOS or a stop_token_ids entry), that finished it."""
+        if finished and _is_token_id(matched_stop) and new_ids and not self.no_stop_trim:
+            # SGLang leaves the stop token out of the text (output_ids keep it). It shows only
+            # with skip_special_tokens off, where gpt-oss's `<|return|>` / `<|call|>` would
+            # otherwise end every reply.
+            new_ids = list(new_ids)[:-1]
         self.ids.extend(new_ids)
         if new_ids:
             prefix = self._decode(self.ids[self.surr_offset : self.read_offset])
@@ -57,7 +63,7 @@ class IncrementalDetokenizer:
                 self.surr_offset = self.read_offset
                 self.read_offset = len(self.ids)
         if finished:
-            final = self._final_text(matched_stop)
+            final = self._final_text(matched_stop if isinstance(matched_stop, str) else None)
             delta = final[self.sent :]
             self.sent = len(final)
             return delta
@@ -87,3 +93,7 @@ class IncrementalDetokenizer:
                     hold = max(hold, k)
                     break
         return hold
+
+
+def _is_token_id(matched: object) -> bool:
+    return isinstance(matched, int) and not isinstance(matched, bool)

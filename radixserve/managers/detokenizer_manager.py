@@ -38,7 +38,7 @@ class DetokenizerManager:
                 out.text = state.add(
                     out.new_token_ids,
                     finished=finished,
-                    matched_stop=matched if isinstance(matched, str) else None,
+                    matched_stop=matched if isinstance(matched, str | int) else None,
                 )
             except Exception:  # a tokenizer failure must not take other requests down
                 logger.exception("Detokenizing request %s failed", out.rid)

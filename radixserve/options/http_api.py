@@ -186,7 +186,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "Parser that separates reasoning content from the answer.",
         choices=REASONING_PARSER_CHOICES,
         support=IMPLEMENTED,
-        supported_choices=("deepseek-r1", "qwen3", "qwen3-thinking"),
+        supported_choices=("deepseek-r1", "qwen3", "qwen3-thinking", "gpt-oss"),
     ),
     value(
         "--tool-call-parser",
@@ -195,7 +195,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "Parser that extracts tool calls from model output.",
         choices=TOOL_CALL_PARSER_CHOICES,
         support=IMPLEMENTED,
-        supported_choices=("hermes", "llama3", "mistral", "qwen", "qwen25", "pythonic"),
+        supported_choices=("hermes", "llama3", "mistral", "qwen", "qwen25", "pythonic", "gpt-oss"),
     ),
     flag("--enable-response-store", "Store responses for the Responses API."),
 )

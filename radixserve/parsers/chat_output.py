@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from radixserve.parsers.reasoning import ReasoningParser
+from radixserve.parsers.reasoning_parsers import AnyReasoningParser, make_reasoning_parser
 from radixserve.parsers.tool_calls import (
     JsonArrayParser,
     ToolCallParser,
@@ -19,6 +19,9 @@ from radixserve.parsers.tool_calls import (
 from radixserve.parsers.tool_choice import resolve_tool_choice
 
 logger = logging.getLogger(__name__)
+
+# Parsers whose markers are special tokens: the chat path decodes with skip_special_tokens off.
+SPECIAL_TOKEN_PARSERS = frozenset({"gpt-oss"})
 
 
 @dataclass(frozen=True)
@@ -39,10 +42,17 @@ class OutputPlan:
             return make_tool_parser(self.tool_parser, self.tools)
         return None
 
-    def make_reasoning_parser(self) -> ReasoningParser | None:
-        if self.reasoning_parser is None:
-            return None
-        return ReasoningParser(self.reasoning_parser, self.stream_reasoning)
+    def make_reasoning_parser(self) -> AnyReasoningParser | None:
+        return make_reasoning_parser(self.reasoning_parser, self.stream_reasoning)
+
+    @property
+    def needs_special_tokens(self) -> bool:
+        """True when a parser in use reads special tokens (harmony's markers are special
+        tokens of gpt-oss's tokenizer), so the text must be detokenized with them."""
+        tools_on = self.tool_mode == "parse" and self.tool_parser is not None
+        return self.reasoning_parser in SPECIAL_TOKEN_PARSERS or (
+            tools_on and self.tool_parser in SPECIAL_TOKEN_PARSERS
+        )
 
 
 def plan_output(server_args: Any, req: Any) -> OutputPlan:

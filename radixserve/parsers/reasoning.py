@@ -136,9 +136,3 @@ class ReasoningParser:
         if self._mode == "reasoning":
             return ReasoningSplit(held + text, "")
         return ReasoningSplit(held, text)
-
-
-def make_reasoning_parser(
-    name: str | None, stream_reasoning: bool = True
-) -> ReasoningParser | None:
-    return None if name is None else ReasoningParser(name, stream_reasoning)

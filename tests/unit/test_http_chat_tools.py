@@ -194,3 +194,42 @@ def test_templates_that_render_tool_calls_get_them_unchanged() -> None:
     msg = ChatMessage(role="assistant", content=None, tool_calls=calls)
     (item,) = to_template_messages([msg], "{{ m.tool_calls }}")
     assert item == {"role": "assistant", "content": "", "tool_calls": calls}
+
+
+# Short for the fake model's 128-token context: no `<|start|>assistant` between the messages
+# and no `<|call|>` (a stop token, trimmed by a real engine).
+HARMONY = (
+    "<|channel|>analysis<|message|>use add<|end|>"
+    '<|channel|>commentary to=functions.add<|message|>{"a": 1}'
+)
+
+
+def test_gpt_oss_harmony_reasoning_and_tool_call_whole_and_streamed() -> None:
+    server = {"reasoning_parser": "gpt-oss", "tool_call_parser": "gpt-oss"}
+    r, engine = _post(HARMONY, {"tools": TOOLS}, **server)
+    params = engine.calls[-1]["sampling_params"]
+    params = params[0] if isinstance(params, list) else params
+    # Harmony's markers are special tokens: the parsers need them decoded.
+    assert params["skip_special_tokens"] is False
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    message = choice["message"]
+    assert (message["reasoning_content"], message["content"]) == ("use add", None)
+    assert message["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 1}'}
+    choices = _stream(HARMONY, {"tools": TOOLS}, **server)
+    reasoning = "".join(c["delta"].get("reasoning_content") or "" for c in choices)
+    calls = [t for c in choices for t in c["delta"].get("tool_calls") or []]
+    assert reasoning == "use add"
+    assert [t["function"]["name"] for t in calls] == ["add"]
+    assert choices[-1]["finish_reason"] == "tool_calls"
+
+
+def test_gpt_oss_harmony_final_answer_and_default_special_tokens_elsewhere() -> None:
+    reply = "<|channel|>analysis<|message|>2+2<|end|><|start|>assistant<|channel|>final<|message|>4"
+    r, _ = _post(reply, {}, reasoning_parser="gpt-oss")
+    message = r.json()["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == ("2+2", "4")
+    _, engine = _post("plain", {}, reasoning_parser="qwen3")
+    params = engine.calls[-1]["sampling_params"]
+    params = params[0] if isinstance(params, list) else params
+    assert params["skip_special_tokens"] is True

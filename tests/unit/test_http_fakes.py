@@ -289,7 +289,7 @@ class FakeEngine:
                 matched = out.finished.matched if out.finished is not None else None
                 # The detokenizer process's share of the work in the real engine.
                 out.text = detok.add(
-                    out.new_token_ids, finished, matched if isinstance(matched, str) else None
+                    out.new_token_ids, finished, matched if isinstance(matched, str | int) else None
                 )
                 yield out
         finally:

@@ -209,6 +209,24 @@ def test_reasoning_item_with_a_reasoning_parser() -> None:
     assert [i["type"] for i in events[-1]["response"]["output"]] == ["reasoning", "message"]
 
 
+def test_gpt_oss_harmony_reasoning_and_function_call() -> None:
+    # Short for the fake model's context; `<|call|>` is a stop token a real engine trims.
+    reply = (
+        "<|channel|>analysis<|message|>h<|end|>"
+        '<|channel|>commentary to=functions.get_weather<|message|>{"city":"P"}'
+    )
+    engine = FakeEngine(reply=reply)
+    server = {"reasoning_parser": "gpt-oss", "tool_call_parser": "gpt-oss"}
+    with make_client(engine, **server) as (client, _):
+        r = client.post("/v1/responses", json={"input": "x", "tools": [WEATHER]})
+    assert r.status_code == 200, r.text
+    assert engine.calls[-1]["sampling_params"][0]["skip_special_tokens"] is False
+    reasoning, call = r.json()["output"]
+    assert reasoning["content"] == [{"type": "reasoning_text", "text": "h"}]
+    assert call["type"] == "function_call" and call["name"] == "get_weather"
+    assert json.loads(call["arguments"]) == {"city": "P"}
+
+
 def test_store_retrieve_delete_and_previous_response_id() -> None:
     with make_client() as (client, engine):
         first = client.post("/v1/responses", json={"input": "Q1", "instructions": "Sys"}).json()

@@ -93,6 +93,10 @@ def plan_chat(
         output = plan_output(ctx.server_args, req)
     except ToolChoiceError as exc:
         raise ApiError(400, str(exc), param=exc.param) from exc
+    if output.needs_special_tokens:
+        # gpt-oss's harmony markers are special tokens: skipping them would leave the parsers
+        # nothing to split on (SGLang decodes with them for these parsers too).
+        params["skip_special_tokens"] = False
     tokenizer = ctx.require_tokenizer("Chat completion")
     prompt_ids = render_chat(
         tokenizer,

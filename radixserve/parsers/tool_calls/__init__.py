@@ -19,6 +19,7 @@ from radixserve.parsers.tool_calls.formats import (
     Llama3Parser,
     MistralParser,
 )
+from radixserve.parsers.tool_calls.harmony import HarmonyToolParser
 from radixserve.parsers.tool_calls.pythonic import PythonicParser
 
 PARSERS: dict[str, type[ToolCallParser]] = {
@@ -28,6 +29,7 @@ PARSERS: dict[str, type[ToolCallParser]] = {
     "llama3": Llama3Parser,
     "mistral": MistralParser,
     "pythonic": PythonicParser,
+    "gpt-oss": HarmonyToolParser,
 }
 
 
@@ -43,6 +45,7 @@ def make_tool_parser(name: str, tools: Sequence[Mapping[str, Any]] | None = None
 
 __all__ = [
     "PARSERS",
+    "HarmonyToolParser",
     "HermesParser",
     "JsonArrayParser",
     "Llama3Parser",
