@@ -60,6 +60,9 @@ class VisionEncoder(nn.Module):
         self.layers = feature_layers(hf_config)
         self.strategy = select_strategy(hf_config)
         self.vision_tower = CLIPVisionModel(vision)
+        # The features are hidden states; CLIP's post-layernorm only serves its pooled output,
+        # which LLaVA never reads (llama.cpp's mmproj files leave it out).
+        self.vision_tower.post_layernorm = nn.Identity()
         self.multi_modal_projector = MultiModalProjector(
             int(vision.hidden_size) * len(self.layers),
             text_hidden,
