@@ -8,8 +8,8 @@ Models, made here with random weights:
   as transformers saves LLaVA; also written as llama.cpp's pair (benchmarks/mmproj_pair.py,
   F16), which radixserve serves too (the pair's folder) and llama-server runs with --mmproj.
 - `smolvlm`: SmolVLM-256M's shape (SigLIP 768-wide, 12 layers, 512 px tiles, pixel shuffle 4:
-  64 tokens a tile, SmolLM2-135M), radixserve only (a 640x480 image is 2 tiles + the global
-  view: 192 image tokens).
+  64 tokens a tile, SmolLM2-135M), radixserve only (its processor upscales a 640x480 image to
+  2048x1536: 12 tiles + the global view, 832 image tokens).
 
 Each figure is the median of `--repeats` runs:
 - new image: a new image each time (decoding, the image processor, the vision tower, prefill);
@@ -117,9 +117,14 @@ def png(seed: int) -> str:
 # SmolVLM-256M's shape: SigLIP tower, pixel shuffle, SmolLM2-135M; its special tokens after
 # SmolLM2's vocabulary.
 SMOLVLM_IMAGE = 49190
+SMOLVLM_NEWLINE = 49191  # "\n" between tile rows: a token of its own
 SMOLVLM_SPECIALS = {
     "<global-img>": 49152,
-    **{f"<row_{r}_col_{c}>": 49152 + 6 * (r - 1) + c for r in range(1, 7) for c in range(1, 7)},
+    **{
+        f"<row_{r}_col_{c}>": 49153 + 6 * (r - 1) + (c - 1)
+        for r in range(1, 7)
+        for c in range(1, 7)
+    },
     "<fake_token_around_image>": 49189,
     "<image>": SMOLVLM_IMAGE,
     "<end_of_utterance>": 49279,
@@ -179,10 +184,10 @@ def make_smolvlm(folder: Path) -> None:
         max_image_size={"longest_edge": 512},
         do_image_splitting=True,
     ).save_pretrained(folder)
-    taken = set(SMOLVLM_SPECIALS.values()) | {49188}
+    taken = set(SMOLVLM_SPECIALS.values()) | {SMOLVLM_NEWLINE}
     vocab = {f"w{i}": i for i in range(49280) if i not in taken}
     vocab.update(SMOLVLM_SPECIALS)
-    vocab["\n"] = 49188
+    vocab["\n"] = SMOLVLM_NEWLINE
     tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.add_special_tokens(
@@ -195,13 +200,25 @@ def make_smolvlm(folder: Path) -> None:
 
 
 def first_token_s(engine: Any, prompts: list[list[int]], images: list[str]) -> float:
+    return timed_request(engine, prompts, images)[0]
+
+
+def timed_request(engine: Any, prompts: list[list[int]], images: list[str]) -> tuple[float, int]:
+    """(seconds to the first token, the first prompt's token count); an aborted request raises
+    (a failed request is no measurement)."""
     tic = time.perf_counter()
-    engine.generate(
+    out = engine.generate(
         input_ids=prompts if len(prompts) > 1 else prompts[0],
         image_data=images if len(images) > 1 else images[0],
         sampling_params={"max_new_tokens": 1, "temperature": 0},
     )
-    return time.perf_counter() - tic
+    elapsed = time.perf_counter() - tic
+    outs = out if isinstance(out, list) else [out]
+    for one in outs:
+        reason = one["meta_info"].get("finish_reason") or {}
+        if reason.get("type") == "abort":
+            raise RuntimeError(f"request aborted: {reason}")
+    return elapsed, int(outs[0]["meta_info"]["prompt_tokens"])
 
 
 def measure(
@@ -220,7 +237,9 @@ def measure(
         mm_preprocess_cache_size_mb=cache_mb,
     ) as engine:
         first_token_s(engine, [prompt], [png(seed)])  # warm-up: processor, kernels
-        cold = [first_token_s(engine, [prompt], [png(seed + 1 + i)]) for i in range(repeats)]
+        timed = [timed_request(engine, [prompt], [png(seed + 1 + i)]) for i in range(repeats)]
+        cold = [t for t, _ in timed]
+        prompt_tokens = str(timed[0][1])
         image = png(seed + 100)
         first_token_s(engine, [prompt], [image])
         again = []
@@ -237,14 +256,20 @@ def measure(
         "again_ms": statistics.median(again) * 1e3,
         "images_per_s": statistics.median(rates),
         "load": (load + os.getloadavg()[0]) / 2,
-        "prompt_tokens": "",
+        "prompt_tokens": prompt_tokens,
     }
 
 
 def measure_llama_server(
-    binary: Path, model: Path, mmproj: Path, repeats: int, concurrency: int, seed: int
+    binary: Path,
+    model: Path,
+    mmproj: Path,
+    repeats: int,
+    concurrency: int,
+    seed: int,
+    threads: int,
 ) -> dict:
-    """The same three figures from llama-server (-t 2, --parallel `concurrency`)."""
+    """The same three figures from llama-server (-t `threads`, --parallel `concurrency`)."""
     import socket
     import subprocess
     from concurrent.futures import ThreadPoolExecutor
@@ -255,7 +280,7 @@ def measure_llama_server(
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     command = [str(binary), "-m", str(model), "--mmproj", str(mmproj), "--port", str(port)]
-    command += ["-t", str(os.cpu_count() or 2), "--parallel", str(concurrency), "-c", "8192"]
+    command += ["-t", str(threads), "--parallel", str(concurrency), "-c", "8192"]
     command += ["--no-warmup", "--temp", "0"]
     log = open(model.with_suffix(".server.log"), "w")  # noqa: SIM115 (closed below)
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -361,19 +386,23 @@ def run_llava(args: argparse.Namespace, root: Path) -> None:
     del hf
     server = args.llama_server if args.llama_server and args.llama_server.is_file() else None
     c, r = args.concurrency, args.repeats
-    rows = [
+    rows = []
+    pair_row = ("radixserve, GGUF + mmproj pair, cache on", lm)
+    for threads in args.llama_threads if server is not None else []:
+        # llama.cpp's threads spin at each barrier: on a loaded machine fewer may be faster.
+        name = f"llama-server --mmproj (F16 pair), -t {threads}"
+        rows.append((name, measure_llama_server(server, lm, mmproj, r, c, 0, threads)))
+        if pair_row is not None:  # interleaved: radixserve between the llama-server runs
+            rows.append((pair_row[0], measure(pair_row[1], IMAGE_TOKEN, 512, r, c, 0)))
+            pair_row = None
+    rows.append(
         ("radixserve, safetensors, encoder cache on", measure(folder, IMAGE_TOKEN, 512, r, c, 0))
-    ]
-    if server is not None:
-        rows.append(
-            ("llama-server --mmproj (F16 pair)", measure_llama_server(server, lm, mmproj, r, c, 0))
-        )
+    )
     rows.append(
         ("radixserve, safetensors, encoder cache off", measure(folder, IMAGE_TOKEN, 0, r, c, 5000))
     )
-    rows.append(
-        ("radixserve, GGUF + mmproj pair, cache on", measure(lm, IMAGE_TOKEN, 512, r, c, 0))
-    )
+    if pair_row is not None:
+        rows.append((pair_row[0], measure(pair_row[1], IMAGE_TOKEN, 512, r, c, 0)))
     _print(
         f"random LLaVA-1.5 shape: CLIP {args.vision} ({tokens} image tokens) + SmolLM2-135M LM",
         rows,
@@ -389,7 +418,7 @@ def run_smolvlm(args: argparse.Namespace, root: Path) -> None:
         ("radixserve, encoder cache on", measure(folder, SMOLVLM_IMAGE, 512, r, c, 0)),
         ("radixserve, encoder cache off", measure(folder, SMOLVLM_IMAGE, 0, r, c, 5000)),
     ]
-    _print("random SmolVLM-256M shape (640x480: 2 tiles + global, 192 image tokens)", rows, c)
+    _print("random SmolVLM-256M shape (its processor: 640x480 -> 12 tiles + global)", rows, c)
 
 
 def main() -> None:
@@ -400,6 +429,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--llama-server", type=Path, default=DEFAULT_LLAMA_SERVER)
     ap.add_argument("--tokenizer-gguf", type=Path, default=DEFAULT_TOKENIZER)
+    ap.add_argument("--llama-threads", type=int, nargs="+", default=[os.cpu_count() or 2])
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         # The pair's conversion (radixserve's GGUF cache) goes with the temporary models.
