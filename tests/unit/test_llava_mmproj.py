@@ -20,6 +20,7 @@ from radixserve.models import gguf
 from radixserve.models.gguf_mmproj import find_mmproj, read_vision
 from radixserve.models.loader import load_model
 from radixserve.utils.cache_dir import CACHE_DIR_ENV
+from tests.helpers.tiny_gguf import write_tiny_gguf
 from tests.helpers.tiny_llava import (
     IMAGE_TOKEN,
     data_url,
@@ -27,7 +28,13 @@ from tests.helpers.tiny_llava import (
     make_tiny_llava,
     png_bytes,
 )
-from tests.helpers.tiny_mmproj import write_language_gguf, write_mmproj
+from tests.helpers.tiny_mmproj import (
+    MERGES,
+    TOKENS,
+    language_model,
+    write_language_gguf,
+    write_mmproj,
+)
 
 NEW = 8
 GREEDY = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
@@ -166,3 +173,20 @@ def test_bad_pairs_are_refused(pair: tuple, tmp_path: Path) -> None:
     writer.close()
     with pytest.raises(ValueError, match="projector type 'resampler' is not supported"):
         read_vision(other / "mmproj-x.gguf")
+
+
+def test_vocabulary_without_an_image_token_is_refused(pair: tuple, tmp_path: Path) -> None:
+    """llama.cpp's own LLaVA-1.5 conversions have no <image> token: the pair is refused with a
+    message saying so, not served with a wrong placeholder."""
+    _, _, hf = pair
+    tokens = ["w500" if t == "<image>" else t for t in TOKENS]
+    write_tiny_gguf(
+        tmp_path / "lm.gguf", language_model(hf), quantize=False, tokens=(tokens, MERGES)
+    )
+    write_mmproj(tmp_path / "mmproj-lm.gguf", hf, MEAN, STD)
+    with pytest.raises(ValueError, match="no <image> token"):
+        gguf.ensure_converted(tmp_path / "lm.gguf")
+    # Without the mmproj file the same GGUF is a text model, as before.
+    (tmp_path / "mmproj-lm.gguf").unlink()
+    config = json.loads((gguf.ensure_converted(tmp_path / "lm.gguf") / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
