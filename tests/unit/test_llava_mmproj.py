@@ -135,21 +135,23 @@ def test_greedy_equals_safetensors_and_transformers(pair: tuple) -> None:
 
 def test_blocks_path_loads_the_vision_side(pair: tuple, tmp_path: Path) -> None:
     """--quantization gguf: the language model's Q8_0 blocks from the file, the vision tower
-    and projector from the mmproj file; the answer equals the dequantised conversion's."""
+    and projector from the mmproj file (its matrices Q8_0 too, dequantised); the answer equals
+    the dequantised conversion's, and the images still decide it."""
     _, _, hf = pair
     quantized = tmp_path / "q8"
     quantized.mkdir()
     write_language_gguf(quantized / "tiny-llava-q8_0.gguf", hf, quantize=True)
-    write_mmproj(quantized / "mmproj-f32.gguf", hf, MEAN, STD)
-    image = png_bytes(5)
-    cases = [(ONE, [image])]
+    write_mmproj(quantized / "mmproj-q8_0.gguf", hf, MEAN, STD, quantize=True)
+    cases = [(ONE, [png_bytes(5)]), (ONE, [png_bytes(6)])]
     path = quantized / "tiny-llava-q8_0.gguf"
     blocks = load_model(str(path), dtype="float32", gguf_blocks=True).model
     converted = load_model(str(path), dtype="float32").model
     for name, value in converted.state_dict().items():
         if name.startswith("vision."):
             torch.testing.assert_close(blocks.state_dict()[name], value, msg=name)
-    assert _greedy(path, cases, quantization="gguf") == _greedy(path, cases)
+    expected = _greedy(path, cases)
+    assert expected[0] != expected[1]
+    assert _greedy(path, cases, quantization="gguf") == expected
 
 
 def test_bad_pairs_are_refused(pair: tuple, tmp_path: Path) -> None:
