@@ -135,7 +135,8 @@ def read_vision(path: Path, reader: Any = None) -> MmprojVision:
     if projector not in SUPPORTED_PROJECTORS:
         raise ValueError(
             f"mmproj file {path}: projector type {projector!r} is not supported; supported: "
-            f"{', '.join(SUPPORTED_PROJECTORS)} (LLaVA-1.5)"
+            f"{', '.join(SUPPORTED_PROJECTORS)} (LLaVA-1.5). To serve the language model "
+            "alone, move the mmproj file out of its folder"
         )
     names = {t.name for t in reader.tensors}
     if "v.post_ln.weight" in names:
