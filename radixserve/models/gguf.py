@@ -172,11 +172,19 @@ _OLD_EXPERT_NAMES = {"ffn_gate": "gate_proj", "ffn_up": "up_proj", "ffn_down": "
 def find_gguf_file(path: Path, force: bool = False) -> Path | None:
     """The GGUF behind a model path: the file itself, or the only .gguf in a folder without a
     config.json (with `force`, even when there is one). None when it is not a GGUF model."""
+    from radixserve.models.gguf_mmproj import is_mmproj
+
     if path.is_file():
+        if is_mmproj(path):
+            raise ValueError(
+                f"{path.name} is a llama.cpp mmproj (vision) file: pass the language model's "
+                "GGUF (or their folder) as the model; the mmproj file beside it is found"
+            )
         return path if path.suffix.lower() == ".gguf" or force else None
     if not path.is_dir() or ((path / "config.json").is_file() and not force):
         return None
-    found = sorted(path.glob("*.gguf"))
+    # A vision model's mmproj file sits beside its language model (models/gguf_mmproj.py).
+    found = sorted(p for p in path.glob("*.gguf") if not is_mmproj(p))
     if len(found) > 1:
         names = ", ".join(f.name for f in found)
         raise ValueError(f"{path} holds several GGUF files ({names}); pass one file as the model")
@@ -188,7 +196,19 @@ def find_gguf_file(path: Path, force: bool = False) -> Path | None:
 def ensure_converted(gguf_path: Path) -> Path:
     """The cached HF folder for `gguf_path`, converting it first if needed."""
     _check_exists(gguf_path)
-    return _ensure_folder(gguf_path, cached_folder(gguf_path), with_weights=True)
+    return _ensure_folder(gguf_path, converted_folder(gguf_path), with_weights=True)
+
+
+def converted_folder(gguf_path: Path) -> Path:
+    """Where the conversion of `gguf_path` lives: with an mmproj file beside it, a folder of
+    its own keyed by both files (the pair is a vision model, the file alone a text model)."""
+    from radixserve.models.gguf_mmproj import find_mmproj
+
+    folder = cached_folder(gguf_path)
+    mmproj = find_mmproj(gguf_path)
+    if mmproj is None:
+        return folder
+    return folder.with_name(f"{folder.name}-mmproj-{content_fingerprint(mmproj)}")
 
 
 def ensure_metadata(gguf_path: Path) -> Path:
@@ -196,7 +216,7 @@ def ensure_metadata(gguf_path: Path) -> Path:
     --quantization gguf, which reads the weights from the file itself, and the tokenizer need).
     A full conversion made earlier serves as well."""
     _check_exists(gguf_path)
-    full = cached_folder(gguf_path)  # hashes the file's head and tail: once per call
+    full = converted_folder(gguf_path)  # hashes the file's head and tail: once per call
     if full.is_dir():
         return full
     return _ensure_folder(gguf_path, full.with_name(f"{full.name}-meta"), with_weights=False)
@@ -247,6 +267,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, with_weights: bool = True) -> N
     `gguf_path`."""
     from gguf import GGUFReader
 
+    from radixserve.models.gguf_mmproj import find_mmproj
+
+    mmproj = find_mmproj(gguf_path)
     try:
         reader = GGUFReader(gguf_path)
     except Exception as e:  # the reader raises assorted errors on truncated or foreign files
@@ -266,15 +289,21 @@ def convert_gguf(gguf_path: Path, out_dir: Path, with_weights: bool = True) -> N
         # Read by ModelConfig as a safetensors checkpoint's would be.
         stops = {"eos_token_id": gemma_stop_ids(reader)}
         (out_dir / "generation_config.json").write_text(json.dumps(stops, indent=2) + "\n")
+    if mmproj is not None:
+        from radixserve.models.gguf_mmproj import write_llava_folder
+
+        write_llava_folder(mmproj, out_dir)
+        logger.info("%s: vision tower and projector from %s (LLaVA)", gguf_path.name, mmproj.name)
     if with_weights:
         permute = arch in _PERMUTED_QK
         heads = (
             config.num_attention_heads,
             config.num_key_value_heads or config.num_attention_heads,
         )
-        _write_tensors(reader, gguf_path, out_dir, arch, heads if permute else None)
+        _write_tensors(reader, gguf_path, out_dir, arch, heads if permute else None, mmproj)
     marker = {
         "source": str(gguf_path.resolve()),
+        "mmproj": str(mmproj.resolve()) if mmproj is not None else None,
         "converter_version": CONVERTER_VERSION,
         "weights": with_weights,
     }
@@ -429,8 +458,10 @@ def _write_tensors(
     out_dir: Path,
     arch: str,
     qk_heads: tuple[int, int] | None,
+    mmproj: Path | None = None,
 ) -> None:
-    """Dequantise tensor by tensor into ~2 GiB safetensors shards, flushed as they fill."""
+    """Dequantise tensor by tensor into ~2 GiB safetensors shards, flushed as they fill (with
+    an mmproj file's vision tensors after the language model's)."""
     import torch
 
     writer = _ShardWriter(out_dir)
@@ -447,6 +478,11 @@ def _write_tensors(
             heads = qk_heads[0] if ".q_proj." in name else qk_heads[1]
             value = torch.from_numpy(np.ascontiguousarray(unpermute_qk(value.numpy(), heads)))
         writer.add(name, value)
+    if mmproj is not None:
+        from radixserve.models.gguf_mmproj import vision_tensors
+
+        for name, value in vision_tensors(mmproj):
+            writer.add(name, value)
     writer.close()
 
 

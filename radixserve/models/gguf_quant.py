@@ -16,9 +16,10 @@ usually read already, on a thread while torch was imported (utils/gguf_prefetch.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -111,12 +112,22 @@ def load_gguf_weights(
     tied_lm_head: bool,
     progress: bool = True,
     arch: str = "llama",
+    extra_tensors: Iterable[tuple[str, torch.Tensor]] | None = None,
 ) -> QuantSummary:
     """Fill `model` (built with uninitialised weights) from `gguf_path`, a GGUF of
-    general.architecture `arch` (its tensor names and float conventions)."""
+    general.architecture `arch` (its tensor names and float conventions). `extra_tensors`
+    (HF-named, e.g. an mmproj file's vision tower) load with the file's float tensors."""
     with _GGUFFile(gguf_path) as file:
         return _load(
-            model, file, num_heads, num_kv_heads, permuted_qk, tied_lm_head, progress, arch
+            model,
+            file,
+            num_heads,
+            num_kv_heads,
+            permuted_qk,
+            tied_lm_head,
+            progress,
+            arch,
+            extra_tensors or (),
         )
 
 
@@ -129,6 +140,7 @@ def _load(
     tied_lm_head: bool,
     progress: bool,
     arch: str,
+    extra_tensors: Iterable[tuple[str, torch.Tensor]] = (),
 ) -> QuantSummary:
     raw = file.tensors
     prefetch = gguf_prefetch.take(file.path)  # blocks read while torch was imported, if any
@@ -187,7 +199,9 @@ def _load(
         quantized += 1
         nbytes += blocks.numel()
         bar.update()
-    model.load_weights(_float_tensors(file, on_blocks, heads, bar, arch))
+    model.load_weights(
+        itertools.chain(_float_tensors(file, on_blocks, heads, bar, arch), extra_tensors)
+    )
     bar.close()
     slow = sorted(gt.type_name(t) for t in types if not gt.runs_on_integer_kernels(t))
     if slow:

@@ -103,17 +103,23 @@ def load_model(
             on_load.quantize_loaded()
     elif gguf_file is not None:
         from radixserve.models.gguf import gguf_architecture
+        from radixserve.models.gguf_mmproj import find_mmproj, vision_tensors
         from radixserve.models.gguf_quant import load_gguf_weights
 
+        # A LLaVA folder made from a GGUF and its mmproj file: the language model's type
+        # decides the file's conventions; the vision tensors come from the mmproj file.
+        text_type = str(getattr(config.hf_config, "text_config", config.hf_config).model_type)
+        mmproj = find_mmproj(gguf_file) if text_type != config.model_type else None
         load_gguf_weights(
             model,
             gguf_file,
             config.num_attention_heads,
             config.num_key_value_heads,
-            permuted_qk=config.model_type in ("llama", "mistral", "mixtral"),
+            permuted_qk=text_type in ("llama", "mistral", "mixtral"),
             tied_lm_head=config.tie_word_embeddings,
             progress=_is_first_rank(),
-            arch=gguf_architecture(config.model_type),
+            arch=gguf_architecture(text_type),
+            extra_tensors=vision_tensors(mmproj) if mmproj is not None else None,
         )
     else:
         assert files is not None

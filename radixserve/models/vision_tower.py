@@ -67,6 +67,9 @@ class VisionEncoder(nn.Module):
         self.strategy = select_strategy(hf_config)
         # CLIPVisionModel or SiglipVisionModel, as transformers builds the tower.
         self.vision_tower = AutoModel.from_config(vision)
+        # The features are hidden states; the post-layernorm only serves the pooled output,
+        # which LLaVA never reads (llama.cpp's mmproj files leave it out).
+        self.vision_tower.post_layernorm = nn.Identity()
         self.multi_modal_projector = MultiModalProjector(
             int(vision.hidden_size) * len(self.layers),
             text_hidden,

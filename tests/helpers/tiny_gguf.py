@@ -58,8 +58,10 @@ def write_tiny_gguf(
     arch: str = "llama",
     quantize: bool = True,
     stacked_experts: bool = True,
+    tokens: tuple[list[str], list[str]] | None = None,
 ) -> Path:
-    """Write `hf_model` (vocab_size must be len(_TOKENS) = 59 or less) as a GGUF of `arch`.
+    """Write `hf_model` (vocab_size must be len(_TOKENS) = 59 or less, unless `tokens` gives
+    the vocabulary and its BPE merges) as a GGUF of `arch`.
 
     2-D weights other than the embedding (and a MoE model's 3-D stacked experts, not its router)
     are stored Q8_0 when `quantize`, else F32. q/k rows are permuted for llama, as llama.cpp
@@ -73,7 +75,7 @@ def write_tiny_gguf(
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{arch}")
-    _add_model_metadata(writer, cfg, heads, kv_heads, head_dim)
+    _add_model_metadata(writer, cfg, heads, kv_heads, head_dim, tokens)
     _add_moe_metadata(writer, cfg)
     for target, value in _gguf_tensors(hf_model, stacked_experts):
         if arch == "llama" and ".attn_q." in target:
@@ -151,7 +153,12 @@ def _add_moe_metadata(writer: object, cfg: object) -> None:
 
 
 def _add_model_metadata(
-    writer: object, cfg: object, heads: int, kv_heads: int, head_dim: int
+    writer: object,
+    cfg: object,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    tokens: tuple[list[str], list[str]] | None = None,
 ) -> None:
     """The hyperparameters and tokenizer llama.cpp's converter writes for a llama-like model."""
     writer.add_block_count(cfg.num_hidden_layers)
@@ -166,18 +173,27 @@ def _add_model_metadata(
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_rope_dimension_count(head_dim)
-    _add_tokenizer(writer, cfg.vocab_size)
+    _add_tokenizer(writer, cfg.vocab_size, tokens)
 
 
-def _add_tokenizer(writer: object, vocab_size: int) -> None:
-    if vocab_size > len(_TOKENS):
-        raise ValueError(f"tiny GGUF vocabularies hold at most {len(_TOKENS)} tokens")
-    tokens = _TOKENS[:vocab_size]
+def _add_tokenizer(
+    writer: object, vocab_size: int, vocab: tuple[list[str], list[str]] | None = None
+) -> None:
+    if vocab is None:
+        if vocab_size > len(_TOKENS):
+            raise ValueError(f"tiny GGUF vocabularies hold at most {len(_TOKENS)} tokens")
+        tokens, merges = _TOKENS[:vocab_size], _MERGES
+    else:
+        tokens, merges = vocab
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
-    writer.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
-    writer.add_token_merges(_MERGES)
+    # Special (control) tokens: the first three and any written "<...>".
+    types = [
+        3 if i < 3 or (t.startswith("<") and t.endswith(">")) else 1 for i, t in enumerate(tokens)
+    ]
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_chat_template(CHAT_TEMPLATE)
