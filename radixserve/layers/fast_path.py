@@ -27,6 +27,7 @@ from radixserve.layers.quantization import (
 from radixserve.layers.quantization.packed import Int4PackLinearMethod, OneDNNLinearMethod
 from radixserve.layers.remembered_timing import remembered_figures
 from radixserve.layers.timing import interleaved_fastest
+from radixserve.layers.vision_linears import use_fast_vision_linears
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ def use_fast_kernels(
     one_call = enabled and any(fusable(m) for m in decoder_layers)
     pack_q4_1_for_int4(model, linears, repack, keeps_one_call=one_call)
     choose_kquant_paths(model, linears, enabled)
+    vision_linears = use_fast_vision_linears(model, enabled)
+    float_weights |= vision_linears > 0
     count = 0
     for module in model.modules():
         if isinstance(module, _FUSABLE):
