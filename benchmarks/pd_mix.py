@@ -296,8 +296,16 @@ def _spec(url: str, arrival: Arrival) -> RequestSpec:
 
 
 def _no_tokenizer(text: str) -> int:
-    # The server reports completion_tokens on every streamed chunk; this is never needed.
-    raise RuntimeError("the server did not report completion_tokens")
+    # radixserve reports completion_tokens with every streamed chunk: this is only reached by
+    # a stream that ended without output (an error event); _check_output marks it failed.
+    return 0
+
+
+def _check_output(out: RequestOutput) -> RequestOutput:
+    if out.success and out.output_len == 0:
+        out.success = False
+        out.error = out.error or "the stream ended without output tokens"
+    return out
 
 
 async def drive(
@@ -334,7 +342,7 @@ async def drive(
                 tasks.append(
                     asyncio.create_task(send_request(client, _spec(url, arrival), _no_tokenizer))
                 )
-            outputs = list(await asyncio.gather(*tasks))
+            outputs = [_check_output(o) for o in await asyncio.gather(*tasks)]
         finally:
             if reporter is not None:
                 reporter.cancel()
