@@ -36,6 +36,7 @@ DEFAULT_WAITING_TIMEOUT_S = 300.0
 # Consecutive failed health checks of the prefill's bootstrap server before giving up.
 HEALTH_FAILURES = 3
 HEALTH_INTERVAL_S = 1.0
+HEALTH_TIMEOUT_S = 1.0
 
 
 def waiting_timeout_s() -> float:
@@ -173,7 +174,13 @@ class KVReceiver:
 
 
 def _healthy(url: str) -> bool:
+    """False when the prefill's bootstrap server is gone (refused, reset, an error status).
+    A server that took the connection but is slow to answer counts as alive: a prefill busy
+    with long prompts on a loaded machine can take seconds (measured with benchmarks/pd_mix.py),
+    and a hung one still ends at the waiting timeout."""
     try:
-        return httpx.get(f"{url}/health", timeout=1.0).status_code == 200
+        return httpx.get(f"{url}/health", timeout=HEALTH_TIMEOUT_S).status_code == 200
+    except httpx.ReadTimeout:
+        return True
     except httpx.HTTPError:
         return False
