@@ -262,6 +262,71 @@ void dot_rows_512(const uint8_t* wrow, const Q8KRows& xq, int64_t r0, int64_t k,
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) out[r * out_stride] = total[r];
 }
+
+// dot_rows_512 for two weight rows (output columns) at once, interleaved super-block by
+// super-block: each output's integer sums and float steps are dot_rows_512's, in the same
+// order (the same bits), but the two columns' independent chains (scale decode, multiply-adds,
+// reductions) overlap, and each activation row is loaded once for both. At a few activation
+// rows a column's chain is short and mostly latency (MoE experts at batch 8 get 1-3 rows each),
+// so one column at a time left the core waiting.
+template <class Dec, int R>
+void dot_rows_512_x2(const uint8_t* wrow0, const uint8_t* wrow1, const Q8KRows& xq, int64_t r0,
+                     int64_t k, float* out, int64_t out_stride) {
+  const int64_t nsb = k / kSuper;
+  float total0[R], total1[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) total0[r] = total1[r] = 0.0f;
+  const __m512i lanes = _mm512_srli_epi16(
+      _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13,
+                       12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+      3);
+  for (int64_t s = 0; s < nsb; ++s) {
+    const uint8_t* blk0 = wrow0 + s * Dec::kBytes;
+    const uint8_t* blk1 = wrow1 + s * Dec::kBytes;
+    prefetch_ahead<Dec>(blk0);
+    prefetch_ahead<Dec>(blk1);
+    SuperBlock sb0, sb1;
+    Dec::prepare(blk0, &sb0);
+    Dec::prepare(blk1, &sb1);
+    const __m512i sc0 =
+        _mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb0.sc)));
+    const __m512i sc1 =
+        _mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(sb1.sc)));
+    __m512i isum0[R], isum1[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) isum0[r] = isum1[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const __m512i u0 = _mm512_inserti64x4(_mm512_castsi256_si512(Dec::codes(blk0, 2 * j)),
+                                            Dec::codes(blk0, 2 * j + 1), 1);
+      const __m512i u1 = _mm512_inserti64x4(_mm512_castsi256_si512(Dec::codes(blk1, 2 * j)),
+                                            Dec::codes(blk1, 2 * j + 1), 1);
+      const __m512i run = _mm512_add_epi16(lanes, _mm512_set1_epi16(static_cast<int16_t>(4 * j)));
+      const __m512i scales0 = _mm512_permutexvar_epi16(run, sc0);
+      const __m512i scales1 = _mm512_permutexvar_epi16(run, sc1);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m512i x = _mm512_loadu_si512(xq.q.data() + (r0 + r) * k + s * kSuper + 64 * j);
+        isum0[r] = madd_accumulate(isum0[r], _mm512_maddubs_epi16(u0, x), scales0);
+        isum1[r] = madd_accumulate(isum1[r], _mm512_maddubs_epi16(u1, x), scales1);
+      }
+    }
+    int sums0[R], corrs0[R], sums1[R], corrs1[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const int16_t* bsums = xq.bsums.data() + (r0 + r) * (k / 16) + s * 16;
+      sum_and_correction(isum0[r], sb0, bsums, &sums0[r], &corrs0[r]);
+      sum_and_correction(isum1[r], sb1, bsums, &sums1[r], &corrs1[r]);
+    }
+    add_sums<Dec, R>(sb0, sums0, corrs0, xq, r0, k, s, total0);
+    add_sums<Dec, R>(sb1, sums1, corrs1, xq, r0, k, s, total1);
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    out[r * out_stride] = total0[r];
+    out[r * out_stride + 1] = total1[r];
+  }
+}
 #endif
 
 template <class Dec>
@@ -269,7 +334,23 @@ void dot_columns(const uint8_t* blocks, int64_t row_bytes, const Q8KRows& xq, in
                  int64_t r0, int64_t rows, float* out, int64_t out_stride, int64_t begin,
                  int64_t end) {
   const bool wide = q8k_wide();
-  for (int64_t col = begin; col < end; ++col) {
+  int64_t col = begin;
+#if defined(__AVX512BW__)
+  // Two columns at a time (dot_rows_512_x2), tiles of up to 4 rows: the same bits.
+  if (wide) {
+    for (; col + 1 < end; col += 2) {
+      const uint8_t* wrow = blocks + col * row_bytes;
+      for (int64_t r = 0; r < rows; r += 4) {
+        float* o = out + (r0 + r) * out_stride + col;
+        with_row_tile(std::min<int64_t>(4, rows - r), [&](auto tile) {
+          dot_rows_512_x2<Dec, decltype(tile)::value>(wrow, wrow + row_bytes, xq, r0 + r, k, o,
+                                                      out_stride);
+        });
+      }
+    }
+  }
+#endif
+  for (; col < end; ++col) {
     const uint8_t* wrow = blocks + col * row_bytes;
     for (int64_t r = 0; r < rows; r += 4) {
       float* o = out + (r0 + r) * out_stride + col;
