@@ -245,12 +245,7 @@ class KVManager:
             self._free(slots[aligned:])
         else:
             self._free(slots[req.cached_len : req.kv_len])
-        self.prefix_cache.dec_lock_ref(req.last_node)
-        self.req_to_token_pool.free(req.req_pool_idx)
-        req.req_pool_idx = None
-        req.last_node = None
-        req.kv_len = 0
-        req.cached_len = 0
+        self._drop_holdings(req)
 
     def discard(self, req: Req, num_tokens: int) -> None:
         """Free a request's first `num_tokens` slots without caching them: they were allocated
@@ -260,6 +255,10 @@ class KVManager:
         for hook in self.release_hooks:
             hook(req)
         self._free(self.req_to_token_pool.read(req.req_pool_idx, req.cached_len, num_tokens))
+        self._drop_holdings(req)
+
+    def _drop_holdings(self, req: Req) -> None:
+        """The end of release and discard: the cache lock, the table row and the counts."""
         self.prefix_cache.dec_lock_ref(req.last_node)
         self.req_to_token_pool.free(req.req_pool_idx)
         req.req_pool_idx = None
