@@ -68,7 +68,7 @@ def use_fast_kernels(
     decoder_layers = [m for m in model.modules() if hasattr(type(m), "fused_args")]
     one_call = enabled and any(fusable(m) for m in decoder_layers)
     pack_q4_1_for_int4(model, linears, repack, keeps_one_call=one_call)
-    choose_kquant_paths(model, linears, enabled)
+    choose_kquant_paths(model, linears, enabled, deterministic)
     vision_linears = use_fast_vision_linears(model, enabled)
     float_weights |= vision_linears > 0
     count = 0

@@ -48,9 +48,14 @@ AMX_MIN_ROWS = 64  # where the tiles win at 64 rows (1.2-1.3x on Sapphire Rapids
 AMX_AFTER_MID_BATCHES = 128  # where they win only at 128
 
 
-def choose_kquant_paths(model: nn.Module, linears: tuple[type, ...], enabled: bool) -> bool:
+def choose_kquant_paths(
+    model: nn.Module, linears: tuple[type, ...], enabled: bool, deterministic: bool = False
+) -> bool:
     """Set the process-wide K-quant paths for `model` and log them with the reason. Returns
-    whether int8 activations were chosen for a few rows."""
+    whether int8 activations were chosen for a few rows. Under `deterministic` inference
+    "auto" decides by a CPU fact instead of a timing (int8 where the CPU has VNNI): a timed
+    choice could differ between starts, or between tensor-parallel ranks timing their halves of
+    a layer, and the two formats round differently."""
     from radixserve.kernels.gguf_types import Q8K_TYPES
 
     ext = load_extension()
@@ -72,15 +77,21 @@ def choose_kquant_paths(model: nn.Module, linears: tuple[type, ...], enabled: bo
         if part.qtype in Q8K_TYPES
     ]
     mode = os.environ.get(KQUANT_INT8_ENV, "auto")
+    fixed_rule = ""
+    if deterministic and mode == "auto":
+        mode = "1" if _has_vnni(ext) else "0"
+        fixed_rule = "deterministic inference: int8 where the CPU has VNNI, else int16"
     if not enabled or not parts or mode == "0":
         if parts and mode == "0":
             logger.info(
-                "GGUF K-quants on int16 activations and float tiles (%s=0)", KQUANT_INT8_ENV
+                "GGUF K-quants on int16 activations and float tiles (%s)",
+                fixed_rule or f"{KQUANT_INT8_ENV}=0",
             )
         return False
     amx_rows = PANEL_NEVER
     if mode == "1":
-        small, min_rows, reason = True, PANEL_MIN_ROWS, f"{KQUANT_INT8_ENV}=1"
+        small, min_rows = True, PANEL_MIN_ROWS
+        reason = fixed_rule or f"{KQUANT_INT8_ENV}=1"
         amx_rows = AMX_MIN_ROWS if AMX_ISA in ext.q8k_isas() else PANEL_NEVER
     else:
         largest = max(parts, key=lambda p: p.blocks.numel())
@@ -108,6 +119,11 @@ def choose_kquant_paths(model: nn.Module, linears: tuple[type, ...], enabled: bo
         many += " (AMX-INT8 tiles measured no faster)"
     logger.info("GGUF K-quants: %s for a few rows (%s), %s", few, reason, many)
     return small
+
+
+def _has_vnni(ext: object) -> bool:
+    """Whether the Q8_K kernels have a VNNI variant here (avx512_vnni or amx_int8)."""
+    return any(isa != "avx2" for isa in ext.q8k_isas())
 
 
 def _vector_isa(ext: object) -> str:

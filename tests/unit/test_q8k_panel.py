@@ -259,3 +259,23 @@ def test_amx_rows_follow_the_timings(
     assert kquant_paths._amx_min_rows(ext, weight) == expected
     assert ext.q8k_isa() != kquant_paths.AMX_ISA
     assert ext.q8k_panel_min_rows() == NEVER
+
+
+def test_deterministic_auto_decides_by_the_cpu_not_a_timing(
+    ext: object, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under deterministic inference "auto" takes int8 exactly where the Q8_K kernels have a
+    VNNI variant, with no timing (a timed choice could differ between starts or TP ranks)."""
+    monkeypatch.delenv(kquant_paths.KQUANT_INT8_ENV, raising=False)
+
+    def no_timing(*args: object) -> None:
+        raise AssertionError("deterministic inference must not time the K-quant paths")
+
+    monkeypatch.setattr(kquant_paths, "_measure", no_timing)
+    vnni = any(isa != "avx2" for isa in ext.q8k_isas())
+    with caplog.at_level(logging.INFO, logger=kquant_paths.__name__):
+        small = kquant_paths.choose_kquant_paths(
+            _model(), (_Layer,), enabled=True, deterministic=True
+        )
+    assert small is vnni and ext.kquant_int8() is vnni
+    assert "deterministic inference" in caplog.text
