@@ -46,18 +46,24 @@ BOOTSTRAP_TIMEOUT_ENV = "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"
 DEFAULT_BOOTSTRAP_TIMEOUT_S = 300.0
 
 
-def bootstrap_timeout_s() -> float:
-    """Seconds a prefill room waits for its decode server (SGLang's variable and default)."""
-    raw = os.environ.get(BOOTSTRAP_TIMEOUT_ENV)
-    if raw is None or raw.strip() == "":
-        return DEFAULT_BOOTSTRAP_TIMEOUT_S
+def seconds_from_env(name: str, default: float) -> float:
+    """A timeout in seconds from environment variable `name` (unset or blank: `default`);
+    ValueError for anything but a positive number."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
     try:
         value = float(raw)
     except ValueError as e:
-        raise ValueError(f"{BOOTSTRAP_TIMEOUT_ENV}={raw!r} is not a number of seconds") from e
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from e
     if value <= 0:
-        raise ValueError(f"{BOOTSTRAP_TIMEOUT_ENV} must be > 0, got {raw!r}")
+        raise ValueError(f"{name} must be > 0, got {raw!r}")
     return value
+
+
+def bootstrap_timeout_s() -> float:
+    """Seconds a prefill room waits for its decode server (SGLang's variable and default)."""
+    return seconds_from_env(BOOTSTRAP_TIMEOUT_ENV, DEFAULT_BOOTSTRAP_TIMEOUT_S)
 
 
 # ---- rank registry ----------------------------------------------------------------------------

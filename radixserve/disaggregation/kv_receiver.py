@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,6 +25,7 @@ from radixserve.disaggregation.bootstrap import (
     PrefillRankInfo,
     fetch_prefill_rank,
     fetch_prefill_server_info,
+    seconds_from_env,
 )
 from radixserve.disaggregation.transfer import KVTransferBackend, TransferError
 
@@ -41,16 +41,7 @@ HEALTH_TIMEOUT_S = 1.0
 
 def waiting_timeout_s() -> float:
     """Seconds a decode request waits for its KV (SGLang's variable and default)."""
-    raw = os.environ.get(WAITING_TIMEOUT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_WAITING_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError as e:
-        raise ValueError(f"{WAITING_TIMEOUT_ENV}={raw!r} is not a number of seconds") from e
-    if value <= 0:
-        raise ValueError(f"{WAITING_TIMEOUT_ENV} must be > 0, got {raw!r}")
-    return value
+    return seconds_from_env(WAITING_TIMEOUT_ENV, DEFAULT_WAITING_TIMEOUT_S)
 
 
 @dataclass(frozen=True)

@@ -160,6 +160,19 @@ def test_bootstrap_timeout_env(monkeypatch: pytest.MonkeyPatch) -> None:
         bootstrap_timeout_s()
 
 
+def test_waiting_timeout_env_reads_like_the_bootstrap_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    from radixserve.disaggregation.kv_receiver import WAITING_TIMEOUT_ENV, waiting_timeout_s
+
+    monkeypatch.setenv(WAITING_TIMEOUT_ENV, " ")
+    assert waiting_timeout_s() == 300.0
+    monkeypatch.setenv(WAITING_TIMEOUT_ENV, "2")
+    assert waiting_timeout_s() == 2.0
+    for bad in ("0", "-1", "later"):
+        monkeypatch.setenv(WAITING_TIMEOUT_ENV, bad)
+        with pytest.raises(ValueError, match=WAITING_TIMEOUT_ENV):
+            waiting_timeout_s()
+
+
 def test_server_reaps_rooms_without_traffic() -> None:
     freed: list[int] = []
     rooms: RoomTable[None] = RoomTable(timeout_s=0.2, on_expire=lambda r, _: freed.append(r))
