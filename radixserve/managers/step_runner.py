@@ -8,7 +8,7 @@ builder).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from radixserve.managers.kv_manager import KVManager
     from radixserve.managers.schedule_batch import Req, ScheduledBatch
     from radixserve.model_executor.model_runner import ModelRunner
+    from radixserve.speculative.target import FeatureHook
 
 
 # sample_pos values at or below this mark an embedding request (its index into hidden_rows is
@@ -44,9 +45,7 @@ class StepRunner:
         self.sampler = Sampler(argmax=ops.argmax_rows)
         # EAGLE speculation: called with each forward's per-token features (the batch's
         # requests, their first positions and token counts, the features).
-        self.on_features: (
-            Callable[[Sequence[Req], Sequence[int], Sequence[int], torch.Tensor], None] | None
-        ) = None
+        self.on_features: FeatureHook | None = None
 
     def run(self, batch: ScheduledBatch) -> list[TokenResult | EmbeddingResult | None]:
         step, sample_pos, input_rows = self._build_inputs(batch)
