@@ -158,8 +158,11 @@ def _gather_slots(
 ) -> torch.Tensor:
     """table[row of token i, positions[i]] for every token, as a fresh 1-D int64 tensor on the
     table's device (advanced indexing copies, so later table writes do not change it)."""
-    token_rows = torch.repeat_interleave(
-        torch.tensor(rows, dtype=torch.int64), torch.tensor(extend_lens, dtype=torch.int64)
-    ).to(table.device)
+    if all(n == 1 for n in extend_lens):  # one token each (a decode step): rows per token
+        token_rows = torch.tensor(rows, dtype=torch.int64, device=table.device)
+    else:
+        token_rows = torch.repeat_interleave(
+            torch.tensor(rows, dtype=torch.int64), torch.tensor(extend_lens, dtype=torch.int64)
+        ).to(table.device)
     idx_pos = torch.tensor(positions, dtype=torch.int64, device=table.device)
     return table[token_rows, idx_pos]

@@ -69,3 +69,12 @@ def test_mistakes_are_refused() -> None:
         b.add(1, 0, [1], slots=[3])
     with pytest.raises(ValueError, match="page table"):
         b.build()
+
+
+def test_a_decode_step_gathers_one_slot_per_request() -> None:
+    b = StepBuilder()
+    for row, prefix in ((3, 7), (0, 2), (2, 5)):
+        b.add(row, prefix, [1])
+    step = b.build(slot_table=_table())
+    assert step.out_cache_loc.tolist() == [307, 2, 205]
+    assert step.is_decode is True
