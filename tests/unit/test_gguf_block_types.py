@@ -82,9 +82,14 @@ def test_a_row_does_not_depend_on_its_batch(qtype: int) -> None:
     batched with."""
     n, k = 21, 512
     blocks = random_blocks(qtype, n, k)
-    x = torch.randn(3, k, generator=torch.Generator().manual_seed(1))
-    alone = ops.gguf_linear(x[:1].contiguous(), blocks, qtype, n)
-    assert torch.equal(alone[0], ops.gguf_linear(x, blocks, qtype, n)[0])
+    x = torch.randn(11, k, generator=torch.Generator().manual_seed(1))
+    alone = torch.cat(
+        [ops.gguf_linear(x[r : r + 1].contiguous(), blocks, qtype, n) for r in range(11)]
+    )
+    # Every row count the integer kernels serve (2..11: the paired 512-bit kernel where the CPU
+    # has AVX512BW, odd counts with a padded pair, more than one tile of 8 rows).
+    for rows in range(2, 12):
+        assert torch.equal(alone[:rows], ops.gguf_linear(x[:rows], blocks, qtype, n)), rows
 
 
 @pytest.mark.skipif(not ops.using_cpp_kernels(), reason="C++ kernels not built here")

@@ -11,6 +11,7 @@
 #include "gguf_blocks.h"
 #include "gguf_gemv.h"
 #include "gguf_kquant.h"
+#include "gguf_paired_rows.h"
 #include "gguf_q8k.h"
 #include "kernels.h"
 #if defined(__AVX2__)
@@ -122,6 +123,11 @@ inline __m256 dot_block(__m256i w_lo, __m256i w_hi, const int16_t* x) {
 #define RS_Q4_OFFSET(i) \
   off##i = _mm256_fmadd_ps(m, _mm256_broadcast_ss(sum_base + i * nb + b), off##i);
 
+// The weights stream from memory once per column and the hardware prefetcher alone did not keep
+// up with a few rows (2 rows ran ~2.7x slower from memory than from cache): each block asks for
+// the bytes 8 KiB ahead.
+constexpr int64_t kRowsPrefetchBytes = 8192;
+
 template <int R>
 void dot_rows_q4_1(const uint8_t* wrow, const QuantizedRows& xq, int64_t r0, int64_t k,
                    float* out_col, int64_t out_stride) {
@@ -134,6 +140,7 @@ void dot_rows_q4_1(const uint8_t* wrow, const QuantizedRows& xq, int64_t r0, int
   const float* sum_base = xq.sum.data() + r0 * nb;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = wrow + b * kQ4_1Bytes;
+    _mm_prefetch(reinterpret_cast<const char*>(blk) + kRowsPrefetchBytes, _MM_HINT_T0);
     const __m256 d = _mm256_set1_ps(half_to_float(blk));
     const __m256 m = _mm256_set1_ps(half_to_float(blk + 2));
     __m256i w_lo, w_hi;
@@ -158,6 +165,7 @@ void dot_rows_q8_0(const uint8_t* wrow, const QuantizedRows& xq, int64_t r0, int
   const float* scale_base = xq.scale.data() + r0 * nb;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = wrow + b * kQ8_0Bytes;
+    _mm_prefetch(reinterpret_cast<const char*>(blk) + kRowsPrefetchBytes, _MM_HINT_T0);
     const __m256 d = _mm256_set1_ps(half_to_float(blk));
     __m256i w_lo, w_hi;
     unpack_q8(blk + 2, &w_lo, &w_hi);
@@ -420,6 +428,22 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
   }
   static thread_local QuantizedRows caller_rows;
   QuantizedRows& xq = caller_rows;
+  if (!kquant && m > 1 && paired_rows_available()) {
+    // A few rows on 512-bit vectors, two rows a vector (gguf_paired_rows.cpp): the same bits.
+    static thread_local PairedRows caller_pairs;
+    PairedRows& xp = caller_pairs;
+    auto out = quantized_linear(
+        x, n, xq,
+        [&](const auto* p, int64_t rows, int64_t kk, int64_t s, QuantizedRows& q) {
+          quantize_rows(p, rows, kk, s, q);
+          pair_rows(q, rows, kk, xp);
+        },
+        [&](float* op, int64_t begin, int64_t end) {
+          paired_dot_columns(wp, row_bytes, qtype, xp, op, n, begin, end);
+        });
+    if (xp.x.size() > (size_t{1} << 20)) xp = PairedRows{};  // keep only small buffers
+    return out;
+  }
   auto dot = qtype == kQ4_1 ? dot_row_q4_1 : dot_row_q8_0;
   return quantized_linear(
       x, n, xq,
