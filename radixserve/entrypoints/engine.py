@@ -182,29 +182,26 @@ class Engine:
         """One prompt gives one dict; a list gives a list (n > 1 gives n dicts per prompt,
         prompt-major). With stream=True, an iterator of chunks whose "text" is the new text.
         The dicts are SGLang's; `generate_outputs` gives the typed results."""
-        return _json_of(
-            self.generate_outputs(
-                GenerateCall(
-                    prompt,
-                    sampling_params,
-                    input_ids,
-                    return_logprob,
-                    logprob_start_len,
-                    top_logprobs_num,
-                    stream,
-                    rid,
-                    priority,
-                    lora_path,
-                    session_params,
-                    custom_logit_processor,
-                    token_ids_logprob,
-                    return_routed_experts,
-                    routed_experts_start_len,
-                    image_data,
-                    bootstrap,
-                )
-            )
+        call = GenerateCall(
+            prompt,
+            sampling_params,
+            input_ids,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            stream,
+            rid,
+            priority,
+            lora_path,
+            session_params,
+            custom_logit_processor,
+            token_ids_logprob,
+            return_routed_experts,
+            routed_experts_start_len,
+            image_data,
+            bootstrap,
         )
+        return _json_of(self.generate_outputs(call))
 
     def generate_outputs(
         self, call: GenerateCall
