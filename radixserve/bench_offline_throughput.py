@@ -36,6 +36,7 @@ from radixserve.benchmarking.server_cli import configure_logging, new_parser, pa
 
 if TYPE_CHECKING:
     from radixserve.entrypoints.engine import Engine
+    from radixserve.managers.outputs import GenerateOutput
 
 logger = logging.getLogger(__name__)
 
@@ -63,20 +64,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _generate(
     engine: Engine, rows: Sequence[DatasetRow], ignore_eos: bool, extra: dict[str, Any]
-) -> list[dict[str, Any]]:
+) -> list[GenerateOutput]:
+    from radixserve.entrypoints.engine_inputs import GenerateCall  # with the Engine, lazily
+
     params = [
         {"temperature": 0, "max_new_tokens": r.output_len, "ignore_eos": ignore_eos, **extra}
         for r in rows
     ]
     if all(isinstance(r.prompt, str) for r in rows):
-        out = engine.generate([str(r.prompt) for r in rows], params)
+        call = GenerateCall(prompt=[str(r.prompt) for r in rows], sampling_params=params)
     else:
         ids = [
             r.prompt if isinstance(r.prompt, list) else engine.tokenizer.encode(r.prompt)
             for r in rows
         ]
-        out = engine.generate(input_ids=ids, sampling_params=params)
-    return out if isinstance(out, list) else [out]
+        call = GenerateCall(input_ids=ids, sampling_params=params)
+    out = engine.generate_outputs(call)  # not a stream: one result, or a list of them
+    return out if isinstance(out, list) else [out]  # type: ignore[list-item]
 
 
 def throughput_test_once(
@@ -86,11 +90,11 @@ def throughput_test_once(
     start = time.perf_counter()
     outputs = _generate(engine, rows, ignore_eos, extra)
     latency = time.perf_counter() - start
-    metas = [o.get("meta_info") or {} for o in outputs]
+    metas = [o.meta_info for o in outputs]
     total_input = sum(r.prompt_len for r in rows)
-    total_output = sum(int(m.get("completion_tokens") or 0) for m in metas)
-    prompt_tokens = sum(int(m.get("prompt_tokens") or 0) for m in metas)
-    cached = sum(int(m.get("cached_tokens") or 0) for m in metas)
+    total_output = sum(m.completion_tokens for m in metas)
+    prompt_tokens = sum(m.prompt_tokens for m in metas)
+    cached = sum(m.cached_tokens for m in metas)
     return {
         "backend": "engine",
         "successful_requests": len(rows),

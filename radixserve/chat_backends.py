@@ -117,14 +117,17 @@ class EngineChatBackend:
         sampling: dict[str, Any] = {"max_new_tokens": params.max_tokens}
         if params.temperature is not None:
             sampling["temperature"] = params.temperature
+        from radixserve.entrypoints.engine_inputs import GenerateCall  # with the Engine, lazily
+
+        call = GenerateCall(input_ids=ids, sampling_params=sampling, stream=True)
         try:
-            chunks = self.engine.generate(input_ids=ids, sampling_params=sampling, stream=True)
+            chunks = self.engine.generate_outputs(call)  # typed chunks (managers/outputs.py)
         except Exception as exc:  # a client error such as a prompt over the context length
             raise ChatError(str(exc)) from exc
         try:
             for chunk in chunks:
-                if chunk.get("text"):
-                    yield chunk["text"]
+                if chunk.text:
+                    yield chunk.text
         finally:
             chunks.close()  # stops the request when the reader stopped early
 

@@ -34,6 +34,7 @@ from radixserve.managers.grammar_backend import make_grammar_backend
 from radixserve.managers.inprocess_runtime import InProcessRuntime
 from radixserve.managers.lora_scheduling import LoRAInUse
 from radixserve.managers.multiprocess_runtime import MultiProcessRuntime
+from radixserve.managers.outputs import GenerateOutput
 from radixserve.managers.process_utils import apply_gc_threshold
 from radixserve.managers.runtime_control import check_pause_mode
 from radixserve.managers.scheduler_factory import EarlyTokenizer
@@ -179,7 +180,8 @@ class Engine:
         bootstrap: BootstrapInfo | Sequence[BootstrapInfo | None] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """One prompt gives one dict; a list gives a list (n > 1 gives n dicts per prompt,
-        prompt-major). With stream=True, an iterator of chunks whose "text" is the new text."""
+        prompt-major). With stream=True, an iterator of chunks whose "text" is the new text.
+        The dicts are SGLang's; `generate_outputs` gives the typed results."""
         call = GenerateCall(
             prompt,
             sampling_params,
@@ -199,8 +201,14 @@ class Engine:
             image_data,
             bootstrap,
         )
+        return _json_of(self.generate_outputs(call))
+
+    def generate_outputs(
+        self, call: GenerateCall
+    ) -> GenerateOutput | list[GenerateOutput] | Iterator[GenerateOutput]:
+        """`generate` with typed results (managers/outputs.py)."""
         items, single = self._expand(call)
-        if stream:
+        if call.stream:
             return self._stream(*items[0])
         sinks = [self._submit(msg) for msg, _ in items]
         results = [
@@ -228,6 +236,7 @@ class Engine:
         image_data: ImageData = None,
         bootstrap: BootstrapInfo | Sequence[BootstrapInfo | None] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
+        """`generate` for an event loop; `async_generate_outputs` gives the typed results."""
         call = GenerateCall(
             prompt,
             sampling_params,
@@ -247,15 +256,24 @@ class Engine:
             image_data,
             bootstrap,
         )
+        results = await self.async_generate_outputs(call)
+        if isinstance(results, GenerateOutput | list):
+            return _json_of(results)
+        return _ajson_stream(results)
+
+    async def async_generate_outputs(
+        self, call: GenerateCall
+    ) -> GenerateOutput | list[GenerateOutput] | AsyncIterator[GenerateOutput]:
+        """`async_generate` with typed results (managers/outputs.py): what the HTTP routes use."""
         expand = functools.partial(self._expand, call, check_grammar=False)
         # Images are decoded and hashed while the request is built: off the event loop.
-        items, single = await asyncio.to_thread(expand) if image_data else expand()
+        items, single = await asyncio.to_thread(expand) if call.image_data else expand()
         # Compiling a grammar can take seconds: await it here instead of blocking the loop.
         # (Copies of one request share a compile through the backend's cache.)
         await asyncio.gather(
             *(self.tokenizer_manager.check_grammar_async(msg.sampling_params) for msg, _ in items)
         )
-        if stream:
+        if call.stream:
             return self._astream(*items[0])
         results = await asyncio.gather(*(self._acollect(msg, state) for msg, state in items))
         return results[0] if single else list(results)
@@ -273,7 +291,7 @@ class Engine:
         results = [
             self._collect(state, sink) for (_, state), sink in zip(items, sinks, strict=True)
         ]
-        return results[0] if single else results
+        return _json_of(results[0] if single else results)
 
     async def async_encode(
         self,
@@ -281,6 +299,15 @@ class Engine:
         input_ids: InputIds = None,
         rid: str | Sequence[str] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]]:
+        return _json_of(await self.async_encode_outputs(prompt, input_ids, rid))
+
+    async def async_encode_outputs(
+        self,
+        prompt: Prompt = None,
+        input_ids: InputIds = None,
+        rid: str | Sequence[str] | None = None,
+    ) -> GenerateOutput | list[GenerateOutput]:
+        """`async_encode` with typed results (each with `embedding` set)."""
         items, single = self._expand_embedding(prompt, input_ids, rid)
         results = await asyncio.gather(*(self._acollect(msg, state) for msg, state in items))
         return results[0] if single else list(results)
@@ -438,14 +465,14 @@ class Engine:
         self.runtime.submit(msg, sink.put)
         return sink
 
-    def _collect(self, state: RequestState, sink: queue.Queue[ReqOutput]) -> dict[str, Any]:
+    def _collect(self, state: RequestState, sink: queue.Queue[ReqOutput]) -> GenerateOutput:
         while True:
             out = sink.get()
             self.tokenizer_manager.apply_output(state, out)
             if out.finished is not None:
                 return self.tokenizer_manager.final_result(state, out)
 
-    def _stream(self, msg: TokenizedGenerateReq, state: RequestState) -> Iterator[dict[str, Any]]:
+    def _stream(self, msg: TokenizedGenerateReq, state: RequestState) -> Iterator[GenerateOutput]:
         sink = self._submit(msg)
         finished = False
         try:
@@ -457,7 +484,7 @@ class Engine:
             if not finished:  # the consumer stopped early: free the request's KV
                 self.runtime.abort(msg.rid)
 
-    async def _acollect(self, msg: TokenizedGenerateReq, state: RequestState) -> dict[str, Any]:
+    async def _acollect(self, msg: TokenizedGenerateReq, state: RequestState) -> GenerateOutput:
         async for out in self._aoutputs(msg):
             self.tokenizer_manager.apply_output(state, out)
             if out.finished is not None:
@@ -466,7 +493,7 @@ class Engine:
 
     async def _astream(
         self, msg: TokenizedGenerateReq, state: RequestState
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncIterator[GenerateOutput]:
         async for out in self._aoutputs(msg):
             yield self.tokenizer_manager.apply_output(state, out)
 
@@ -485,3 +512,35 @@ class Engine:
         finally:
             if not finished:
                 self.runtime.abort(msg.rid)
+
+
+# -- the JSON edge: SGLang's Engine returns dicts ---------------------------------------------
+def _json_of(
+    results: GenerateOutput | list[GenerateOutput] | Iterator[GenerateOutput],
+) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
+    if isinstance(results, GenerateOutput):
+        return results.to_json()
+    if isinstance(results, list):
+        return [r.to_json() for r in results]
+    return _json_stream(results)
+
+
+def _json_stream(chunks: Iterator[GenerateOutput]) -> Iterator[dict[str, Any]]:
+    try:
+        for chunk in chunks:
+            yield chunk.to_json()
+    finally:
+        # Closing this iterator early must close the engine's, which aborts the request.
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+
+
+async def _ajson_stream(chunks: AsyncIterator[GenerateOutput]) -> AsyncIterator[dict[str, Any]]:
+    try:
+        async for chunk in chunks:
+            yield chunk.to_json()
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()

@@ -21,7 +21,9 @@ from typing import Any, NamedTuple
 
 from starlette.requests import Request
 
+from radixserve.entrypoints.engine_inputs import GenerateCall
 from radixserve.entrypoints.openai.errors import ApiError
+from radixserve.managers.outputs import GenerateOutput
 from radixserve.messages import BootstrapInfo
 from radixserve.observability.metrics import ServingMetrics
 
@@ -148,11 +150,11 @@ class GenerationRunner:
 
     async def run(
         self, request: Request | None, items: Sequence[GenItem], opts: LogprobOptions
-    ) -> list[dict[str, Any]]:
-        """All items in one engine call; one result dict per item, in order."""
+    ) -> list[GenerateOutput]:
+        """All items in one engine call; one result per item, in order."""
         start = time.monotonic()
-        kwargs = self._engine_kwargs(items, opts)
-        task = asyncio.ensure_future(self.engine.async_generate(**kwargs, stream=False))
+        call = GenerateCall(**self._engine_kwargs(items, opts), stream=False)
+        task = asyncio.ensure_future(self.engine.async_generate_outputs(call))
         try:
             results = await await_unless_disconnected(request, task)
         except ClientGone:
@@ -163,15 +165,15 @@ class GenerationRunner:
         results = results if isinstance(results, list) else [results]
         if self.metrics is not None:
             for res in results:
-                self.metrics.observe_finished(res.get("meta_info") or {}, time.monotonic() - start)
+                self.metrics.observe_finished(res.meta_info, time.monotonic() - start)
         return results
 
     async def open_streams(
         self, items: Sequence[GenItem], opts: LogprobOptions
-    ) -> list[AsyncIterator[dict[str, Any]]]:
+    ) -> list[AsyncIterator[GenerateOutput]]:
         """Validate every item and return its (not yet started) stream. Raises before any
         stream starts, so a bad item leaves nothing running."""
-        streams: list[AsyncIterator[dict[str, Any]]] = []
+        streams: list[AsyncIterator[GenerateOutput]] = []
         try:
             for it in items:
                 kwargs = self._engine_kwargs([it], opts)
@@ -190,7 +192,8 @@ class GenerationRunner:
                         kwargs[name] = kwargs[name][0]
                 key = "input_ids" if "input_ids" in kwargs else "prompt"
                 kwargs[key] = kwargs[key][0]
-                streams.append(await self.engine.async_generate(**kwargs, stream=True))
+                call = GenerateCall(**kwargs, stream=True)
+                streams.append(await self.engine.async_generate_outputs(call))
         except BaseException:
             for stream in streams:
                 await _aclose(stream)
@@ -198,8 +201,8 @@ class GenerationRunner:
         return streams
 
     async def merge(
-        self, streams: Sequence[AsyncIterator[dict[str, Any]]]
-    ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+        self, streams: Sequence[AsyncIterator[GenerateOutput]]
+    ) -> AsyncIterator[tuple[int, GenerateOutput]]:
         """Chunks of all streams as they come, tagged with the stream's index."""
         tracked = [self._tracked(s) for s in streams]
         if len(tracked) == 1:
@@ -209,10 +212,10 @@ class GenerationRunner:
             finally:
                 await _aclose(tracked[0])
             return
-        queue: asyncio.Queue[tuple[int, dict[str, Any] | None, BaseException | None]]
+        queue: asyncio.Queue[tuple[int, GenerateOutput | None, BaseException | None]]
         queue = asyncio.Queue()
 
-        async def pump(index: int, stream: AsyncIterator[dict[str, Any]]) -> None:
+        async def pump(index: int, stream: AsyncIterator[GenerateOutput]) -> None:
             try:
                 async for chunk in stream:
                     queue.put_nowait((index, chunk, None))
@@ -241,8 +244,8 @@ class GenerationRunner:
                 await _aclose(stream)
 
     async def _tracked(
-        self, stream: AsyncIterator[dict[str, Any]]
-    ) -> AsyncIterator[dict[str, Any]]:
+        self, stream: AsyncIterator[GenerateOutput]
+    ) -> AsyncIterator[GenerateOutput]:
         tracker = self.metrics.stream_tracker() if self.metrics is not None else None
         try:
             async for chunk in stream:

@@ -27,6 +27,7 @@ from starlette.requests import Request
 from radixserve import __version__
 from radixserve.entrypoints import control_api, expert_api, lora_api, native_api
 from radixserve.entrypoints.auth import ApiKeyMiddleware
+from radixserve.entrypoints.engine_inputs import GenerateCall
 from radixserve.entrypoints.engine_start import start_engine
 from radixserve.entrypoints.generation import GenerationRunner, call_engine
 from radixserve.entrypoints.http_config import HttpConfig
@@ -80,9 +81,9 @@ async def _warmup(ctx: ServingContext) -> None:
     )
     try:
         if ctx.config.is_embedding:
-            await ctx.engine.async_encode(**prompt)
+            await ctx.engine.async_encode_outputs(**prompt)
         else:
-            await ctx.engine.async_generate(**prompt, sampling_params=params)
+            await ctx.engine.async_generate_outputs(GenerateCall(**prompt, sampling_params=params))
     except Exception:
         logger.exception("The warmup generation failed")
         _mark_dead(ctx, "warmup failed")

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
 import radixserve
+from radixserve.entrypoints.engine_inputs import GenerateCall
 from radixserve.entrypoints.generation import call_engine
 from radixserve.entrypoints.load_api import get_load
 from radixserve.entrypoints.native_generate import generate
@@ -54,17 +55,16 @@ def _unavailable(ctx: ServingContext) -> ApiError | None:
 async def _generate_one_token(ctx: ServingContext) -> bool:
     rid = f"{HEALTH_CHECK_RID_PREFIX}_{uuid.uuid4().hex}"
     try:
+        call = GenerateCall(
+            input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0}, rid=rid
+        )
         result = await asyncio.wait_for(
-            ctx.engine.async_generate(
-                input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0}, rid=rid
-            ),
-            timeout=ctx.config.health_timeout_s,
+            ctx.engine.async_generate_outputs(call), timeout=ctx.config.health_timeout_s
         )
     except Exception:
         logger.warning("Health check generation failed", exc_info=True)
         return False
-    reason = (result.get("meta_info") or {}).get("finish_reason") or {}
-    return reason.get("type") != "abort"
+    return not result.meta_info.aborted
 
 
 async def health(request: Request) -> Response:

@@ -7,9 +7,10 @@ as SGLang). Streaming sends SGLang's cumulative text (or deltas with
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,19 +27,12 @@ from radixserve.entrypoints.request_body import read_model
 from radixserve.entrypoints.serving_context import ServingContext, get_ctx
 from radixserve.entrypoints.sse import streaming_response
 from radixserve.errors import InvalidRequestError
+from radixserve.managers.outputs import GenerateOutput, LogprobEntry, MetaInfo, TopEntries
 from radixserve.multimodal.request_images import per_prompt_images
 from radixserve.sampling.sampling_params import MAX_N
 
 logger = logging.getLogger(__name__)
 ROUTE = "/generate"
-_LOGPROB_KEYS = (
-    "output_token_logprobs",
-    "input_token_logprobs",
-    "output_top_logprobs",
-    "input_top_logprobs",
-    "output_token_ids_logprobs",
-    "input_token_ids_logprobs",
-)
 
 
 @dataclass
@@ -122,31 +116,39 @@ def _per_prompt(value: Any, count: int, name: str) -> list[Any]:
     return [value] * count
 
 
-def _with_token_text(ctx: ServingContext, meta: Mapping[str, Any]) -> dict[str, Any]:
-    """return_text_in_logprobs: fill the text slot of each [logprob, id, text] entry."""
-    out = dict(meta)
-    for key in _LOGPROB_KEYS:
-        if key not in out:
-            continue
-        if key.endswith(("top_logprobs", "ids_logprobs")):  # one list of entries per position
-            out[key] = [
-                [[e[0], e[1], ctx.decode_token(int(e[1]))] for e in top] if top else top
-                for top in out[key]
-            ]
-        else:
-            out[key] = [[e[0], e[1], ctx.decode_token(int(e[1]))] for e in out[key]]
-    return out
+def _with_token_text(ctx: ServingContext, meta: MetaInfo) -> MetaInfo:
+    """return_text_in_logprobs: fill the text slot of each [logprob, id, text] entry (new
+    lists: the request's own keep growing while it streams)."""
+
+    def entries(values: list[LogprobEntry] | None) -> list[LogprobEntry] | None:
+        if values is None:
+            return None
+        return [[e[0], e[1], ctx.decode_token(int(e[1]))] for e in values]
+
+    def per_position(values: list[TopEntries] | None) -> list[TopEntries] | None:
+        if values is None:
+            return None
+        return [entries(top) if top else top for top in values]
+
+    return dataclasses.replace(
+        meta,
+        output_token_logprobs=entries(meta.output_token_logprobs),
+        input_token_logprobs=entries(meta.input_token_logprobs),
+        output_top_logprobs=per_position(meta.output_top_logprobs),
+        input_top_logprobs=per_position(meta.input_top_logprobs),
+        output_token_ids_logprobs=per_position(meta.output_token_ids_logprobs),
+        input_token_ids_logprobs=per_position(meta.input_token_ids_logprobs),
+    )
 
 
-def _shape(ctx: ServingContext, plan: _Plan, result: dict[str, Any]) -> dict[str, Any]:
-    meta = result.get("meta_info") or {}
-    meta = dict(meta, weight_version=ctx.config.weight_version)
+def _shape(ctx: ServingContext, plan: _Plan, result: GenerateOutput) -> GenerateOutput:
+    """The route's additions: the weight version, token texts in the logprobs when asked, and
+    no text field under --skip-tokenizer-init (SGLang's answers have none then)."""
+    meta = dataclasses.replace(result.meta_info, weight_version=ctx.config.weight_version)
     if plan.req.return_text_in_logprobs:
         meta = _with_token_text(ctx, meta)
-    out = {**result, "meta_info": meta}
-    if _token_ids_only(ctx):
-        out.pop("text", None)  # SGLang's --skip-tokenizer-init answers have no text field
-    return out
+    text = None if _token_ids_only(ctx) else result.text
+    return dataclasses.replace(result, meta_info=meta, text=text)
 
 
 def _token_ids_only(ctx: ServingContext) -> bool:
@@ -154,20 +156,18 @@ def _token_ids_only(ctx: ServingContext) -> bool:
 
 
 async def _stream(
-    ctx: ServingContext, plan: _Plan, streams: list[AsyncIterator[dict[str, Any]]]
+    ctx: ServingContext, plan: _Plan, streams: list[AsyncIterator[GenerateOutput]]
 ) -> AsyncIterator[dict[str, Any]]:
     incremental = ctx.config.incremental_streaming_output
     texts = [""] * len(plan.items)
     ids: list[list[int]] = [[] for _ in plan.items]
     async for idx, chunk in ctx.runner.merge(streams):
-        finish_of(chunk.get("meta_info") or {})  # an abort with an error status ends the stream
-        texts[idx] += chunk.get("text", "")
-        ids[idx].extend(chunk.get("output_ids") or [])
-        out = _shape(ctx, plan, chunk)
-        if not incremental:
-            out["output_ids"] = list(ids[idx])
-            if not _token_ids_only(ctx):
-                out["text"] = texts[idx]
+        finish_of(chunk.meta_info)  # an abort with an error status ends the stream
+        texts[idx] += chunk.text or ""
+        ids[idx].extend(chunk.output_ids or [])
+        if not incremental:  # SGLang's default: each chunk carries everything so far
+            chunk = dataclasses.replace(chunk, text=texts[idx], output_ids=list(ids[idx]))
+        out = _shape(ctx, plan, chunk).to_json()
         if not plan.single:
             out["index"] = idx
         yield out
@@ -189,9 +189,18 @@ async def generate(request: Request) -> Response:
         )
     results = [_shape(ctx, plan, r) for r in started.results or []]
     if plan.single:
-        finish_of(results[0]["meta_info"])  # an abort with an error status becomes that error
+        finish_of(results[0].meta_info)  # an abort with an error status becomes that error
     for res in results:
-        ctx.request_log.finished(
-            ROUTE, res["meta_info"].get("id", ""), res.get("text"), res["meta_info"]
-        )
-    return JSONResponse(results[0] if plan.single else results)
+        ctx.request_log.finished(ROUTE, res.meta_info.id, res.text, _log_summary(res.meta_info))
+    bodies = [res.to_json() for res in results]
+    return JSONResponse(bodies[0] if plan.single else bodies)
+
+
+def _log_summary(meta: MetaInfo) -> dict[str, Any]:
+    reason = meta.finish_reason
+    return {
+        "prompt_tokens": meta.prompt_tokens,
+        "completion_tokens": meta.completion_tokens,
+        "cached_tokens": meta.cached_tokens,
+        "finish_reason": reason.to_json() if reason is not None else None,
+    }

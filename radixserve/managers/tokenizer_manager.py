@@ -1,5 +1,5 @@
 """The API side of a request: tokenize and validate inputs, build scheduler messages, and turn
-scheduler outputs back into SGLang-shaped result dicts (with incremental text for streams).
+scheduler outputs back into typed results (managers/outputs.py; incremental text for streams).
 
 It never imports model code: the scheduler may live in another thread or process.
 """
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.errors import InvalidRequestError
+from radixserve.managers.outputs import GenerateOutput, MetaInfo
 from radixserve.managers.session_params import SessionError, SessionParams
 from radixserve.messages import (
     ROUTED_EXPERTS_DISABLED,
@@ -50,7 +51,7 @@ class RequestState:
     input_top_logprobs: list[Any] = field(default_factory=list)
     output_token_ids_logprobs: list[Any] = field(default_factory=list)
     input_token_ids_logprobs: list[Any] = field(default_factory=list)
-    # Whether the request named token_ids_logprob (meta_info then carries their logprobs).
+    # Whether the request named token_ids_logprob (MetaInfo then carries their logprobs).
     has_token_ids_logprob: bool = False
 
 
@@ -265,9 +266,9 @@ class TokenizerManager:
             )
 
     # -- outputs ----------------------------------------------------------------------------
-    def apply_output(self, state: RequestState, out: ReqOutput) -> dict[str, Any]:
+    def apply_output(self, state: RequestState, out: ReqOutput) -> GenerateOutput:
         """Fold a scheduler output into the request state; return the chunk to hand out
-        (its "text" is the new text only; the state keeps the full text)."""
+        (its text is the new text only; the state keeps the full text)."""
         delta = out.text or ""  # the detokenizer's share
         state.text += delta
         state.output_ids.extend(out.new_token_ids)
@@ -282,54 +283,47 @@ class TokenizerManager:
                 [lp, tid, None] for lp, tid in out.input_token_logprobs
             )
             state.input_top_logprobs.extend(_top(t) for t in out.input_top_logprobs)
-        return {
-            "text": delta,
-            "output_ids": list(out.new_token_ids),
-            "meta_info": self._meta(state, out),
-        }
+        return GenerateOutput(
+            self._meta(state, out), text=delta, output_ids=list(out.new_token_ids)
+        )
 
-    def final_result(self, state: RequestState, last: ReqOutput) -> dict[str, Any]:
+    def final_result(self, state: RequestState, last: ReqOutput) -> GenerateOutput:
         if last.embedding is not None:
-            return {"embedding": last.embedding, "meta_info": self._meta(state, last)}
-        return {
-            "text": state.text,
-            "output_ids": list(state.output_ids),
-            "meta_info": self._meta(state, last),
-        }
+            return GenerateOutput(self._meta(state, last), embedding=last.embedding)
+        return GenerateOutput(
+            self._meta(state, last), text=state.text, output_ids=list(state.output_ids)
+        )
 
-    def _meta(self, state: RequestState, out: ReqOutput) -> dict[str, Any]:
-        meta: dict[str, Any] = {
-            "id": state.rid,
-            "finish_reason": out.finished.to_json() if out.finished is not None else None,
-            "prompt_tokens": out.prompt_tokens,
-            "completion_tokens": out.completion_tokens,
-            "cached_tokens": out.cached_tokens,
-            "num_retractions": out.num_retractions,
-            "e2e_latency": time.monotonic() - state.start_time,
-        }
-        if out.cached_tokens_details is not None:
-            meta["cached_tokens_details"] = out.cached_tokens_details
-        if out.routed_experts is not None:  # the final output of a request that asked
-            meta["routed_experts"] = out.routed_experts
+    def _meta(self, state: RequestState, out: ReqOutput) -> MetaInfo:
+        spec = None
         if out.spec_verify_ct is not None:
-            meta.update(
-                spec_meta_info(
-                    out.spec_verify_ct,
-                    out.spec_accepted_tokens,
-                    out.spec_draft_tokens,
-                    out.completion_tokens,
-                )
+            spec = spec_meta_info(
+                out.spec_verify_ct,
+                out.spec_accepted_tokens,
+                out.spec_draft_tokens,
+                out.completion_tokens,
             )
-        if state.return_logprob:
-            meta["output_token_logprobs"] = state.output_token_logprobs
-            meta["output_top_logprobs"] = state.output_top_logprobs
-            meta["input_token_logprobs"] = state.input_token_logprobs
-            meta["input_top_logprobs"] = state.input_top_logprobs
-            if state.has_token_ids_logprob:
-                # SGLang's meta_info names: per output position, [logprob, token id, text].
-                meta["output_token_ids_logprobs"] = state.output_token_ids_logprobs
-                meta["input_token_ids_logprobs"] = state.input_token_ids_logprobs
-        return meta
+        logprobs = state.return_logprob
+        # SGLang's meta_info names: per output position, [logprob, token id, text].
+        ids_logprobs = logprobs and state.has_token_ids_logprob
+        return MetaInfo(
+            id=state.rid,
+            finish_reason=out.finished,
+            prompt_tokens=out.prompt_tokens,
+            completion_tokens=out.completion_tokens,
+            cached_tokens=out.cached_tokens,
+            num_retractions=out.num_retractions,
+            e2e_latency=time.monotonic() - state.start_time,
+            cached_tokens_details=out.cached_tokens_details,
+            routed_experts=out.routed_experts,  # the final output of a request that asked
+            spec=spec,
+            output_token_logprobs=state.output_token_logprobs if logprobs else None,
+            output_top_logprobs=state.output_top_logprobs if logprobs else None,
+            input_token_logprobs=state.input_token_logprobs if logprobs else None,
+            input_top_logprobs=state.input_top_logprobs if logprobs else None,
+            output_token_ids_logprobs=state.output_token_ids_logprobs if ids_logprobs else None,
+            input_token_ids_logprobs=state.input_token_ids_logprobs if ids_logprobs else None,
+        )
 
 
 def _grammar_spec(params: SamplingParams) -> GrammarSpec | None:

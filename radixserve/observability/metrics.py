@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -20,6 +20,32 @@ from prometheus_client.registry import Collector
 from radixserve.observability.expert_metrics import expert_families
 
 logger = logging.getLogger(__name__)
+
+
+class FinishedMeta(Protocol):
+    """What the metrics read of a result's meta info (managers/outputs.py's MetaInfo; a
+    protocol keeps this package a leaf)."""
+
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def cached_tokens(self) -> int: ...
+    @property
+    def finished(self) -> bool: ...
+    @property
+    def aborted(self) -> bool: ...
+
+
+class StreamChunk(Protocol):
+    """What the metrics read of a stream chunk (managers/outputs.py's GenerateOutput)."""
+
+    @property
+    def output_ids(self) -> Sequence[int] | None: ...
+    @property
+    def meta_info(self) -> FinishedMeta: ...
+
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -246,18 +272,17 @@ class ServingMetrics:
             for key, sample in names.items()
         }
 
-    def observe_finished(self, meta: Mapping[str, Any], e2e_s: float) -> None:
-        """Count one finished generation from its final `meta_info`."""
-        prompt = int(meta.get("prompt_tokens") or 0)
-        cached = int(meta.get("cached_tokens") or 0)
+    def observe_finished(self, meta: FinishedMeta, e2e_s: float) -> None:
+        """Count one finished generation from its final meta info."""
+        prompt = meta.prompt_tokens
+        cached = meta.cached_tokens
         self.prompt_tokens.inc(prompt)
-        self.generation_tokens.inc(int(meta.get("completion_tokens") or 0))
+        self.generation_tokens.inc(meta.completion_tokens)
         self.cached_tokens.inc(cached)
         self._prompt_sum += prompt
         self._cached_sum += cached
         self.num_requests.inc()
-        reason = meta.get("finish_reason") or {}
-        if isinstance(reason, Mapping) and reason.get("type") == "abort":
+        if meta.aborted:
             self.num_aborted.inc()
         self.e2e.observe(e2e_s)
 
@@ -279,9 +304,9 @@ class StreamTracker:
         self.last: float | None = None
         self.done = False
 
-    def on_chunk(self, chunk: Mapping[str, Any]) -> None:
+    def on_chunk(self, chunk: StreamChunk) -> None:
         now = time.monotonic()
-        new_tokens = len(chunk.get("output_ids") or ())
+        new_tokens = len(chunk.output_ids or ())
         if new_tokens:
             if self.last is None:
                 self.metrics.ttft.observe(now - self.start)
@@ -290,7 +315,7 @@ class StreamTracker:
                 for _ in range(new_tokens):
                     self.metrics.itl.observe(gap)
             self.last = now
-        meta = chunk.get("meta_info") or {}
-        if meta.get("finish_reason") is not None and not self.done:
+        meta = chunk.meta_info
+        if meta.finished and not self.done:
             self.done = True
             self.metrics.observe_finished(meta, now - self.start)

@@ -7,6 +7,7 @@ Imported by the other test_http_* modules; it holds no tests itself.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
@@ -15,9 +16,11 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from radixserve.entrypoints.engine_inputs import GenerateCall
 from radixserve.entrypoints.http_server import create_app
 from radixserve.errors import InvalidRequestError
 from radixserve.managers.detokenizer import IncrementalDetokenizer
+from radixserve.managers.outputs import GenerateOutput
 from radixserve.managers.runtime_control import check_pause_mode
 from radixserve.managers.tokenizer_manager import RequestError, TokenizerManager
 from radixserve.messages import FinishReason, ReqOutput, TokenizedGenerateReq
@@ -99,7 +102,12 @@ class FakeEngine:
         self.controls: list[tuple[str, Any]] = []
 
     # -- the engine API used by the HTTP layer ----------------------------------------------
-    async def async_generate(
+    async def async_generate_outputs(self, call: GenerateCall) -> Any:
+        """The typed results, as the real Engine's (its GenerateCall's fields as arguments)."""
+        fields = {f.name: getattr(call, f.name) for f in dataclasses.fields(call)}
+        return await self._generate(**fields)
+
+    async def _generate(
         self,
         prompt: Any = None,
         sampling_params: Any = None,
@@ -116,7 +124,11 @@ class FakeEngine:
         token_ids_logprob: Any = None,
         return_routed_experts: bool = False,
         routed_experts_start_len: int = 0,
+        image_data: Any = None,
+        bootstrap: Any = None,
     ) -> Any:
+        if image_data is not None or bootstrap is not None:
+            raise AssertionError("the fake engine takes no images and no bootstrap rooms")
         if lora_path is not None and any(
             p is not None for p in (lora_path if isinstance(lora_path, list) else [lora_path])
         ):
@@ -257,14 +269,14 @@ class FakeEngine:
         pass
 
     # -- the scripted model -----------------------------------------------------------------
-    async def _collect(self, msg: TokenizedGenerateReq, state: Any) -> dict[str, Any]:
+    async def _collect(self, msg: TokenizedGenerateReq, state: Any) -> GenerateOutput:
         async for out in self._outputs(msg):
             self.tokenizer_manager.apply_output(state, out)
             if out.finished is not None:
                 return self.tokenizer_manager.final_result(state, out)
         raise AssertionError("unreachable")
 
-    async def _stream(self, msg: TokenizedGenerateReq, state: Any) -> AsyncIterator[dict]:
+    async def _stream(self, msg: TokenizedGenerateReq, state: Any) -> AsyncIterator[GenerateOutput]:
         async for out in self._outputs(msg):
             yield self.tokenizer_manager.apply_output(state, out)
 

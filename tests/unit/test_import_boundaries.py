@@ -50,12 +50,15 @@ ALLOWED: dict[str, tuple[str, ...]] = {
         "radixserve.speculative.meta",
         "radixserve.managers.detokenizer",
         "radixserve.managers.session_params",  # session_params checked before queueing
+        "radixserve.managers.outputs",  # the typed results it hands the API layers
         "radixserve.messages",
         "radixserve.sampling.sampling_params",
         "radixserve.sampling.constrained",  # grammar validation before queueing
         "radixserve.sampling.custom_logit_processor",  # its string's shape, checked (not loaded)
         "radixserve.multimodal.request_images",  # images checked and placeholders expanded
     ),
+    # The typed results: the finish reason and the speculative figures, nothing else.
+    "radixserve.managers.outputs": ("radixserve.messages", "radixserve.speculative.meta"),
     # Image reading, keying and processing: request-side leaves, no model code.
     "radixserve.multimodal": ("radixserve.multimodal", "radixserve.errors", "radixserve.messages"),
     # Leaves: defaults (the HTTP address) and metrics import nothing of radixserve; the output

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from radixserve.entrypoints.openai.errors import ApiError, scrub
+from radixserve.managers.outputs import MetaInfo
 
 
 def new_id(prefix: str) -> str:
@@ -23,19 +24,18 @@ class Finish(NamedTuple):
     matched: Any
 
 
-def finish_of(meta: Mapping[str, Any]) -> Finish:
+def finish_of(meta: MetaInfo) -> Finish:
     """OpenAI's finish_reason from SGLang's; an abort carrying an error status is raised."""
-    reason = meta.get("finish_reason")
-    if not reason:
+    reason = meta.finish_reason
+    if reason is None:
         return Finish(None, None)
-    kind = str(reason.get("type"))
-    if kind == "abort":
-        status = reason.get("status_code")
+    if reason.type == "abort":
+        status = reason.status_code
         if isinstance(status, int) and status >= 400:
-            message = reason.get("message") or "The request was aborted."
+            message = reason.message or "The request was aborted."
             raise ApiError(status, scrub(str(message)))
         return Finish("abort", None)
-    return Finish(kind, reason.get("matched"))
+    return Finish(reason.type, reason.matched)
 
 
 def include_usage(ctx: Any, stream_options: Any) -> bool:
@@ -44,11 +44,13 @@ def include_usage(ctx: Any, stream_options: Any) -> bool:
     return bool(ctx.config.stream_response_default_include_usage)
 
 
-def usage_of(metas: Sequence[Mapping[str, Any]], n: int, cache_report: bool) -> dict[str, Any]:
-    """Usage over items ordered prompt-major (`n` samples per prompt): each prompt counts once."""
-    prompt = sum(int(m.get("prompt_tokens") or 0) for i, m in enumerate(metas) if i % n == 0)
-    cached = sum(int(m.get("cached_tokens") or 0) for i, m in enumerate(metas) if i % n == 0)
-    completion = sum(int(m.get("completion_tokens") or 0) for m in metas)
+def usage_of(metas: Sequence[MetaInfo | None], n: int, cache_report: bool) -> dict[str, Any]:
+    """Usage over items ordered prompt-major (`n` samples per prompt): each prompt counts once.
+    An item without a final meta info (a stream that ended early) counts nothing."""
+    firsts = [m for i, m in enumerate(metas) if i % n == 0 and m is not None]
+    prompt = sum(m.prompt_tokens for m in firsts)
+    cached = sum(m.cached_tokens for m in firsts)
+    completion = sum(m.completion_tokens for m in metas if m is not None)
     usage: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -59,12 +61,12 @@ def usage_of(metas: Sequence[Mapping[str, Any]], n: int, cache_report: bool) -> 
     return usage
 
 
-def with_sgl_ext(choice: dict[str, Any], meta: Mapping[str, Any], req: Any) -> dict[str, Any]:
+def with_sgl_ext(choice: dict[str, Any], meta: MetaInfo, req: Any) -> dict[str, Any]:
     """`choice` with SGLang's `sgl_ext` extras for a request that set return_routed_experts
     (the routed experts arrive with the finished output only); unchanged otherwise, so plain
     responses keep OpenAI's shape."""
-    if getattr(req, "return_routed_experts", False) and meta.get("routed_experts") is not None:
-        choice["sgl_ext"] = {"routed_experts": meta["routed_experts"]}
+    if getattr(req, "return_routed_experts", False) and meta.routed_experts is not None:
+        choice["sgl_ext"] = {"routed_experts": meta.routed_experts}
     return choice
 
 
@@ -119,9 +121,9 @@ class LogprobCursor:
     def __init__(self) -> None:
         self.sent = 0
 
-    def take(self, meta: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
-        entries = list(meta.get("output_token_logprobs") or [])
-        tops = list(meta.get("output_top_logprobs") or [])
+    def take(self, meta: MetaInfo) -> tuple[list[Any], list[Any]]:
+        entries = list(meta.output_token_logprobs or [])
+        tops = list(meta.output_top_logprobs or [])
         new_entries, new_tops = entries[self.sent :], tops[self.sent :]
         self.sent = len(entries)
         return new_entries, new_tops

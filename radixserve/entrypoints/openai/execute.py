@@ -5,7 +5,7 @@ else reaches the app's handler as a 500. Shared by every generating route."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from starlette.requests import Request
 
@@ -14,11 +14,12 @@ from radixserve.entrypoints.http_state import Ticket
 from radixserve.entrypoints.openai.errors import from_request_error
 from radixserve.entrypoints.serving_context import ServingContext
 from radixserve.errors import InvalidRequestError
+from radixserve.managers.outputs import GenerateOutput
 
 
 class Started(NamedTuple):
-    results: list[dict[str, Any]] | None
-    streams: list[AsyncIterator[dict[str, Any]]] | None
+    results: list[GenerateOutput] | None
+    streams: list[AsyncIterator[GenerateOutput]] | None
     ticket: Ticket
 
 

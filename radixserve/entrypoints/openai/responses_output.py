@@ -1,5 +1,5 @@
 """Output items, usage and the response object of the Responses API, built from what the chat
-machinery parsed (content, reasoning, tool calls) and the engine's meta_info."""
+machinery parsed (content, reasoning, tool calls) and the engine's MetaInfo."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from radixserve.entrypoints.openai.responses_protocol import ResponsesRequest
+from radixserve.managers.outputs import MetaInfo
 
 
 def item_id(prefix: str) -> str:
@@ -77,12 +78,13 @@ def output_items(
     return items
 
 
-def usage_of(meta: Mapping[str, Any], reasoning_tokens: int = 0) -> dict[str, Any]:
-    prompt = int(meta.get("prompt_tokens") or 0)
-    completion = int(meta.get("completion_tokens") or 0)
+def usage_of(meta: MetaInfo | None, reasoning_tokens: int = 0) -> dict[str, Any]:
+    """The usage block; all zeros without a meta info (a stream that sent nothing)."""
+    prompt = meta.prompt_tokens if meta is not None else 0
+    completion = meta.completion_tokens if meta is not None else 0
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": int(meta.get("cached_tokens") or 0)},
+        "input_tokens_details": {"cached_tokens": meta.cached_tokens if meta is not None else 0},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": prompt + completion,

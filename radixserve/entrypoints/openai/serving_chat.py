@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from radixserve.entrypoints.openai.sampling import chat_param_names, chat_sampli
 from radixserve.entrypoints.request_body import read_model
 from radixserve.entrypoints.serving_context import ServingContext, get_ctx
 from radixserve.entrypoints.sse import streaming_response
+from radixserve.managers.outputs import GenerateOutput, MetaInfo
 from radixserve.parsers.chat_output import ChoiceStream, OutputPlan, parse_choice, plan_output
 from radixserve.parsers.tool_choice import ToolChoiceError
 
@@ -127,17 +128,17 @@ def plan_chat(
     return ChatPlan(req, rid, items, opts, output, images.param_names)
 
 
-def _response(ctx: ServingContext, plan: ChatPlan, results: Sequence[dict[str, Any]]) -> dict:
+def _response(ctx: ServingContext, plan: ChatPlan, results: Sequence[GenerateOutput]) -> dict:
     fmt = LogprobFormatter(ctx.decode_token)
-    metas = [r.get("meta_info") or {} for r in results]
+    metas = [r.meta_info for r in results]
     choices = []
     for k, (res, meta) in enumerate(zip(results, metas, strict=True)):
         finish = finish_of(meta)
         logprobs = None
         if plan.opts.return_logprob:
-            entries = meta.get("output_token_logprobs") or []
-            logprobs = {"content": fmt.chat(entries, meta.get("output_top_logprobs") or [])}
-        parsed = parse_choice(plan.output, res.get("text", ""))
+            entries = meta.output_token_logprobs or []
+            logprobs = {"content": fmt.chat(entries, meta.output_top_logprobs or [])}
+        parsed = parse_choice(plan.output, res.text or "")
         message = {
             "role": "assistant",
             "content": parsed.content,
@@ -185,7 +186,7 @@ def _delta(parser: ChoiceStream, text: str, final: bool) -> dict[str, Any]:
 
 
 async def _stream_chunks(
-    ctx: ServingContext, plan: ChatPlan, streams: list[AsyncIterator[dict[str, Any]]]
+    ctx: ServingContext, plan: ChatPlan, streams: list[AsyncIterator[GenerateOutput]]
 ) -> AsyncIterator[dict[str, Any]]:
     fmt = LogprobFormatter(ctx.decode_token)
     created = now_s()
@@ -193,9 +194,9 @@ async def _stream_chunks(
     cursors = [LogprobCursor() for _ in range(count)]
     started = [False] * count
     parsers = [ChoiceStream(plan.output) for _ in range(count)]
-    metas: list[Mapping[str, Any]] = [{} for _ in range(count)]
+    metas: list[MetaInfo | None] = [None] * count
     async for idx, chunk in ctx.runner.merge(streams):
-        meta = chunk.get("meta_info") or {}
+        meta = chunk.meta_info
         finish = finish_of(meta)
         if not started[idx]:
             started[idx] = True
@@ -206,7 +207,7 @@ async def _stream_chunks(
                 "finish_reason": None,
             }
             yield _chunk(plan, ctx, created, role)
-        text = chunk.get("text", "")
+        text = chunk.text or ""
         logprobs = None
         if plan.opts.return_logprob:
             entries, tops = cursors[idx].take(meta)

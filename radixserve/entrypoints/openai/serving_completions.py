@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,7 @@ from radixserve.entrypoints.openai.sampling import (
 from radixserve.entrypoints.request_body import read_model
 from radixserve.entrypoints.serving_context import ServingContext, get_ctx
 from radixserve.entrypoints.sse import streaming_response
+from radixserve.managers.outputs import GenerateOutput, MetaInfo
 
 logger = logging.getLogger(__name__)
 
@@ -119,24 +120,24 @@ def plan_completion(ctx: ServingContext, req: CompletionRequest) -> _Plan:
     return _Plan(req, rid, items, echo_texts, opts)
 
 
-def _input_logprobs(meta: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
+def _input_logprobs(meta: MetaInfo) -> tuple[list[Any], list[Any]]:
     """Prompt logprobs (echo) with their top lists padded to the same length."""
-    entries = list(meta.get("input_token_logprobs") or [])
-    tops = list(meta.get("input_top_logprobs") or [])[: len(entries)]
+    entries = list(meta.input_token_logprobs or [])
+    tops = list(meta.input_top_logprobs or [])[: len(entries)]
     return entries, tops + [None] * (len(entries) - len(tops))
 
 
-def _logprobs(fmt: LogprobFormatter, meta: Mapping[str, Any], with_input: bool) -> dict[str, Any]:
+def _logprobs(fmt: LogprobFormatter, meta: MetaInfo, with_input: bool) -> dict[str, Any]:
     entries, tops = _input_logprobs(meta) if with_input else ([], [])
-    entries += list(meta.get("output_token_logprobs") or [])
-    tops += list(meta.get("output_top_logprobs") or [])
+    entries += list(meta.output_token_logprobs or [])
+    tops += list(meta.output_top_logprobs or [])
     return fmt.completion(entries, tops, 0)
 
 
-def _response(ctx: ServingContext, plan: _Plan, results: Sequence[dict[str, Any]]) -> dict:
+def _response(ctx: ServingContext, plan: _Plan, results: Sequence[GenerateOutput]) -> dict:
     fmt = LogprobFormatter(ctx.decode_token)
     choices = []
-    metas = [r.get("meta_info") or {} for r in results]
+    metas = [r.meta_info for r in results]
     for k, (res, meta) in enumerate(zip(results, metas, strict=True)):
         finish = finish_of(meta)
         prefix = plan.echo_texts[k // plan.req.n] if plan.req.echo else ""
@@ -145,7 +146,7 @@ def _response(ctx: ServingContext, plan: _Plan, results: Sequence[dict[str, Any]
             logprobs = _logprobs(fmt, meta, plan.req.echo)
         choice = {
             "index": k,
-            "text": prefix + res.get("text", ""),
+            "text": prefix + (res.text or ""),
             "logprobs": logprobs,
             "finish_reason": finish.reason,
             "matched_stop": finish.matched,
@@ -162,7 +163,7 @@ def _response(ctx: ServingContext, plan: _Plan, results: Sequence[dict[str, Any]
 
 
 async def _stream_chunks(
-    ctx: ServingContext, plan: _Plan, streams: list[AsyncIterator[dict[str, Any]]]
+    ctx: ServingContext, plan: _Plan, streams: list[AsyncIterator[GenerateOutput]]
 ) -> AsyncIterator[dict[str, Any]]:
     fmt = LogprobFormatter(ctx.decode_token)
     created = now_s()
@@ -170,11 +171,11 @@ async def _stream_chunks(
     cursors = [LogprobCursor() for _ in range(count)]
     offsets = [0] * count
     started = [False] * count
-    metas: list[Mapping[str, Any]] = [{} for _ in range(count)]
+    metas: list[MetaInfo | None] = [None] * count
     async for idx, chunk in ctx.runner.merge(streams):
-        meta = chunk.get("meta_info") or {}
+        meta = chunk.meta_info
         finish = finish_of(meta)
-        text = chunk.get("text", "")
+        text = chunk.text or ""
         first = not started[idx]
         started[idx] = True
         if first and plan.req.echo:

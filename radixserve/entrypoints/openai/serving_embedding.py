@@ -1,6 +1,6 @@
 """POST /v1/embeddings and the native POST /encode.
 
-Embedding models are a later step: until the engine offers `async_encode`, both routes answer
+Both read the engine's typed results (`async_encode_outputs`); an engine without it answers
 400 with a clear message (also with --is-embedding), after checking the body like any route.
 """
 
@@ -16,6 +16,7 @@ from radixserve.entrypoints.openai.protocol import EmbeddingRequest, EncodeReqIn
 from radixserve.entrypoints.request_body import read_model
 from radixserve.entrypoints.serving_context import ServingContext, get_ctx
 from radixserve.errors import InvalidRequestError
+from radixserve.managers.outputs import GenerateOutput
 
 NOT_EMBEDDING = "This server does not serve an embedding model (start it with --is-embedding)."
 NOT_IMPLEMENTED = "Embedding models are not supported by this engine yet."
@@ -24,7 +25,7 @@ NOT_IMPLEMENTED = "Embedding models are not supported by this engine yet."
 def _encoder(ctx: ServingContext) -> Any:
     if not ctx.config.is_embedding:
         raise ApiError(400, NOT_EMBEDDING, param="model")
-    encode = getattr(ctx.engine, "async_encode", None)
+    encode = getattr(ctx.engine, "async_encode_outputs", None)
     if encode is None:
         raise ApiError(400, NOT_IMPLEMENTED, param="model")
     return encode
@@ -45,12 +46,11 @@ async def create_embedding(request: Request) -> Response:
         results = await encode(**{key: inputs})
     except InvalidRequestError as exc:
         raise from_request_error(exc, {"text": "input", "input_ids": "input"}) from exc
-    results = results if isinstance(results, list) else [results]
+    outputs: list[GenerateOutput] = results if isinstance(results, list) else [results]
     data = [
-        {"object": "embedding", "index": i, "embedding": r["embedding"]}
-        for i, r in enumerate(results)
+        {"object": "embedding", "index": i, "embedding": r.embedding} for i, r in enumerate(outputs)
     ]
-    prompt_tokens = sum(int((r.get("meta_info") or {}).get("prompt_tokens") or 0) for r in results)
+    prompt_tokens = sum(r.meta_info.prompt_tokens for r in outputs)
     usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
     return JSONResponse({"object": "list", "data": data, "model": ctx.model_name, "usage": usage})
 
@@ -63,4 +63,6 @@ async def encode(request: Request) -> Response:
         result = await encoder(prompt=body.text, input_ids=body.input_ids, rid=body.rid)
     except InvalidRequestError as exc:
         raise from_request_error(exc) from exc
-    return JSONResponse(result)
+    if isinstance(result, list):  # a batch of prompts
+        return JSONResponse([r.to_json() for r in result])
+    return JSONResponse(result.to_json())

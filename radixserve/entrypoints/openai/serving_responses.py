@@ -37,6 +37,7 @@ from radixserve.entrypoints.openai.responses_stream import (
 from radixserve.entrypoints.openai.serving_chat import ChatPlan, plan_chat
 from radixserve.entrypoints.request_body import read_model
 from radixserve.entrypoints.serving_context import ServingContext, get_ctx
+from radixserve.managers.outputs import GenerateOutput, MetaInfo
 from radixserve.parsers.chat_output import ChoiceStream, parse_choice
 
 ROUTE = "/v1/responses"
@@ -148,7 +149,7 @@ async def _events(
     ctx: ServingContext,
     plan: ChatPlan,
     req: ResponsesRequest,
-    streams: list[AsyncIterator[dict[str, Any]]],
+    streams: list[AsyncIterator[GenerateOutput]],
     on_done: Any,
 ) -> AsyncIterator[Event]:
     created = int(time.time())
@@ -157,12 +158,12 @@ async def _events(
     yield emit.event("response.created", response=start)
     yield emit.event("response.in_progress", response=start)
     parser = ChoiceStream(plan.output)
-    meta: dict[str, Any] = {}
+    meta: MetaInfo | None = None
     reason: str | None = None
     async for _, chunk in ctx.runner.merge(streams):
-        meta = chunk.get("meta_info") or {}
+        meta = chunk.meta_info
         reason = finish_of(meta).reason
-        out = parser.feed(chunk.get("text", ""), reason is not None)
+        out = parser.feed(chunk.text or "", reason is not None)
         for event in emit.text("reasoning", out.reasoning or ""):
             yield event
         for event in emit.text("message", out.content or ""):
@@ -212,10 +213,10 @@ async def create_response(request: Request) -> Response:
     if started.streams is not None:
         events = _events(ctx, plan, req, started.streams, done)
         return event_stream_response(events, on_close=started.ticket.release)
-    result = (started.results or [{}])[0]
-    meta = result.get("meta_info") or {}
-    parsed = parse_choice(plan.output, result.get("text", ""))
-    status, details = status_of(finish_of(meta).reason)
+    results = started.results or []
+    meta = results[0].meta_info if results else None
+    parsed = parse_choice(plan.output, (results[0].text if results else None) or "")
+    status, details = status_of(finish_of(meta).reason if meta is not None else None)
     body = response_object(
         req,
         plan.rid,
