@@ -1,9 +1,11 @@
-"""Turns a ScheduledBatch into model inputs, runs the model and samples.
+"""Turns a ScheduledBatch into model inputs, runs the model, samples and verifies.
 
-Where a scheduled (non-speculative) batch's request state becomes tensors for the model runner
-and the sampler, and where logits become per-request results. StepInputs is also built by the
-speculative worker, the EAGLE and draft-model drafters and bench_one_batch (issue 29 wants one
-builder).
+Every step goes through here: prefill, chunked prefill, decode, mixed batches and speculative
+rounds (a decode batch whose requests carry draft trees). The batch's request state becomes
+StepInputs (StepBuilder; a round's trees through model_executor/verify_inputs.py), the model
+runs once, and its logits become per-request results: the tokens to append (one for plain
+decoding; 1..depth+1 for a request with drafts, accepted by speculative/verify.py), an
+embedding, or None for a prompt chunk that does not reach the end.
 """
 
 from __future__ import annotations
@@ -18,23 +20,30 @@ from radixserve.managers.grammar_manager import GrammarManager
 from radixserve.managers.routed_experts import keep_routed_experts
 from radixserve.model_executor.step_builder import LogitsWanted, StepBuilder
 from radixserve.model_executor.step_io import StepInputs
+from radixserve.model_executor.verify_inputs import TreeExtend, build_verify_inputs
 from radixserve.multimodal.image_items import ImageChunk, image_chunks
 from radixserve.sampling.custom_logit_processor import apply_processors
 from radixserve.sampling.output_counts import OutputTokenCounts, batch_token_counts
 from radixserve.sampling.sampler import Sampler
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 from radixserve.sampling.token_result import EmbeddingResult, TokenResult
+from radixserve.speculative.verify import verify_drafts
 
 if TYPE_CHECKING:
     from radixserve.managers.kv_manager import KVManager
     from radixserve.managers.schedule_batch import Req, ScheduledBatch
     from radixserve.model_executor.model_runner import ModelRunner
+    from radixserve.speculative.draft_tree import DraftTree
     from radixserve.speculative.target import FeatureHook
 
 
 # sample_pos values at or below this mark an embedding request (its index into hidden_rows is
 # EMBED_POS_BASE - value); -1 means "no result this step"; >= 0 is a logits row to sample.
 EMBED_POS_BASE = -2
+
+# One request's result of a step: the tokens to append in order (one for plain decoding), its
+# embedding, or None (a prompt chunk that does not reach the end yet).
+StepResult = list[TokenResult] | EmbeddingResult | None
 
 
 class StepRunner:
@@ -44,10 +53,13 @@ class StepRunner:
         self.eos_token_ids = list(eos_token_ids)
         self.sampler = Sampler(argmax=ops.argmax_rows)
         # EAGLE speculation: called with each forward's per-token features (the batch's
-        # requests, their first positions and token counts, the features).
+        # requests, their first positions and token counts, the features); after a verify
+        # forward, only the verified positions' (the last token and the accepted drafts).
         self.on_features: FeatureHook | None = None
 
-    def run(self, batch: ScheduledBatch) -> list[TokenResult | EmbeddingResult | None]:
+    def run(self, batch: ScheduledBatch) -> list[StepResult]:
+        if batch.drafts is not None:
+            return self._run_verify(batch.reqs, batch.drafts)
         step, sample_pos, input_rows = self._build_inputs(batch)
         output = self.runner.forward(step, self.kv.req_to_token_pool.req_to_token)
         _drop_finished_features(step.image_chunks)
@@ -58,7 +70,7 @@ class StepRunner:
                 batch.reqs, step.prefix_lens, step.extend_lens, output.routed_experts
             )
         logits = output.logits
-        results: list[TokenResult | EmbeddingResult | None] = [None] * len(batch.reqs)
+        results: list[StepResult] = [None] * len(batch.reqs)
         if output.hidden is not None:
             # Embeddings: the last token's final hidden state, L2-normalised (SGLang's LAST
             # pooling with normalize=True).
@@ -80,7 +92,64 @@ class StepRunner:
         samples = iter(self.sample(sampled_reqs, logits))
         for i, pos in enumerate(sample_pos):
             if pos >= 0:
-                results[i] = next(samples)
+                results[i] = [next(samples)]
+        return results
+
+    def _run_verify(self, reqs: Sequence[Req], trees: Sequence[DraftTree]) -> list[StepResult]:
+        """A speculative round: every request's tree (its slots already allocated at positions
+        kv_len .. kv_len + len(tree)) in one forward. Requests without drafts (seeded ones, or
+        none proposed) are sampled by the plain sampler from their one row; the others are
+        verified, and the KV of an accepted branch the tree put elsewhere is copied to the
+        positions kv_len + 1, kv_len + 2, ... it belongs to."""
+        verify = build_verify_inputs(
+            [
+                TreeExtend(_row(req), req.kv_len, req.fill_ids[-1], tree, req.lora_id)
+                for req, tree in zip(reqs, trees, strict=True)
+            ],
+            self.kv.req_to_token_pool.req_to_token,
+            with_lora=self.runner.lora is not None,
+        )
+        output = self.runner.forward(verify.step, verify.table)
+        logits = output.logits
+        results: list[StepResult] = [None] * len(reqs)
+        paths: list[list[int]] = [[] for _ in reqs]  # accepted draft nodes per request
+        plain = [i for i, tree in enumerate(trees) if not tree]
+        if plain:
+            rows = [verify.node_rows[i][0] for i in plain]
+            plain_reqs = [reqs[i] for i in plain]
+            if any(r.custom_logit_processor is not None for r in plain_reqs):
+                apply_processors(logits, rows, plain_reqs)
+            for i, token in zip(plain, self.sample(plain_reqs, logits[rows]), strict=True):
+                results[i] = [token]
+        drafted = [i for i, tree in enumerate(trees) if tree]
+        if drafted:
+            verified = verify_drafts(
+                [reqs[i] for i in drafted],
+                [trees[i] for i in drafted],
+                logits,
+                [verify.node_rows[i] for i in drafted],
+                self.eos_token_ids,
+            )
+            moves: list[tuple[int, int]] = []
+            for i, v in zip(drafted, verified, strict=True):
+                results[i] = v.tokens
+                paths[i] = v.path
+                slots = verify.node_slots[i]
+                moves.extend((slots[n], slots[d]) for d, n in enumerate(v.path, 1) if n != d)
+            if moves:
+                src, dst = zip(*moves, strict=True)
+                self.runner.copy_kv_slots(
+                    torch.tensor(src, dtype=torch.int64), torch.tensor(dst, dtype=torch.int64)
+                )
+        if output.features is not None and self.on_features is not None:
+            # The target's features at the verified token and the accepted drafts.
+            index = [verify.node_rows[i][n] for i, path in enumerate(paths) for n in [0, *path]]
+            self.on_features(
+                reqs,
+                [req.kv_len for req in reqs],
+                [1 + len(path) for path in paths],
+                output.features[torch.tensor(index, device=output.features.device)],
+            )
         return results
 
     def sample(self, reqs: Sequence[Req], logits: torch.Tensor) -> list[TokenResult]:
@@ -201,6 +270,11 @@ class StepRunner:
                 req.input_top_logprobs.insert(0, None)
             if named:
                 req.input_token_ids_logprobs.insert(0, None)
+
+
+def _row(req: Req) -> int:
+    assert req.req_pool_idx is not None, f"request {req.rid} runs without a table row"
+    return req.req_pool_idx
 
 
 def _drop_finished_features(chunks: Sequence[ImageChunk]) -> None:
