@@ -8,7 +8,7 @@ its request-to-token table indexed like the target's (the request's req_pool_idx
    the first round, one or two tokens later), logits at the last one give draft 1;
 2. ``num_steps - 1`` decode steps, each feeding back the previous draft (greedy, so drafts are
    a deterministic function of the context and acceptance.py's rule stays exact);
-3. after verification the scheduler keeps m drafts; `trim` keeps the draft KV that is still
+3. after verification the scheduler keeps m drafts; `commit` keeps the draft KV that is still
    valid (positions before the first unverified token) and frees the rest.
 
 With --speculative-eagle-topk k > 1 step 2 grows a tree instead (tree_search.py): each step runs
