@@ -1,7 +1,7 @@
 """StepBuilder: the one way a step's inputs are flattened, one request's extend at a time.
 
-Every caller (the serving step, a speculative round's verify step through verify_inputs.py,
-the EAGLE and draft-model drafters, bench_one_batch) adds (table row, tokens already in the KV, new tokens, their positions and
+Every caller (the serving step, whose requests with drafts add their trees through
+verify_inputs.py, the EAGLE and draft-model drafters, bench_one_batch) adds (table row, tokens already in the KV, new tokens, their positions and
 slots, which rows' logits it wants) and builds a StepInputs. Slots are either handed in (a
 drafter's scratch slots) or, when left out, read for every token at once from the page table
 at build time: one gather for the whole batch instead of a read, clone and cat per request.
