@@ -9,11 +9,11 @@ final output; streaming requests get partial outputs every --stream-interval tok
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from radixserve.managers.request_stats import log_time_stats
 from radixserve.messages import DetokParams, FinishReason, ReqOutput
-from radixserve.speculative.worker import SpecResult
+from radixserve.sampling.token_result import EmbeddingResult
 
 if TYPE_CHECKING:
     from radixserve.managers.decode_logger import DecodeLogger
@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from radixserve.managers.retraction import NewTokenRatio
     from radixserve.managers.schedule_batch import Req, ScheduledBatch, SchedulerStats
     from radixserve.managers.sessions import SessionController
+    from radixserve.managers.step_runner import StepResult
     from radixserve.sampling.token_result import TokenResult
+    from radixserve.speculative.draft_tree import DraftTree
     from radixserve.speculative.worker import SpecWorker
 
 
@@ -65,7 +67,7 @@ class OutputProcessor:
         outputs, self.pending_outputs = self.pending_outputs, []
         return outputs
 
-    def process(self, batch: ScheduledBatch, results: Sequence[Any]) -> None:
+    def process(self, batch: ScheduledBatch, results: Sequence[StepResult]) -> None:
         if batch.decode_round:
             self.ratio.decay()
             self.decode_log.step(len(batch.reqs))
@@ -73,7 +75,9 @@ class OutputProcessor:
             self.stats.prefill_tokens += sum(batch.extend_lens[: batch.num_prefill_reqs])
         still_running: list[Req] = []
         prefill_ids = {id(r) for r in batch.reqs[: batch.num_prefill_reqs]}
-        for req, extend_len, result in zip(batch.reqs, batch.extend_lens, results, strict=True):
+        for i, (req, extend_len, result) in enumerate(
+            zip(batch.reqs, batch.extend_lens, results, strict=True)
+        ):
             req.kv_len += extend_len
             if req.finished:  # aborted while in flight
                 continue
@@ -81,7 +85,7 @@ class OutputProcessor:
                 self.kv.cache_unfinished(req)
             if result is None:  # a chunk of a longer prompt; no token yet
                 continue
-            if req.is_embedding:
+            if isinstance(result, EmbeddingResult):
                 result.apply(req)
                 self.finish(req, FinishReason("length"))
                 continue
@@ -93,11 +97,8 @@ class OutputProcessor:
                     req, FinishReason("abort", message=req.custom_logit_error, status_code=500)
                 )
                 continue
-            if isinstance(result, SpecResult):
-                if self._apply_spec(req, result):
-                    still_running.append(req)
-                continue
-            if self.apply_token(req, result):
+            tree = batch.drafts[i] if batch.drafts is not None else None
+            if self.apply_tokens(req, result, tree):
                 still_running.append(req)
         q = self.queues
         was_running = {id(r) for r in q.running}
@@ -106,14 +107,30 @@ class OutputProcessor:
         ]
 
     def apply_token(self, req: Req, result: TokenResult) -> bool:
-        """Append one generated token through the grammar and the finish checks; True if the
-        request keeps running (a streaming one may get an output)."""
-        if req.grammar is not None and not req.grammar.accept_token(result.token_id):
-            self.finish(req, grammar_dead_end())
-            return False
-        result.apply(req)
-        self.stats.generated_tokens += 1
-        reason = self.finish_checker.check(req)
+        """Append one token (a PD decode server's first token, computed by its prefill
+        server); True if the request keeps running."""
+        return self.apply_tokens(req, [result], None)
+
+    def apply_tokens(self, req: Req, tokens: Sequence[TokenResult], tree: DraftTree | None) -> bool:
+        """Append a step's tokens one by one through the grammar and the finish checks,
+        stopping at the first that ends the request; True if the request keeps running (a
+        streaming one may get an output). `tree`: the drafts it ran in a speculative round
+        (possibly none): the KV of positions not kept is dropped first, and the drafter hears
+        how many of its drafts were kept."""
+        reason = None
+        kept = 0
+        for token in tokens:
+            if req.grammar is not None and not req.grammar.accept_token(token.token_id):
+                reason = grammar_dead_end()  # the token is not kept
+                break
+            token.apply(req)
+            kept += 1
+            reason = self.finish_checker.check(req)
+            if reason is not None:
+                break
+        self.stats.generated_tokens += kept
+        if tree is not None:
+            self._commit_round(req, len(tree), min(kept, len(tokens) - 1))
         if reason is not None:
             self.finish(req, reason)
             return False
@@ -121,39 +138,19 @@ class OutputProcessor:
             self._maybe_stream(req)
         return True
 
-    def _apply_spec(self, req: Req, result: SpecResult) -> bool:
-        """Append a speculative round's tokens one by one, stopping at the first that ends the
-        request; drop the KV of positions not kept. True if the request keeps running."""
+    def _commit_round(self, req: Req, num_drafts: int, accepted: int) -> None:
+        """After a speculative round: KV keeps the positions holding the kept tokens' inputs
+        (the previous last token and the kept drafts; the newest token's KV is computed next
+        round, as in plain decoding), and the round is counted."""
         assert self.spec is not None
-        reason = None
-        kept = 0
-        for token in result.tokens:
-            if req.grammar is not None and not req.grammar.accept_token(token.token_id):
-                reason = grammar_dead_end()
-                break
-            token.apply(req)
-            kept += 1
-            reason = self.finish_checker.check(req)
-            if reason is not None:
-                break
-        # Positions holding the kept tokens' inputs: the previous last token and the kept
-        # drafts; the newest token's KV is computed next round, as in plain decoding.
         self.kv.trim(req, req.seq_len - 1)
-        accepted = min(kept, result.num_accepted)
-        self.spec.committed(req, result.num_drafts, accepted)
+        self.spec.committed(req, num_drafts, accepted)
         req.spec_verify_ct += 1
-        req.spec_draft_tokens += result.num_drafts
+        req.spec_draft_tokens += num_drafts
         req.spec_accepted_tokens += accepted
         self.stats.spec_verify_rounds += 1
-        self.stats.spec_draft_tokens += result.num_drafts
+        self.stats.spec_draft_tokens += num_drafts
         self.stats.spec_accepted_tokens += accepted
-        self.stats.generated_tokens += kept
-        if reason is not None:
-            self.finish(req, reason)
-            return False
-        if req.rid in self.stream_reqs:
-            self._maybe_stream(req)
-        return True
 
     def _maybe_stream(self, req: Req) -> None:
         interval = req.sampling_params.stream_interval or self.stream_interval or 1

@@ -4,9 +4,11 @@ One `step()` is schedule -> run -> process results:
 - RequestIntake (request_intake.py) turns a message into a Req or a refusal;
 - RequestQueues (request_queues.py) is the request table: waiting, running, the chunked prompt;
 - BatchFormer (batch_former.py) picks each step's batch (prefill first, decode retracting
-  when the KV pool is short, mixed chunks, speculative rounds' widths);
-- StepRunner or SpecWorker runs it; OutputProcessor (output_processor.py) applies the results,
-  finishes requests and holds the outputs the loop sends.
+  when the KV pool is short, mixed chunks; a speculative round is a decode batch whose
+  requests carry the drafts SpecWorker proposed);
+- StepRunner runs every batch (samples, and verifies where there are drafts); OutputProcessor
+  (output_processor.py) applies the results, finishes requests and holds the outputs the loop
+  sends.
 Grammar compiles and image processing run off this thread (GrammarManager, ImageIntake);
 runtime controls (pause, sessions, time limits, weights) act on the same components.
 """
@@ -394,11 +396,7 @@ class Scheduler:
                 if req.first_scheduled_time is None:
                     req.first_scheduled_time = time.monotonic()
             self.in_flight = batch.reqs
-            if batch.drafts is not None and self.spec is not None:
-                results: Sequence[Any] = self.spec.run(batch.reqs, batch.drafts)
-            else:
-                results = self.step_runner.run(batch)
-            self.outputs.process(batch, results)
+            self.outputs.process(batch, self.step_runner.run(batch))
             self.in_flight = []
             if self.check_kv_each_step:
                 held = self.disagg.held_reqs() if self.disagg is not None else []

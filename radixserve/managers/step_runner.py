@@ -1,9 +1,11 @@
-"""Turns a ScheduledBatch into model inputs, runs the model and samples.
+"""Turns a ScheduledBatch into model inputs, runs the model, samples and verifies.
 
-Where a scheduled (non-speculative) batch's request state becomes tensors for the model runner
-and the sampler, and where logits become per-request results. StepInputs is also built by the
-speculative worker, the EAGLE and draft-model drafters and bench_one_batch (issue 29 wants one
-builder).
+Every step goes through here: prefill, chunked prefill, decode, mixed batches and speculative
+rounds (a decode batch whose requests carry draft trees). The batch's request state becomes
+StepInputs in one builder (a request's draft tree through model_executor/verify_inputs.py),
+the model runs once, and its logits become per-request results: the tokens to append (one for
+plain decoding; 1..depth+1 for a request with drafts, accepted by speculative/verify.py), an
+embedding, or None for a prompt chunk that does not reach the end.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from radixserve.managers.grammar_manager import GrammarManager
 from radixserve.managers.routed_experts import keep_routed_experts
 from radixserve.model_executor.step_builder import LogitsWanted, StepBuilder
 from radixserve.model_executor.step_io import StepInputs
+from radixserve.model_executor.verify_inputs import RoundTable, TreeNodes, add_tree
 from radixserve.multimodal.image_items import ImageChunk, image_chunks
 from radixserve.sampling.custom_logit_processor import apply_processors
 from radixserve.sampling.output_counts import OutputTokenCounts, batch_token_counts
 from radixserve.sampling.sampler import Sampler
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 from radixserve.sampling.token_result import EmbeddingResult, TokenResult
+from radixserve.speculative.verify import verify_drafts
 
 if TYPE_CHECKING:
     from radixserve.managers.kv_manager import KVManager
@@ -36,6 +40,10 @@ if TYPE_CHECKING:
 # EMBED_POS_BASE - value); -1 means "no result this step"; >= 0 is a logits row to sample.
 EMBED_POS_BASE = -2
 
+# One request's result of a step: the tokens to append in order (one for plain decoding), its
+# embedding, or None (a prompt chunk that does not reach the end yet).
+StepResult = list[TokenResult] | EmbeddingResult | None
+
 
 class StepRunner:
     def __init__(self, runner: ModelRunner, kv: KVManager, eos_token_ids: Sequence[int]) -> None:
@@ -44,33 +52,50 @@ class StepRunner:
         self.eos_token_ids = list(eos_token_ids)
         self.sampler = Sampler(argmax=ops.argmax_rows)
         # EAGLE speculation: called with each forward's per-token features (the batch's
-        # requests, their first positions and token counts, the features).
+        # requests, their first positions and token counts, the features); after a verify
+        # forward, only the verified positions' (the last token and the accepted drafts).
         self.on_features: FeatureHook | None = None
 
-    def run(self, batch: ScheduledBatch) -> list[TokenResult | EmbeddingResult | None]:
-        step, sample_pos, input_rows = self._build_inputs(batch)
-        output = self.runner.forward(step, self.kv.req_to_token_pool.req_to_token)
+    def run(self, batch: ScheduledBatch) -> list[StepResult]:
+        plan = self._build_inputs(batch)
+        step = plan.step
+        output = self.runner.forward(step, plan.table)
         _drop_finished_features(step.image_chunks)
-        if output.features is not None and self.on_features is not None:
-            self.on_features(batch.reqs, step.prefix_lens, step.extend_lens, output.features)
         if output.routed_experts is not None:
             keep_routed_experts(
                 batch.reqs, step.prefix_lens, step.extend_lens, output.routed_experts
             )
         logits = output.logits
-        results: list[TokenResult | EmbeddingResult | None] = [None] * len(batch.reqs)
+        results: list[StepResult] = [None] * len(batch.reqs)
         if output.hidden is not None:
             # Embeddings: the last token's final hidden state, L2-normalised (SGLang's LAST
             # pooling with normalize=True).
             vectors = torch.nn.functional.normalize(output.hidden, dim=-1).tolist()
-            for i, pos in enumerate(sample_pos):
+            for i, pos in enumerate(plan.sample_pos):
                 if pos <= EMBED_POS_BASE:
                     results[i] = EmbeddingResult(vectors[EMBED_POS_BASE - pos])
-        for i, rows in input_rows.items():
+        for i, rows in plan.input_rows.items():
             self._input_logprobs(batch.reqs[i], batch.extend_lens[i], logits, rows)
+        if plan.trees:
+            # Verified before the plain rows are sampled (sampling may work on the logits in
+            # place); verification reads its rows through a copy.
+            self._verify(batch, plan, logits, results)
+        if output.features is not None and self.on_features is not None:
+            self._hand_features(batch, plan, output.features)
+        self._sample_plain(batch, plan.sample_pos, logits, results)
+        return results
+
+    def _sample_plain(
+        self,
+        batch: ScheduledBatch,
+        sample_pos: list[int],
+        logits: torch.Tensor,
+        results: list[StepResult],
+    ) -> None:
+        """One token for each request with a logits row to sample (sample_pos >= 0)."""
         sampled_reqs = [r for r, pos in zip(batch.reqs, sample_pos, strict=True) if pos >= 0]
         if not sampled_reqs:
-            return results
+            return
         row_list = [p for p in sample_pos if p >= 0]
         if any(r.custom_logit_processor is not None for r in sampled_reqs):
             apply_processors(logits, row_list, sampled_reqs)
@@ -80,8 +105,63 @@ class StepRunner:
         samples = iter(self.sample(sampled_reqs, logits))
         for i, pos in enumerate(sample_pos):
             if pos >= 0:
-                results[i] = next(samples)
-        return results
+                results[i] = [next(samples)]
+
+    def _verify(
+        self,
+        batch: ScheduledBatch,
+        plan: StepPlan,
+        logits: torch.Tensor,
+        results: list[StepResult],
+    ) -> None:
+        """The requests with drafts: what the target accepts (speculative/verify.py), and the
+        KV of an accepted branch the tree put elsewhere copied to the positions kv_len + 1,
+        kv_len + 2, ... it belongs to."""
+        assert batch.drafts is not None
+        drafted = list(plan.trees)
+        verified = verify_drafts(
+            [batch.reqs[i] for i in drafted],
+            [batch.drafts[i] for i in drafted],
+            logits,
+            [plan.trees[i].rows for i in drafted],
+            self.eos_token_ids,
+        )
+        moves: list[tuple[int, int]] = []
+        for i, v in zip(drafted, verified, strict=True):
+            results[i] = v.tokens
+            plan.accepted[i] = v.path
+            slots = plan.trees[i].slots
+            moves.extend((slots[n], slots[d]) for d, n in enumerate(v.path, 1) if n != d)
+        if moves:
+            src, dst = zip(*moves, strict=True)
+            self.runner.copy_kv_slots(
+                torch.tensor(src, dtype=torch.int64), torch.tensor(dst, dtype=torch.int64)
+            )
+
+    def _hand_features(self, batch: ScheduledBatch, plan: StepPlan, features: torch.Tensor) -> None:
+        """EAGLE: the target's features of every new token; of a request with drafts, only
+        the verified positions' (the last token and the accepted drafts, known once verified)."""
+        assert self.on_features is not None
+        if not plan.trees:  # one extend per request, in order
+            self.on_features(batch.reqs, plan.step.prefix_lens, plan.step.extend_lens, features)
+            return
+        index: list[int] = []
+        lengths: list[int] = []
+        for i, n in enumerate(batch.extend_lens):
+            nodes = plan.trees.get(i)
+            if nodes is None:
+                index.extend(range(plan.starts[i], plan.starts[i] + n))
+                lengths.append(n)
+            else:
+                kept = [0, *plan.accepted[i]]
+                index.extend(nodes.rows[k] for k in kept)
+                lengths.append(len(kept))
+        self.on_features(
+            batch.reqs,
+            [req.kv_len for req in batch.reqs],
+            lengths,
+            features[torch.tensor(index, dtype=torch.int64, device=features.device)],
+        )
 
     def sample(self, reqs: Sequence[Req], logits: torch.Tensor) -> list[TokenResult]:
         """One token per request from its logits row (row i belongs to reqs[i])."""
@@ -125,17 +205,26 @@ class StepRunner:
                 results[j].ids_logprobs = list(zip(vals_j, ids_j, strict=True))
         return results
 
-    def _build_inputs(
-        self, batch: ScheduledBatch
-    ) -> tuple[StepInputs, list[int], dict[int, list[int]]]:
-        """Flatten the batch. sample_pos[i] is the logits row to sample request i from (-1 for
-        a chunk that does not reach the end); input_rows maps request index -> logits rows of
-        all its new tokens, for prompt logprobs."""
-        step = StepBuilder(with_lora=self.runner.lora is not None)
-        sample_pos: list[int] = []
-        input_rows: dict[int, list[int]] = {}
+    def _build_inputs(self, batch: ScheduledBatch) -> StepPlan:
+        """Flatten the batch: one extend per request, or a request's draft tree
+        (verify_inputs.add_tree). sample_pos[i] is the logits row to sample request i from
+        (-1 for a chunk that does not reach the end, or for a request with drafts: verified
+        instead); input_rows maps request index -> logits rows of all its new tokens, for
+        prompt logprobs."""
+        builder = StepBuilder(with_lora=self.runner.lora is not None)
+        table = RoundTable(self.kv.req_to_token_pool.req_to_token, batch.drafts)
+        plan = StepPlan()
         images: list[ImageChunk] = []
         for i, (req, n) in enumerate(zip(batch.reqs, batch.extend_lens, strict=True)):
+            row = _row(req)
+            plan.starts.append(len(builder.input_ids))
+            tree = batch.drafts[i] if batch.drafts is not None else None
+            if tree:  # every node's logits, verified after the forward
+                plan.trees[i] = add_tree(
+                    builder, table, row, req.kv_len, req.fill_ids[-1], tree, req.lora_id
+                )
+                plan.sample_pos.append(-1)
+                continue
             fill = req.fill_ids
             reaches_end = req.kv_len + n == len(fill)
             prompt_logprobs = (
@@ -147,9 +236,9 @@ class StepRunner:
                 wanted = "all"
             else:
                 wanted = "last" if reaches_end else "none"
-            first_logit = len(step.logits_rows)
-            start = step.add(
-                req.req_pool_idx,
+            first_logit = len(builder.logits_rows)
+            start = builder.add(
+                table.row(row, req.kv_len + n),
                 req.kv_len,
                 fill[req.kv_len : req.kv_len + n],
                 lora_id=req.lora_id,
@@ -160,19 +249,24 @@ class StepRunner:
                 images.extend(image_chunks(req.images, start, req.kv_len, n))
             if req.is_embedding:
                 # Encoded as <= EMBED_POS_BASE: an index into the step's hidden rows.
-                at = step.want_hidden(start + n - 1) if reaches_end else None
-                sample_pos.append(-1 if at is None else EMBED_POS_BASE - at)
+                at = builder.want_hidden(start + n - 1) if reaches_end else None
+                plan.sample_pos.append(-1 if at is None else EMBED_POS_BASE - at)
                 continue
             if prompt_logprobs:
-                input_rows[i] = list(range(first_logit, first_logit + n))
-            sample_pos.append(len(step.logits_rows) - 1 if reaches_end else -1)
-        inputs = step.build(
-            slot_table=self.kv.req_to_token_pool.req_to_token,
-            is_decode=batch.decode_round,
-            capture_routing=any(r.return_routed_experts for r in batch.reqs),
+                plan.input_rows[i] = list(range(first_logit, first_logit + n))
+            plan.sample_pos.append(len(builder.logits_rows) - 1 if reaches_end else -1)
+        plan.table = table.build()
+        plan.step = builder.build(
+            slot_table=plan.table,
+            # The decode kernels (and compiled graphs) only when every request runs one token
+            # on its own table row.
+            is_decode=batch.decode_round and all(n == 1 for n in builder.extend_lens),
+            # (A speculative round's extends are chains: it records no routed experts.)
+            capture_routing=batch.drafts is None
+            and any(r.return_routed_experts for r in batch.reqs),
             image_chunks=tuple(images),
         )
-        return inputs, sample_pos, input_rows
+        return plan
 
     def _input_logprobs(self, req: Req, n: int, logits: torch.Tensor, rows: list[int]) -> None:
         """Logprob of each prompt token given the tokens before it, from logprob_start_len on.
@@ -201,6 +295,25 @@ class StepRunner:
                 req.input_top_logprobs.insert(0, None)
             if named:
                 req.input_token_ids_logprobs.insert(0, None)
+
+
+class StepPlan:
+    """A batch's step as built: its inputs and table, and where each request's rows went."""
+
+    step: StepInputs
+    table: torch.Tensor
+
+    def __init__(self) -> None:
+        self.sample_pos: list[int] = []
+        self.input_rows: dict[int, list[int]] = {}
+        self.starts: list[int] = []  # each request's first flattened token
+        self.trees: dict[int, TreeNodes] = {}  # requests with drafts: their nodes' rows, slots
+        self.accepted: dict[int, list[int]] = {}  # once verified: the accepted draft nodes
+
+
+def _row(req: Req) -> int:
+    assert req.req_pool_idx is not None, f"request {req.rid} runs without a table row"
+    return req.req_pool_idx
 
 
 def _drop_finished_features(chunks: Sequence[ImageChunk]) -> None:

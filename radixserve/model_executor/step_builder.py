@@ -1,7 +1,7 @@
 """StepBuilder: the one way a step's inputs are flattened, one request's extend at a time.
 
-Every caller (the serving step, speculative verification, the EAGLE and draft-model drafters,
-bench_one_batch) adds (table row, tokens already in the KV, new tokens, their positions and
+Every caller (the serving step, whose requests with drafts add their trees through
+verify_inputs.py, the EAGLE and draft-model drafters, bench_one_batch) adds (table row, tokens already in the KV, new tokens, their positions and
 slots, which rows' logits it wants) and builds a StepInputs. Slots are either handed in (a
 drafter's scratch slots) or, when left out, read for every token at once from the page table
 at build time: one gather for the whole batch instead of a read, clone and cat per request.
@@ -166,3 +166,18 @@ def _gather_slots(
         ).to(table.device)
     idx_pos = torch.tensor(positions, dtype=torch.int64, device=table.device)
     return table[token_rows, idx_pos]
+
+
+def paths_table(
+    req_to_token: torch.Tensor, rows: Sequence[tuple[int, int, Sequence[int]]]
+) -> torch.Tensor:
+    """A request-to-token table for rows that attend to part of a request's context and then
+    to slots of their own: per row (pool row, context length, tail), the pool row's first
+    `context length` slots followed by the tail (a draft chain's ancestors and own slots, or a
+    draft model's path of scratch slots)."""
+    width = max(context + len(tail) for _, context, tail in rows)
+    table = torch.zeros((len(rows), width), dtype=req_to_token.dtype)
+    for r, (pool_row, context, tail) in enumerate(rows):
+        table[r, :context] = req_to_token[pool_row, :context]
+        table[r, context : context + len(tail)] = torch.tensor(tail, dtype=table.dtype)
+    return table

@@ -1,6 +1,7 @@
-"""What one step produced for one request: its token (with the logprobs asked for) or its
-embedding. Plain decoding (managers/step_runner.py) and speculative verification
-(speculative/worker.py) both hand these to the scheduler, which applies them to the request."""
+"""What one step produced for one request: its tokens (with the logprobs asked for) or its
+embedding. The step runner (managers/step_runner.py) hands the scheduler a list of
+TokenResults per request (one for plain decoding, several where a speculative round accepted
+drafts, speculative/verify.py), which it applies to the request in order."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ its request-to-token table indexed like the target's (the request's req_pool_idx
    the first round, one or two tokens later), logits at the last one give draft 1;
 2. ``num_steps - 1`` decode steps, each feeding back the previous draft (greedy, so drafts are
    a deterministic function of the context and acceptance.py's rule stays exact);
-3. after verification the scheduler keeps m drafts; `trim` keeps the draft KV that is still
+3. after verification the scheduler keeps m drafts; `commit` keeps the draft KV that is still
    valid (positions before the first unverified token) and frees the rest.
 
 With --speculative-eagle-topk k > 1 step 2 grows a tree instead (tree_search.py): each step runs
@@ -31,9 +31,9 @@ import torch
 
 from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
 from radixserve.model_executor.model_runner import ModelRunner
-from radixserve.model_executor.step_builder import StepBuilder
+from radixserve.model_executor.step_builder import StepBuilder, paths_table
 from radixserve.model_executor.step_io import StepInputs
-from radixserve.speculative.draft_tree import DraftTree, paths_table
+from radixserve.speculative.draft_tree import DraftTree
 from radixserve.speculative.tree_search import Frontier, ScratchSlots, TreeSearch, grow_searches
 
 if TYPE_CHECKING:
@@ -82,6 +82,11 @@ def draft_kv_pool(
 
 
 class DraftModel:
+    """A smaller model of the target's vocabulary drafting chains (or top-k trees) with its
+    own KV pool; a Drafter (drafter.py)."""
+
+    wants_features = False
+
     def __init__(
         self,
         target_args: ServerArgs,
@@ -225,7 +230,22 @@ class DraftModel:
         return self.req_to_token[req.req_pool_idx, start:end].clone()
 
     # -- KV bookkeeping ---------------------------------------------------------------------
-    def trim(self, req: Req, num_drafts: int, num_kept: int) -> None:
+    @property
+    def prunes_by_grammar(self) -> bool:
+        """Chains are not cut where a grammar refuses a draft: the draft KV bookkeeping
+        (commit) follows the drafted chain; a refused draft is simply never accepted."""
+        return self.topk > 1
+
+    def take_features(
+        self,
+        reqs: Sequence[Req],
+        starts: Sequence[int],
+        lengths: Sequence[int],
+        features: torch.Tensor,
+    ) -> None:
+        raise NotImplementedError("a draft model reads no target features")
+
+    def commit(self, req: Req, num_drafts: int, num_kept: int) -> None:
         """After verification, keep the draft KV of verified positions only.
 
         The round left the draft holding positions [0, seq_len0 + num_drafts - 1): the verified

@@ -18,8 +18,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import torch
-
 
 @dataclass(frozen=True)
 class DraftTree:
@@ -100,18 +98,3 @@ class DraftTree:
             runs[run].append(node)
             run_ending_at[node] = run
         return runs
-
-
-def paths_table(
-    req_to_token: torch.Tensor, rows: Sequence[tuple[int, int, Sequence[int]]]
-) -> torch.Tensor:
-    """A request-to-token table for rows that attend to part of a request's context and then
-    to draft slots of their own: per row (pool row, context length, tail), the pool row's first
-    `context length` slots followed by the tail (a chain's ancestors and own slots, or a draft
-    model's path of scratch slots)."""
-    width = max(context + len(tail) for _, context, tail in rows)
-    table = torch.zeros((len(rows), width), dtype=req_to_token.dtype)
-    for r, (pool_row, context, tail) in enumerate(rows):
-        table[r, :context] = req_to_token[pool_row, :context]
-        table[r, context : context + len(tail)] = torch.tensor(tail, dtype=table.dtype)
-    return table

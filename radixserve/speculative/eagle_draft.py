@@ -28,11 +28,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixserve.model_executor.model_runner import ModelRunner
-from radixserve.model_executor.step_builder import StepBuilder
+from radixserve.model_executor.step_builder import StepBuilder, paths_table
 from radixserve.model_executor.step_io import StepInputs
 from radixserve.models.eagle_common import load_token_map
 from radixserve.speculative.draft_model import check_draft_vocab, draft_kv_pool, draft_server_args
-from radixserve.speculative.draft_tree import DraftTree, paths_table
+from radixserve.speculative.draft_tree import DraftTree
+from radixserve.speculative.drafter import speculable
 from radixserve.speculative.tree_search import Frontier, ScratchSlots, TreeSearch, grow_searches
 
 if TYPE_CHECKING:
@@ -63,6 +64,11 @@ class EagleState:
 
 
 class EagleDraft:
+    """An EAGLE / EAGLE3 head drafting from the target's features; a Drafter (drafter.py)."""
+
+    prunes_by_grammar = True
+    wants_features = True
+
     def __init__(
         self,
         target: ModelRunner,
@@ -118,6 +124,23 @@ class EagleDraft:
         )
 
     # -- features from the target -----------------------------------------------------------
+    def take_features(
+        self,
+        reqs: Sequence[Req],
+        starts: Sequence[int],
+        lengths: Sequence[int],
+        features: torch.Tensor,
+    ) -> None:
+        """A target step's features, flattened over its requests in order: a prefill's new
+        tokens, or a verify forward's verified positions (the last token and the accepted
+        drafts). Requests that never draft (seeded) and embedding requests keep none."""
+        offset = 0
+        for req, start, n in zip(reqs, starts, lengths, strict=True):
+            if n and speculable(req) and not req.is_embedding:
+                # A copy: a view would keep the whole batch's features alive.
+                self.add_features(req, start, features[offset : offset + n].clone())
+            offset += n
+
     def add_features(self, req: Req, start: int, rows: torch.Tensor) -> None:
         """The target computed features for positions [start, start + len(rows))."""
         state = req.spec_state
@@ -254,8 +277,9 @@ class EagleDraft:
         )
 
     # -- KV bookkeeping ---------------------------------------------------------------------
-    def trim(self, req: Req, num_drafts: int, num_kept: int) -> None:
-        """Nothing to trim: drafts' KV is scratch, freed when the round's drafts were made."""
+    def commit(self, req: Req, num_drafts: int, num_kept: int) -> None:
+        """Nothing to trim: drafts' KV is scratch, freed when the round's drafts were made (the
+        verified positions' features arrive through take_features)."""
 
     def release(self, req: Req) -> None:
         """Free everything the head holds for a request the target released."""

@@ -4,8 +4,8 @@ A constrained request samples from its logits masked by the grammar's allowed to
 a draft tree exactly, node n's row must be masked by the grammar's state after the drafts on n's
 path, the state plain decoding would be in had it emitted those tokens. The matcher walks the
 tree depth first (accept a child's token, fill, recurse, roll back one token), so the
-scheduler's per-token `accept_token` (OutputProcessor._apply_spec) still sees only the tokens actually
-kept.
+scheduler's per-token `accept_token` (OutputProcessor.apply_tokens) still sees only the tokens
+actually kept.
 
 A draft the grammar refuses can never be accepted (its masked probability is zero), so the rows
 below it are never read: they are left unfilled, and n-gram drafts are pruned there first.

@@ -14,7 +14,6 @@ if TYPE_CHECKING:
     from radixserve.mem_cache.allocator import TokenToKVPoolAllocator
     from radixserve.mem_cache.req_to_token_pool import ReqToTokenPool
     from radixserve.model_executor.model_runner import ModelRunner
-    from radixserve.sampling.token_result import TokenResult
 
 # Called with each forward's per-token features: the batch's requests, their first positions
 # and token counts, the features ([tokens, feature size]).
@@ -32,11 +31,9 @@ class TargetKV(Protocol):
 
 
 class TargetSteps(Protocol):
-    """The target model's step runner: its model, its KV, and its sampler."""
+    """The target model's step runner: its model and its KV (the drafters run on them), and
+    the hook its forwards' features go to (EAGLE)."""
 
     runner: ModelRunner
     kv: TargetKV
-    eos_token_ids: list[int]
     on_features: FeatureHook | None
-
-    def sample(self, reqs: Sequence[Req], logits: torch.Tensor) -> list[TokenResult]: ...
