@@ -237,8 +237,7 @@ void dot_rows_512(const uint8_t* wrow, const Q8KRows& xq, int64_t r0, int64_t k,
     for (int r = 0; r < R; ++r) isum[r] = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
-      const __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(Dec::codes(blk, 2 * j)),
-                                           Dec::codes(blk, 2 * j + 1), 1);
+      const __m512i u = Dec::codes64(blk, j);
       // int16 lane i of the maddubs result holds codes 2i, 2i+1: run 4j + i / 8
       const __m512i scales = _mm512_permutexvar_epi16(
           _mm512_add_epi16(_mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3),
@@ -297,10 +296,8 @@ void dot_rows_512_x2(const uint8_t* wrow0, const uint8_t* wrow1, const Q8KRows& 
     for (int r = 0; r < R; ++r) isum0[r] = isum1[r] = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
-      const __m512i u0 = _mm512_inserti64x4(_mm512_castsi256_si512(Dec::codes(blk0, 2 * j)),
-                                            Dec::codes(blk0, 2 * j + 1), 1);
-      const __m512i u1 = _mm512_inserti64x4(_mm512_castsi256_si512(Dec::codes(blk1, 2 * j)),
-                                            Dec::codes(blk1, 2 * j + 1), 1);
+      const __m512i u0 = Dec::codes64(blk0, j);
+      const __m512i u1 = Dec::codes64(blk1, j);
       const __m512i run = _mm512_add_epi16(lanes, _mm512_set1_epi16(static_cast<int16_t>(4 * j)));
       const __m512i scales0 = _mm512_permutexvar_epi16(run, sc0);
       const __m512i scales1 = _mm512_permutexvar_epi16(run, sc1);

@@ -28,6 +28,28 @@ inline __m256i bit_set(__m256i v, int bit) {
   return _mm256_cmpeq_epi8(_mm256_and_si256(v, m), m);
 }
 
+#if defined(__AVX512BW__)
+// codes(2j) and codes(2j + 1) as one 512-bit vector (the 512-bit kernels' step): the generic
+// form joins two 256-bit decodes; Q4_K, Q5_K and Q6_K decode both groups at once from the same
+// bytes (the same codes in the same lanes, in fewer instructions: at 1-2 activation rows, as MoE
+// experts get at batch 8, decoding was about half the kernel's vector work).
+template <class Dec>
+inline __m512i joined_codes(const uint8_t* b, int j) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(Dec::codes(b, 2 * j)), Dec::codes(b, 2 * j + 1),
+                            1);
+}
+
+inline __m512i broadcast32(const uint8_t* p) {
+  return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// 32 bytes' low nibbles in the lower half, their high nibbles in the upper half.
+inline __m512i nibble_halves(const uint8_t* p) {
+  const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  return _mm512_and_si512(_mm512_srlv_epi16(broadcast32(p), shift), _mm512_set1_epi8(0x0F));
+}
+#endif
+
 // A super-block's integer scales per run of 16 weights (Q4_K/Q5_K: each group's scale twice)
 // and the coefficients of its correction term per run of 16 (Q4_K/Q5_K: the group's min, taken
 // with dmin; Q6_K/Q3_K: the scale again, taken with d * zero point), as int16 vectors: the
@@ -71,6 +93,10 @@ struct Q8KQ4_K {
   static __m256i codes(const uint8_t* b, int g) {
     return nibbles32(b + 16 + 32 * (g / 2), 4 * (g % 2));
   }
+#if defined(__AVX512BW__)
+  // groups 2j and 2j + 1 are the low and high nibbles of the same 32 bytes
+  static __m512i codes64(const uint8_t* b, int j) { return nibble_halves(b + 16 + 32 * j); }
+#endif
 };
 
 struct Q8KQ5_K {
@@ -85,6 +111,16 @@ struct Q8KQ5_K {
     const __m256i high = _mm256_and_si256(bit_set(load32(b + 16), g), _mm256_set1_epi8(16));
     return _mm256_or_si256(low, high);
   }
+#if defined(__AVX512BW__)
+  static __m512i codes64(const uint8_t* b, int j) {
+    // bit 2j of each high-bit byte for the lower half, bit 2j + 1 for the upper
+    const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << (2 * j))),
+                                            _mm256_set1_epi8(static_cast<char>(1 << (2 * j + 1))), 1);
+    const __mmask64 set = _mm512_test_epi8_mask(broadcast32(b + 16), bits);
+    return _mm512_or_si512(nibble_halves(b + 48 + 32 * j),
+                           _mm512_maskz_mov_epi8(set, _mm512_set1_epi8(16)));
+  }
+#endif
 };
 
 struct Q8KQ6_K {
@@ -106,6 +142,20 @@ struct Q8KQ6_K {
         _mm256_srli_epi16(load32(b + 128 + 32 * (g / 4)), 2 * (g % 4)), _mm256_set1_epi8(3));
     return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
   }
+#if defined(__AVX512BW__)
+  static __m512i codes64(const uint8_t* b, int j) {
+    // groups 2j and 2j + 1: low nibbles from 64 consecutive bytes, one shift for both; high
+    // bits from the same 32 bytes, shifted by 2 (2j % 4) and 2 (2j % 4) + 2
+    const int low_shift = 4 * (j % 2), high_shift = 2 * ((2 * j) % 4);
+    const __m512i low = _mm512_and_si512(
+        _mm512_srli_epi16(_mm512_loadu_si512(b + 64 * (j / 2)), low_shift), _mm512_set1_epi8(0x0F));
+    const __m512i shifts = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<int16_t>(high_shift)),
+                                              _mm256_set1_epi16(static_cast<int16_t>(high_shift + 2)), 1);
+    const __m512i high = _mm512_and_si512(_mm512_srlv_epi16(broadcast32(b + 128 + 32 * (j / 2)), shifts),
+                                          _mm512_set1_epi8(3));
+    return _mm512_or_si512(low, _mm512_slli_epi16(high, 4));
+  }
+#endif
 };
 
 struct Q8KQ3_K {
@@ -132,6 +182,9 @@ struct Q8KQ3_K {
     const __m256i high = _mm256_and_si256(bit_set(load32(b), g), _mm256_set1_epi8(4));
     return _mm256_or_si256(low, high);
   }
+#if defined(__AVX512BW__)
+  static __m512i codes64(const uint8_t* b, int j) { return joined_codes<Q8KQ3_K>(b, j); }
+#endif
 };
 
 }  // namespace q8k
