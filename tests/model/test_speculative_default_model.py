@@ -243,3 +243,32 @@ def test_eagle_head_keeps_greedy_output(
     want = plain.generate(prompts, params)
     assert [r["text"] for r in got] == [r["text"] for r in want]
     assert all(r["meta_info"]["spec_draft_token_num"] > 0 for r in got)
+
+
+def test_ngram_on_gguf_blocks_under_deterministic_inference(default_gguf: Path) -> None:
+    """On the file's Q4_1/Q8_0 blocks a verify of several rows runs the few-row integer kernel
+    (csrc/gguf_paired_rows.cpp on AVX512 hosts) and a decode step the one-row kernel; with
+    --enable-deterministic-inference (one query row per attention item, no float tiles) they
+    give the same bits, so NGRAM's greedy output equals plain decoding token for token, alone
+    and in a batch."""
+    prompts = [
+        "<|im_start|>user\nRepeat this text exactly, word for word:\n\n"
+        f"{PASSAGE}<|im_end|>\n<|im_start|>assistant\n",
+        "<|im_start|>user\nList the days of the week, one per line.<|im_end|>\n"
+        "<|im_start|>assistant\n",
+    ]
+    params = {"temperature": 0, "max_new_tokens": 48}
+    common: dict[str, Any] = {
+        "model_path": str(default_gguf),
+        "enable_deterministic_inference": True,
+        "max_total_tokens": 8192,
+        "runtime": "thread",
+    }
+    with Engine(**common) as plain:
+        want = plain.generate(prompt=prompts, sampling_params=params)
+    with Engine(**common, speculative_algorithm="NGRAM", speculative_num_draft_tokens=8) as spec:
+        got = spec.generate(prompt=prompts, sampling_params=params)
+        alone = spec.generate(prompt=prompts[0], sampling_params=params)
+    assert [g["output_ids"] for g in got] == [w["output_ids"] for w in want]
+    assert alone["output_ids"] == want[0]["output_ids"]
+    assert got[0]["meta_info"]["spec_accept_length"] > 2.0  # drafts really were verified
