@@ -228,7 +228,13 @@ def _take_routed_experts(req: Req) -> str | None:
     if req.finished_reason is None or not req.return_routed_experts:
         return None
     record, req.routed_experts = req.routed_experts, None
-    return record.encode(req.routed_experts_start_len) if record is not None else None
+    if record is None:
+        return None
+    # The tokens that ran: the prompt and the output but its last token. A speculative round
+    # that finished inside its accepted drafts (a stop string) ran, and recorded, positions
+    # past them.
+    ran = len(req.origin_input_ids) + max(len(req.output_ids) - 1, 0)
+    return record.encode(req.routed_experts_start_len, end=ran)
 
 
 def grammar_dead_end() -> FinishReason:

@@ -50,17 +50,18 @@ class RoutedExpertsRecord:
         self._ids[start:end] = ids
         self.num_tokens = max(self.num_tokens, end)
 
-    def array(self, start: int = 0) -> np.ndarray:
-        """[num_tokens - start, layers, top_k] int32: positions [start, num_tokens) (a copy;
-        empty when start is past them)."""
+    def array(self, start: int = 0, end: int | None = None) -> np.ndarray:
+        """[n, layers, top_k] int32: positions [start, min(end, num_tokens)) (a copy; empty
+        when start is past them)."""
         if self._ids is None:
             return np.zeros((0, 0, 0), dtype=np.int32)
-        return self._ids[min(start, self.num_tokens) : self.num_tokens].numpy().copy()
+        stop = self.num_tokens if end is None else min(end, self.num_tokens)
+        return self._ids[min(start, stop) : stop].numpy().copy()
 
-    def encode(self, start: int = 0) -> str:
-        """Base64 of the int32 array's bytes (native little-endian, C order) from position
-        `start` on, as SGLang's meta_info["routed_experts"]."""
-        data = np.ascontiguousarray(self.array(start)).tobytes()
+    def encode(self, start: int = 0, end: int | None = None) -> str:
+        """Base64 of the int32 array's bytes (native little-endian, C order) of positions
+        [start, end), as SGLang's meta_info["routed_experts"]."""
+        data = np.ascontiguousarray(self.array(start, end)).tobytes()
         return base64.b64encode(data).decode("ascii")
 
 

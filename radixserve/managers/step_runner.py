@@ -61,7 +61,7 @@ class StepRunner:
         step = plan.step
         output = self.runner.forward(step, plan.table)
         _drop_finished_features(step.image_chunks)
-        if output.routed_experts is not None:
+        if output.routed_experts is not None and not plan.trees:
             keep_routed_experts(
                 batch.reqs, step.prefix_lens, step.extend_lens, output.routed_experts
             )
@@ -80,6 +80,12 @@ class StepRunner:
             # Verified before the plain rows are sampled (sampling may work on the logits in
             # place); verification reads its rows through a copy.
             self._verify(batch, plan, logits, results)
+        if output.routed_experts is not None and plan.trees:
+            # A verify's rows hold drafts that were not kept: only the verified positions'.
+            index, lengths = plan.kept_rows(batch.extend_lens)
+            keep_routed_experts(
+                batch.reqs, [r.kv_len for r in batch.reqs], lengths, output.routed_experts[index]
+            )
         if output.features is not None and self.on_features is not None:
             self._hand_features(batch, plan, output.features)
         self._sample_plain(batch, plan.sample_pos, logits, results)
@@ -145,22 +151,12 @@ class StepRunner:
         if not plan.trees:  # one extend per request, in order
             self.on_features(batch.reqs, plan.step.prefix_lens, plan.step.extend_lens, features)
             return
-        index: list[int] = []
-        lengths: list[int] = []
-        for i, n in enumerate(batch.extend_lens):
-            nodes = plan.trees.get(i)
-            if nodes is None:
-                index.extend(range(plan.starts[i], plan.starts[i] + n))
-                lengths.append(n)
-            else:
-                kept = [0, *plan.accepted[i]]
-                index.extend(nodes.rows[k] for k in kept)
-                lengths.append(len(kept))
+        index, lengths = plan.kept_rows(batch.extend_lens)
         self.on_features(
             batch.reqs,
             [req.kv_len for req in batch.reqs],
             lengths,
-            features[torch.tensor(index, dtype=torch.int64, device=features.device)],
+            features[index.to(features.device)],
         )
 
     def sample(self, reqs: Sequence[Req], logits: torch.Tensor) -> list[TokenResult]:
@@ -261,9 +257,7 @@ class StepRunner:
             # The decode kernels (and compiled graphs) only when every request runs one token
             # on its own table row.
             is_decode=batch.decode_round and all(n == 1 for n in builder.extend_lens),
-            # (A speculative round's extends are chains: it records no routed experts.)
-            capture_routing=batch.drafts is None
-            and any(r.return_routed_experts for r in batch.reqs),
+            capture_routing=any(r.return_routed_experts for r in batch.reqs),
             image_chunks=tuple(images),
         )
         return plan
@@ -309,6 +303,23 @@ class StepPlan:
         self.starts: list[int] = []  # each request's first flattened token
         self.trees: dict[int, TreeNodes] = {}  # requests with drafts: their nodes' rows, slots
         self.accepted: dict[int, list[int]] = {}  # once verified: the accepted draft nodes
+
+    def kept_rows(self, extend_lens: Sequence[int]) -> tuple[torch.Tensor, list[int]]:
+        """After verification: the flattened rows of the positions each request keeps, in
+        request order (all of a request's new tokens; of one with drafts, its last token and
+        the accepted drafts), and how many each request has."""
+        index: list[int] = []
+        lengths: list[int] = []
+        for i, n in enumerate(extend_lens):
+            nodes = self.trees.get(i)
+            if nodes is None:
+                index.extend(range(self.starts[i], self.starts[i] + n))
+                lengths.append(n)
+            else:
+                kept = [0, *self.accepted[i]]
+                index.extend(nodes.rows[k] for k in kept)
+                lengths.append(len(kept))
+        return torch.tensor(index, dtype=torch.int64), lengths
 
 
 def _row(req: Req) -> int:

@@ -12,11 +12,6 @@ _ROUTED = "--enable-return-routed-experts"
 
 # (dest, option, why): settings whose steps the routed-experts capture does not see.
 _NOT_WITH_ROUTED_EXPERTS = (
-    (
-        "speculative_algorithm",
-        "--speculative-algorithm",
-        "draft and verify steps run rows that are not the request's tokens",
-    ),
     ("pp_size", "--pp-size", "each pipeline stage routes only its own layers"),
 )
 

@@ -375,13 +375,7 @@ def test_the_flag_is_accepted() -> None:
     assert ServerArgs.from_kwargs(enable_return_routed_experts=True).enable_return_routed_experts
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "conflict"),
-    [
-        ({"speculative_algorithm": "NGRAM"}, "--speculative-algorithm"),
-        ({"pp_size": 2}, "--pp-size"),
-    ],
-)
+@pytest.mark.parametrize(("kwargs", "conflict"), [({"pp_size": 2}, "--pp-size")])
 def test_the_flag_refuses_steps_it_cannot_capture(kwargs: dict[str, Any], conflict: str) -> None:
     from radixserve.options.errors import ServerArgsError
     from radixserve.server_args import ServerArgs
@@ -534,3 +528,49 @@ def test_two_tensor_parallel_ranks(moe_model: tuple[Path, torch.nn.Module]) -> N
         out = eng.generate(input_ids=PROMPT, sampling_params=GREEDY, return_routed_experts=True)
     got = decode_routed_experts(out["meta_info"]["routed_experts"], NUM_LAYERS, TOP_K)
     assert np.array_equal(got, transformers_experts(hf, PROMPT + out["output_ids"][:-1]))
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chains", "trees"])
+def test_speculative_rounds_return_the_verified_tokens_ids(
+    moe_model: tuple[Path, torch.nn.Module], tree: bool
+) -> None:
+    """NGRAM verify rounds run drafts that are not kept: only the positions that are (the last
+    token and the accepted drafts) are recorded, so the ids are transformers' routers' over the
+    request's own tokens, as without speculation; a request that stops inside its accepted
+    drafts (a stop token) returns no rows past its end."""
+    from radixserve import Engine
+
+    hf = moe_model[1]
+    prompt = [3, 5, 9, 3, 5, 9, 3, 5, 9, 3, 5]  # repeats: the n-gram cache drafts "9 3 5 ..."
+    extra = {} if tree else {"speculative_ngram_max_bfs_breadth": 1}
+    with Engine(
+        runtime="thread",
+        model_path=str(moe_model[0]),
+        dtype="float32",
+        max_total_tokens=1024,
+        enable_return_routed_experts=True,
+        speculative_algorithm="NGRAM",
+        speculative_num_draft_tokens=6,
+        skip_server_warmup=True,
+        **extra,
+    ) as eng:
+        eng.scheduler.check_kv_each_step = True
+        greedy = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+        full = eng.generate(input_ids=prompt, sampling_params=greedy, return_routed_experts=True)
+        assert full["meta_info"]["spec_accept_token_num"] > 0
+        # A stop string ends the request inside a round's accepted tokens (a stop token would
+        # end the acceptance itself): the text ("w<id>") of the first token that first appears
+        # a few tokens in.
+        ids = full["output_ids"]
+        stop = next(f"w{t} " for i, t in enumerate(ids) if i >= 3 and t not in ids[:i])
+        short = eng.generate(
+            input_ids=prompt,
+            sampling_params={**greedy, "stop": [stop]},
+            return_routed_experts=True,
+        )
+        assert len(short["output_ids"]) < len(full["output_ids"])
+        for out in (full, short):
+            got = decode_routed_experts(out["meta_info"]["routed_experts"], NUM_LAYERS, TOP_K)
+            tokens = prompt + out["output_ids"][:-1]
+            assert got.shape == (len(tokens), NUM_LAYERS, TOP_K)
+            assert np.array_equal(got, transformers_experts(hf, tokens))
