@@ -132,12 +132,15 @@ inline void add_super_block(const SuperBlock& sb, const int* sums, const Q8KRows
   add_sums<Dec, R>(sb, sums, corrs, xq, r0, k, s, total);
 }
 
-// A few rows stream the weights from memory: each super-block asks for the bytes 8 KiB ahead.
+// A few rows stream the weights from memory: each super-block asks for the bytes ahead of it.
 // One burst of prefetches per weight row (4 rows ahead) left the loads and the arithmetic
 // mostly serialized: 7.5 GB/s a thread from memory vs ~13 for a plain sum; this, 9.3. Two to
 // four rows (MoE experts at batch 8) gained as much: 24 layers of moe-1b's experts at 8
 // tokens took 59 ms on one thread with it, 76 without.
-constexpr int64_t kPrefetchBytes = 8192;
+// 2 KiB ahead (first 8): with the two threads (one core's two hyperthreads here) streaming
+// different experts' few-row columns, 8 tokens of moe-1b's experts took 38-39 ms against 41 at
+// 8 KiB (1 KiB: 40, 16 KiB: 39-40), with 1 and 32 tokens and dense batch-1 GEMVs unchanged.
+constexpr int64_t kPrefetchBytes = 2048;
 
 template <class Dec>
 inline void prefetch_ahead(const uint8_t* blk) {
