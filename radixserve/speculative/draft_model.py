@@ -34,6 +34,7 @@ from radixserve.model_executor.model_runner import ModelRunner
 from radixserve.model_executor.step_builder import StepBuilder, paths_table
 from radixserve.model_executor.step_io import StepInputs
 from radixserve.speculative.draft_tree import DraftTree
+from radixserve.speculative.drafter import ReadsNoFeatures
 from radixserve.speculative.tree_search import Frontier, ScratchSlots, TreeSearch, grow_searches
 
 if TYPE_CHECKING:
@@ -81,11 +82,9 @@ def draft_kv_pool(
     return allocator, table
 
 
-class DraftModel:
+class DraftModel(ReadsNoFeatures):
     """A smaller model of the target's vocabulary drafting chains (or top-k trees) with its
     own KV pool; a Drafter (drafter.py)."""
-
-    wants_features = False
 
     def __init__(
         self,
@@ -235,15 +234,6 @@ class DraftModel:
         """Chains are not cut where a grammar refuses a draft: the draft KV bookkeeping
         (commit) follows the drafted chain; a refused draft is simply never accepted."""
         return self.topk > 1
-
-    def take_features(
-        self,
-        reqs: Sequence[Req],
-        starts: Sequence[int],
-        lengths: Sequence[int],
-        features: torch.Tensor,
-    ) -> None:
-        raise NotImplementedError("a draft model reads no target features")
 
     def commit(self, req: Req, num_drafts: int, num_kept: int) -> None:
         """After verification, keep the draft KV of verified positions only.

@@ -54,3 +54,19 @@ class Drafter(Protocol):
         """A target step's features, flattened over its requests in order: a prefill's new
         tokens, or a verify forward's verified positions."""
         ...
+
+
+class ReadsNoFeatures:
+    """For drafters that draft from tokens alone (NGRAM, a draft model): the target's features
+    are never handed to them (wants_features is False), so being handed some is a wiring bug."""
+
+    wants_features = False
+
+    def take_features(
+        self,
+        reqs: Sequence[Req],
+        starts: Sequence[int],
+        lengths: Sequence[int],
+        features: torch.Tensor,
+    ) -> None:
+        raise NotImplementedError(f"{type(self).__name__} reads no target features")

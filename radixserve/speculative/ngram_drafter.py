@@ -8,17 +8,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from radixserve.speculative.draft_tree import DraftTree
+from radixserve.speculative.drafter import ReadsNoFeatures
 from radixserve.speculative.ngram_cache import NgramCache
 
 if TYPE_CHECKING:
-    import torch
-
     from radixserve.managers.schedule_batch import Req
 
 
-class NgramDrafter:
+class NgramDrafter(ReadsNoFeatures):
     prunes_by_grammar = True
-    wants_features = False
 
     def __init__(
         self, max_trie_depth: int, capacity: int, min_breadth: int, max_breadth: int
@@ -45,12 +43,3 @@ class NgramDrafter:
 
     def reset(self) -> None:
         """The trie holds tokens, not KV: it stays valid."""
-
-    def take_features(
-        self,
-        reqs: Sequence[Req],
-        starts: Sequence[int],
-        lengths: Sequence[int],
-        features: torch.Tensor,
-    ) -> None:
-        raise NotImplementedError("NGRAM drafting reads no target features")
