@@ -147,6 +147,22 @@ void tile_dot(const uint8_t* wrow, const PairedRows& xp, int64_t tile, float* ou
   }
 }
 
+// One tile of `pairs` pairs (1..kPairsPerTile) against one weight row.
+template <bool kQ4, bool kPrefetch>
+void run_tile(int64_t pairs, const uint8_t* wrow, const PairedRows& xp, int64_t tile, float* o,
+              int64_t n) {
+  switch (pairs) {
+    case 1: tile_dot<1, kQ4, kPrefetch>(wrow, xp, tile, o, n); break;
+    case 2: tile_dot<2, kQ4, kPrefetch>(wrow, xp, tile, o, n); break;
+    case 3: tile_dot<3, kQ4, kPrefetch>(wrow, xp, tile, o, n); break;
+    case 4: tile_dot<4, kQ4, kPrefetch>(wrow, xp, tile, o, n); break;
+    case 5: tile_dot<5, kQ4, kPrefetch>(wrow, xp, tile, o, n); break;
+    case 6: tile_dot<6, kQ4, kPrefetch>(wrow, xp, tile, o, n); break;
+    case 7: tile_dot<7, kQ4, kPrefetch>(wrow, xp, tile, o, n); break;
+    default: tile_dot<8, kQ4, kPrefetch>(wrow, xp, tile, o, n); break;
+  }
+}
+
 template <bool kQ4>
 void columns(const uint8_t* w, int64_t row_bytes, const PairedRows& xp, float* out, int64_t n,
              int64_t begin, int64_t end) {
@@ -157,28 +173,11 @@ void columns(const uint8_t* w, int64_t row_bytes, const PairedRows& xp, float* o
     for (int64_t tile = 0; tile < tiles; ++tile) {
       float* o = out + tile * kTileRows * n + col;
       const int64_t tile_pairs = std::min(kPairsPerTile, pairs - tile * kPairsPerTile);
+      // Only the first tile streams the row from memory; later ones find it in L1.
       if (tile == 0) {
-        switch (tile_pairs) {
-          case 1: tile_dot<1, kQ4, true>(wrow, xp, tile, o, n); break;
-          case 2: tile_dot<2, kQ4, true>(wrow, xp, tile, o, n); break;
-          case 3: tile_dot<3, kQ4, true>(wrow, xp, tile, o, n); break;
-          case 4: tile_dot<4, kQ4, true>(wrow, xp, tile, o, n); break;
-          case 5: tile_dot<5, kQ4, true>(wrow, xp, tile, o, n); break;
-          case 6: tile_dot<6, kQ4, true>(wrow, xp, tile, o, n); break;
-          case 7: tile_dot<7, kQ4, true>(wrow, xp, tile, o, n); break;
-          default: tile_dot<8, kQ4, true>(wrow, xp, tile, o, n); break;
-        }
+        run_tile<kQ4, true>(tile_pairs, wrow, xp, tile, o, n);
       } else {
-        switch (tile_pairs) {
-          case 1: tile_dot<1, kQ4, false>(wrow, xp, tile, o, n); break;
-          case 2: tile_dot<2, kQ4, false>(wrow, xp, tile, o, n); break;
-          case 3: tile_dot<3, kQ4, false>(wrow, xp, tile, o, n); break;
-          case 4: tile_dot<4, kQ4, false>(wrow, xp, tile, o, n); break;
-          case 5: tile_dot<5, kQ4, false>(wrow, xp, tile, o, n); break;
-          case 6: tile_dot<6, kQ4, false>(wrow, xp, tile, o, n); break;
-          case 7: tile_dot<7, kQ4, false>(wrow, xp, tile, o, n); break;
-          default: tile_dot<8, kQ4, false>(wrow, xp, tile, o, n); break;
-        }
+        run_tile<kQ4, false>(tile_pairs, wrow, xp, tile, o, n);
       }
     }
   }
