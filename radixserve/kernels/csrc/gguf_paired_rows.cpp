@@ -29,8 +29,10 @@ constexpr int64_t kPairsPerTile = 8;
 constexpr int64_t kTileRows = 2 * kPairsPerTile;
 // The weights stream from memory once (the first tile; later tiles find the row in L1), and the
 // hardware prefetcher alone did not keep up: 30 layers of SmolLM2-135M's Q4_1 matmuls at 2 rows
-// ran 2.7x slower from memory than from cache. Each block asks for the bytes 8 KiB ahead.
-constexpr int64_t kPrefetchBytes = 8192;
+// ran 2.7x slower from memory than from cache. Each block asks for the bytes 4 KiB ahead (on
+// two threads, 9 rows: 11.4-12.3 ms for those 30 layers at 4 KiB, 14.5 at 8 KiB; 2 and 8 rows
+// within noise).
+constexpr int64_t kPrefetchBytes = 4096;
 }  // namespace
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
