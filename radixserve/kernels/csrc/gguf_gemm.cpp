@@ -371,6 +371,7 @@ at::Tensor quantized_linear(const at::Tensor& x, int64_t n, Rows& xq, Quantize&&
 }  // namespace
 
 void set_gguf_tiled_enabled(bool enabled) { g_tiled_enabled.store(enabled); }
+bool gguf_tiled_enabled() { return g_tiled_enabled.load(); }
 
 // x: [M, K] (rows may be strided); blocks: [N, K / 32 * block_bytes] uint8 in GGUF's layout.
 // Returns x @ W^T as [M, N] in x's dtype.
@@ -404,6 +405,11 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
   const int64_t tiled_min_rows = qtype == kQ8_0 ? kTiledMinRowsQ8_0 : kTiledMinRowsQ4_1;
   if (m >= tiled_min_rows && g_tiled_enabled.load(std::memory_order_relaxed) &&
       gguf_tiled_available()) {
+    if (x.scalar_type() == at::kBFloat16 && (qtype == kQ4_1 || qtype == kQ8_0) &&
+        gguf_tiled_amx_enabled()) {
+      // bfloat16 rows as they are, on AMX-BF16 tiles over bf16 weight panels (gguf_gemm_amx.cpp)
+      return gguf_linear_tiled_amx(x, blocks, qtype, n).to(at::kBFloat16);
+    }
     // Many rows (prefill): float tiles over dequantized weights (gguf_gemm_tiled.cpp).
     const bool is_float = x.scalar_type() == at::kFloat;
     auto out = gguf_linear_tiled(is_float ? x : x.to(at::kFloat), blocks, qtype, n);
