@@ -2,8 +2,8 @@
 tiles it replaces (csrc/gguf_gemm_tiled.cpp), on SmolLM2-135M's Q4_1/Q8_0 shapes, interleaved
 in one process (best of --repeats each), with random blocks of the right types. A third column
 times the integer kernel (the many-row path off, as under --enable-deterministic-inference),
-which gguf_linear runs below its row thresholds (Q4_1 12 rows, Q8_0 32): where a row count is
-under them, all three columns time the integer kernel.
+which gguf_linear runs below its row thresholds (AMX: 12 rows; float tiles: Q4_1 12, Q8_0 32):
+at 16 rows the Q8_0 fp32 column times the integer kernel.
 
     python benchmarks/gguf_amx_bf16.py --rows 16 64 128 --repeats 20
 

@@ -88,6 +88,24 @@ def test_gguf_linear_takes_amx_for_bf16_many_rows(amx: object, qtype: int) -> No
     assert ops.set_gguf_amx_bf16(True) is True
 
 
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_amx_from_12_rows_for_both_types(amx: object, qtype: int) -> None:
+    """On AMX, Q8_0 leaves the integer kernel at 12 rows too (the float tiles waited for 32);
+    below 12 rows both types stay on it."""
+    n, k = 40, 576
+    for m, on_amx in ((11, False), (12, True), (31, True)):
+        x, blocks = _case(qtype, n, k, m)
+        got = ops.gguf_linear(x, blocks, qtype, n)
+        amx_out = amx.gguf_linear_tiled_amx(x, blocks, qtype, n).to(torch.bfloat16)
+        amx.set_gguf_tiled_enabled(False)  # the integer kernel at every row count
+        try:
+            integer = ops.gguf_linear(x, blocks, qtype, n)
+        finally:
+            amx.set_gguf_tiled_enabled(True)
+        assert torch.equal(got, amx_out if on_amx else integer), m
+        assert not torch.equal(amx_out, integer)  # the two paths are told apart
+
+
 def test_rows_do_not_depend_on_the_call(amx: object) -> None:
     """One accumulator tile per 16 rows, over K in order: any split of the rows (whole, partial
     and padded blocks; strided rows) gives each row the same bits."""
