@@ -9,7 +9,8 @@
 // tile is 32 K x 16 rows (1 KiB) and a whole panel is K * 64 bytes (36 KiB at K = 576, 96 KiB
 // at K = 1536: in L2 while every row block passes over it). Activation rows are A tiles read
 // straight from x (16 rows x 32 bf16, any row stride); a partial last block of rows is copied
-// into a zero-padded buffer once per call. Up to four 16-row blocks share each B tile load.
+// into a zero-padded buffer once per call. Two panels and two 16-row blocks share their tile
+// loads (four products per four loads); a lone last panel runs with up to four row blocks.
 //
 // Each 16-row block has one fp32 accumulator tile taken over K in order, so a row's result
 // depends only on its own x row: the same bits whichever rows share its call (as the float
@@ -133,6 +134,42 @@ using PassFn = void (*)(const int32_t*, int64_t, const uint16_t* const*, const i
                         float* const*, const int64_t*);
 constexpr PassFn kPasses[kMaxBlocks] = {amx_pass<1>, amx_pass<2>, amx_pass<3>, amx_pass<4>};
 
+// The same over two panels (p[0], p[1]) and B (1-2) row blocks: C tile 2i + j holds block i x
+// panel j (result c[2i + j]). Per 32 K two A and two B loads feed four products, with no tile
+// reloaded while a product still reads it (amx_pass<4> reloads A tile 4), and x is read from
+// L2 once per two panels instead of once per panel.
+template <int B>
+void amx_pass_pair(const int32_t* const* p, int64_t steps, const uint16_t* const* a,
+                   const int64_t* lda, float* const* c, const int64_t* ldc) {
+  static_assert(B == 1 || B == 2, "1 or 2 row blocks");
+  const uint8_t* p0 = reinterpret_cast<const uint8_t*>(p[0]);
+  const uint8_t* p1 = reinterpret_cast<const uint8_t*>(p[1]);
+  _tile_zero(0);
+  _tile_zero(1);
+  if constexpr (B > 1) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t s = 0; s < steps; ++s) {
+    _tile_loadd(6, p0 + s * kTileBytes, 64);
+    _tile_loadd(7, p1 + s * kTileBytes, 64);
+    _tile_loadd(4, a[0] + s * kStepK, lda[0]);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if constexpr (B > 1) {
+      _tile_loadd(5, a[1] + s * kStepK, lda[1]);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c[0], ldc[0]);
+  _tile_stored(1, c[1], ldc[1]);
+  if constexpr (B > 1) {
+    _tile_stored(2, c[2], ldc[2]);
+    _tile_stored(3, c[3], ldc[3]);
+  }
+}
+
 // Activation rows per call region: x's rows a pass reads for every panel stay in L2
 // (K = 1536: 128 rows, 384 KiB) instead of streaming from memory once per panel.
 constexpr int64_t kRowBytesBudget = 512 * 1024;
@@ -153,24 +190,28 @@ void amx_linear(const uint16_t* xp, int64_t ldx, int64_t m, int64_t k, const uin
   for (int64_t blk0 = 0; blk0 < blocks; blk0 += region_blocks) {
     const int64_t blk_end = std::min(blocks, blk0 + region_blocks);
     at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-      static thread_local std::vector<int32_t> panel_store, rows_store;
-      panel_store.resize(steps * kLanes * kLanes + kLanes);
-      rows_store.resize(steps * kLanes * kLanes + kLanes);
+      static thread_local std::vector<int32_t> panel_store[2], rows_store;
       // 64-byte aligned for the transposes' loads and stores (the tile loads do not need it)
-      const auto align64 = [](std::vector<int32_t>& v) {
+      const auto sized64 = [&](std::vector<int32_t>& v) {
+        v.resize(steps * kLanes * kLanes + kLanes);
         return reinterpret_cast<int32_t*>((reinterpret_cast<uintptr_t>(v.data()) + 63) &
                                           ~uintptr_t{63});
       };
-      int32_t* panel = align64(panel_store);
-      int32_t* rows_buf = align64(rows_store);
+      int32_t* panel[2] = {sized64(panel_store[0]), sized64(panel_store[1])};
+      int32_t* rows_buf = sized64(rows_store);
       alignas(64) float scratch[kMaxBlocks][kTileRows][kLanes];
       amx::configure_full_tiles();
-      for (int64_t pi = begin; pi < end; ++pi) {
+      for (int64_t pi = begin; pi < end;) {
+        const int np = pi + 1 < end ? 2 : 1;  // panels this pass: two, or a lone last one
         const int64_t n0 = pi * kLanes;
-        const int cols = static_cast<int>(std::min<int64_t>(kLanes, n - n0));
-        pack_panel_bf16(wp, row_bytes, qtype, k, n0, cols, rows_buf, panel);
-        for (int64_t b = blk0; b < blk_end; b += kMaxBlocks) {
-          const int count = static_cast<int>(std::min<int64_t>(kMaxBlocks, blk_end - b));
+        int cols[2] = {0, 0};
+        for (int j = 0; j < np; ++j) {
+          cols[j] = static_cast<int>(std::min<int64_t>(kLanes, n - n0 - j * kLanes));
+          pack_panel_bf16(wp, row_bytes, qtype, k, n0 + j * kLanes, cols[j], rows_buf, panel[j]);
+        }
+        const int per_pass = kMaxBlocks / np;  // row blocks: C tiles = blocks x panels <= 4
+        for (int64_t b = blk0; b < blk_end; b += per_pass) {
+          const int count = static_cast<int>(std::min<int64_t>(per_pass, blk_end - b));
           const uint16_t* a[kMaxBlocks];
           int64_t lda[kMaxBlocks], ldc[kMaxBlocks];
           float* c[kMaxBlocks];
@@ -180,21 +221,36 @@ void amx_linear(const uint16_t* xp, int64_t ldx, int64_t m, int64_t k, const uin
             const bool partial = blk == full_blocks;  // the padded tail block
             a[i] = partial ? tail.data() : xp + blk * kTileRows * ldx;
             lda[i] = (partial ? k : ldx) * 2;
-            // Whole 16 x 16 results go straight into out; the rest through scratch.
-            direct[i] = !partial && cols == kLanes;
-            c[i] = direct[i] ? out + blk * kTileRows * n + n0 : &scratch[i][0][0];
-            ldc[i] = direct[i] ? n * 4 : kLanes * 4;
+            for (int j = 0; j < np; ++j) {
+              // Whole 16 x 16 results go straight into out; the rest through scratch.
+              const int slot = i * np + j;
+              direct[slot] = !partial && cols[j] == kLanes;
+              c[slot] = direct[slot] ? out + blk * kTileRows * n + n0 + j * kLanes
+                                     : &scratch[slot][0][0];
+              ldc[slot] = direct[slot] ? n * 4 : kLanes * 4;
+            }
           }
-          kPasses[count - 1](panel, steps, a, lda, c, ldc);
+          if (np == 1) {
+            kPasses[count - 1](panel[0], steps, a, lda, c, ldc);
+          } else if (count == 2) {
+            amx_pass_pair<2>(panel, steps, a, lda, c, ldc);
+          } else {
+            amx_pass_pair<1>(panel, steps, a, lda, c, ldc);
+          }
           for (int i = 0; i < count; ++i) {
-            if (direct[i]) continue;
             const int64_t row0 = (b + i) * kTileRows;
             const int64_t rows = std::min<int64_t>(kTileRows, m - row0);
-            for (int64_t r = 0; r < rows; ++r) {
-              std::memcpy(out + (row0 + r) * n + n0, scratch[i][r], cols * sizeof(float));
+            for (int j = 0; j < np; ++j) {
+              const int slot = i * np + j;
+              if (direct[slot]) continue;
+              for (int64_t r = 0; r < rows; ++r) {
+                std::memcpy(out + (row0 + r) * n + n0 + j * kLanes, scratch[slot][r],
+                            cols[j] * sizeof(float));
+              }
             }
           }
         }
+        pi += np;
       }
       _tile_release();
     });
