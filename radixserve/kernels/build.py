@@ -37,6 +37,7 @@ SOURCES = (
     "single_row_chain.cpp",
     "threads.cpp",
     "gguf_gemm_tiled.cpp",
+    "gguf_gemm_amx.cpp",
     "gguf_paired_rows.cpp",
     "gguf_kquant.cpp",
     "gguf_q8k.cpp",

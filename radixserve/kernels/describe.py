@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import ModuleType
+
 from radixserve.kernels.build import DISABLE_ENV, load_extension
 from radixserve.kernels.cpu_features import cpu_features
 
@@ -18,7 +20,15 @@ def kernel_summary(fast: bool) -> str:
     vectors = [isa for isa in isas if isa != "amx_int8"]
     vector = vectors[-1] if vectors else "no AVX2"
     tiles = "AMX tiles" if "amx_int8" in isas else "no AMX"
-    return f"radixserve C++ kernels: {vector}, {tiles}"
+    return f"radixserve C++ kernels: {vector}, {tiles}, Q4_1/Q8_0 GEMM {_legacy_gemm(ext)}"
+
+
+def _legacy_gemm(ext: ModuleType) -> str:
+    """Which kernel multiplies many rows by Q4_1/Q8_0 weights: bfloat16 rows on AMX-BF16 tiles,
+    float32 tiles, or (--enable-deterministic-inference) the integer kernel at every row count."""
+    if not ext.gguf_tiled_enabled():
+        return "int16 rows"
+    return "amx_bf16" if ext.gguf_tiled_amx_enabled() else "fp32 tiles"
 
 
 def describe_kernels(fast: bool) -> str:

@@ -309,6 +309,20 @@ def use_deterministic_kernels(enabled: bool) -> None:
         ext.set_float_packed_min_rows(1)
 
 
+def set_gguf_amx_bf16(enabled: bool) -> bool:
+    """Whether gguf_linear runs 12 or more bfloat16 rows times Q4_1/Q8_0 weights on AMX-BF16
+    tiles (csrc/gguf_gemm_amx.cpp; on by default where the build and the OS allow AMX) or, off,
+    as before: the float32 tiles from 12 (Q4_1) / 32 (Q8_0) rows, the integer kernel below.
+    Returns whether the tiles are now used
+    (False without the C++ kernels or AMX-BF16). --enable-deterministic-inference turns the
+    many-row path, and with it this one, off."""
+    ext = load_extension()
+    if ext is None:
+        return False
+    ext.set_gguf_tiled_amx_enabled(enabled)
+    return bool(ext.gguf_tiled_amx_enabled())
+
+
 # Where the packed kernel wins at 128 rows but not at 4: from this many rows its per-call panel
 # packing is amortised.
 FLOAT_PACKED_MIN_ROWS = 16

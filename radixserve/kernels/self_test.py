@@ -155,6 +155,23 @@ def check_gguf(ext: object) -> None:
                     )
 
 
+def check_gguf_amx_bf16(ext: object) -> None:
+    """bfloat16 rows on AMX-BF16 tiles (gguf_gemm_amx.cpp), where this build and the OS have
+    them: partial row blocks and panels, one and four row blocks per pass. The weights are
+    rounded to bf16 (2^-9 relative each) and the output too: 1e-2 of the largest output."""
+    if not ext.gguf_tiled_amx_available():
+        return
+    torch.manual_seed(0)
+    for rows, n, k in ((13, 25, 96), (70, 40, 320)):
+        x = torch.randn(rows, k).to(torch.bfloat16)
+        for qtype in (reference.GGML_Q4_1, reference.GGML_Q8_0):
+            blocks = _random_blocks(n, k, qtype)
+            want = reference.gguf_linear(x.float(), blocks, qtype, n)
+            _close(
+                "gguf_linear_tiled_amx", ext.gguf_linear_tiled_amx(x, blocks, qtype, n), want, 1e-2
+            )
+
+
 def check_gguf_block_types(ext: object) -> None:
     """Every other block type gguf_linear runs (gguf_kquant.cpp), integer path and tiles."""
 
@@ -282,6 +299,7 @@ CHECKS: tuple[Check, ...] = (
     check_elementwise,
     check_rope_and_attention,
     check_gguf,
+    check_gguf_amx_bf16,
     check_gguf_block_types,
     check_float_gemm,
     check_gemm_blocking,

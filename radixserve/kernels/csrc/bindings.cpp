@@ -20,6 +20,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("llama_layer", &radixserve::llama_layer);
   m.def("bind_threads", &radixserve::bind_threads);
   m.def("gguf_linear_tiled", &radixserve::gguf_linear_tiled);
+  // bfloat16 x on AMX-BF16 tiles, taken by gguf_linear where the tiled path runs (enabled and
+  // available: the build has it and the OS granted the tile state).
+  m.def("gguf_linear_tiled_amx", &radixserve::gguf_linear_tiled_amx);
+  m.def("gguf_tiled_amx_compiled", &radixserve::gguf_tiled_amx_compiled);
+  m.def("gguf_tiled_amx_available", &radixserve::gguf_tiled_amx_available);
+  m.def("set_gguf_tiled_amx_enabled", &radixserve::set_gguf_tiled_amx_enabled);
+  m.def("gguf_tiled_amx_enabled", &radixserve::gguf_tiled_amx_enabled);
   // Whether gguf_linear runs GGML type qtype in this build (Q4_1 and Q8_0 always).
   m.def("gguf_kernel_type", [](int64_t qtype) {
     return qtype == 3 || qtype == 8 || radixserve::gguf::kquant_type(qtype);
@@ -45,6 +52,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_attention_query_rows", &radixserve::set_attention_query_rows);
   m.def("attention_query_rows", &radixserve::attention_query_rows);
   m.def("set_gguf_tiled_enabled", &radixserve::set_gguf_tiled_enabled);
+  m.def("gguf_tiled_enabled", &radixserve::gguf_tiled_enabled);
   m.def("float_packed_min_rows", &radixserve::float_packed_min_rows);
   m.def("float_packed_available", &radixserve::float_packed_available);
   m.def("half_weight_linear", &radixserve::half_weight_linear);

@@ -36,6 +36,11 @@ constexpr int64_t kRowTile = 4;     // activation rows sharing one unpacked weig
 // costs 14 ms at any row count: 0.3x at 4 rows).
 constexpr int64_t kTiledMinRowsQ4_1 = 12;
 constexpr int64_t kTiledMinRowsQ8_0 = 32;
+// bfloat16 rows on AMX-BF16 tiles (gguf_gemm_amx.cpp) pass the integer path sooner: at 16 rows
+// 1.6x (Q4_1 1536x576, Q8_0 576x576 and the 49152x576 LM head), even at 8, slower at 4
+// (2 threads, Xeon with AMX, best of 30 x 3 interleaved); Q8_0's 32 would leave 16-31 rows
+// (decode batches) on the slower path.
+constexpr int64_t kAmxMinRows = 12;
 // Off under --enable-deterministic-inference: the float tiles and the integer path round
 // differently, so a row's result would depend on how many rows share its call.
 std::atomic<bool> g_tiled_enabled{true};
@@ -371,6 +376,7 @@ at::Tensor quantized_linear(const at::Tensor& x, int64_t n, Rows& xq, Quantize&&
 }  // namespace
 
 void set_gguf_tiled_enabled(bool enabled) { g_tiled_enabled.store(enabled); }
+bool gguf_tiled_enabled() { return g_tiled_enabled.load(); }
 
 // x: [M, K] (rows may be strided); blocks: [N, K / 32 * block_bytes] uint8 in GGUF's layout.
 // Returns x @ W^T as [M, N] in x's dtype.
@@ -401,9 +407,14 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
     if (xq8.q.size() > (size_t{1} << 20)) xq8 = Q8KRows{};  // keep only small buffers
     return x.scalar_type() == at::kFloat ? out32 : out32.to(x.scalar_type());
   }
+  const bool tiled = g_tiled_enabled.load(std::memory_order_relaxed);
+  if (tiled && m >= kAmxMinRows && x.scalar_type() == at::kBFloat16 &&
+      (qtype == kQ4_1 || qtype == kQ8_0) && gguf_tiled_amx_enabled()) {
+    // bfloat16 rows as they are, on AMX-BF16 tiles over bf16 weight panels (gguf_gemm_amx.cpp)
+    return gguf_linear_tiled_amx(x, blocks, qtype, n).to(at::kBFloat16);
+  }
   const int64_t tiled_min_rows = qtype == kQ8_0 ? kTiledMinRowsQ8_0 : kTiledMinRowsQ4_1;
-  if (m >= tiled_min_rows && g_tiled_enabled.load(std::memory_order_relaxed) &&
-      gguf_tiled_available()) {
+  if (tiled && m >= tiled_min_rows && gguf_tiled_available()) {
     // Many rows (prefill): float tiles over dequantized weights (gguf_gemm_tiled.cpp).
     const bool is_float = x.scalar_type() == at::kFloat;
     auto out = gguf_linear_tiled(is_float ? x : x.to(at::kFloat), blocks, qtype, n);

@@ -16,12 +16,10 @@
 // result is the integer sum exactly. Done as vector multiply-adds per row it took a third of
 // the kernel's time. The float steps after it are gguf_q8k.cpp's, in its order: a row has the
 // same bits here as alone on the per-row kernel.
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <vector>
 
+#include "amx_tiles.h"
 #include "gguf_kquant.h"
 #include "gguf_q8k.h"
 #include "gguf_q8k_decode.h"
@@ -45,32 +43,9 @@ constexpr int kTileRows = 16;  // activation rows per tile
 constexpr int kMeta = 16;  // records per row and super-block: kD, kCfac (and padding)
 constexpr int kD = 0, kCfac = 1;
 
-// Linux hands out the tile registers' state only to processes that ask for it.
-bool request_tile_state() {
-  constexpr long kArchReqXcompPerm = 0x1023;
-  constexpr long kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-}
-
-struct TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Tiles 0-3: the int32 sums of the low and high bytes, for two blocks of 16 activation rows;
 // 4/5: the two blocks' 16 rows x 64 K; 6/7: the low and high bytes of 64 K of the panel
-// ([16 K / 4][16 rows x 4] bytes, VNNI order).
-void configure_tiles() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = kTileRows;
-  }
-  _tile_loadconfig(&cfg);
-}
+// ([16 K / 4][16 rows x 4] bytes, VNNI order). All 16 x 64 bytes (amx::configure_full_tiles).
 
 // Per super-block s: lo/hi[(s * kQuads + q) * 16 + r] the bytes of weights 4q..4q+3 of row r;
 // corr[(s * 16 + i) * 16 + r] the bf16 pair (b_2i, b_2i+1) of row r's correction factors
@@ -255,7 +230,7 @@ void amx_linear(const uint8_t* blocks, int64_t row_bytes, const Q8KRows& xq, int
   const int64_t block_bytes = nsb * kTilesPerSuper * kTileBytes;
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     static thread_local AmxPanel panel;
-    configure_tiles();  // per thread, and again per call: other code may use the tiles between
+    amx::configure_full_tiles();  // per thread, and again per call
     XRow xr[2 * kTileRows];
     for (int64_t pi = begin; pi < end; ++pi) {
       const int64_t n0 = pi * kLanes;
@@ -282,10 +257,7 @@ void amx_linear(const uint8_t* blocks, int64_t row_bytes, const Q8KRows& xq, int
 
 }  // namespace
 
-bool q8k_amx_permitted() {
-  static const bool permitted = request_tile_state();
-  return permitted;
-}
+bool q8k_amx_permitted() { return amx::tile_state_permitted(); }
 
 void q8k_amx_linear(const uint8_t* blocks, int64_t row_bytes, int64_t qtype, const Q8KRows& xq,
                     int64_t m, int64_t k, int64_t n, float* out) {

@@ -42,6 +42,15 @@ std::vector<at::Tensor> llama_layer(
 at::Tensor gguf_linear_tiled(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
                              int64_t out_features);
 bool gguf_tiled_available();
+// The same matmul for bfloat16 x on AMX-BF16 tiles (gguf_gemm_amx.cpp), Q4_1 and Q8_0: [M, N]
+// float32. Compiled where the compiler has AMX-BF16; available where the OS also grants the tile
+// state; enabled (the default) unless set_gguf_tiled_amx_enabled(false).
+at::Tensor gguf_linear_tiled_amx(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
+                                 int64_t out_features);
+bool gguf_tiled_amx_compiled();
+bool gguf_tiled_amx_available();
+void set_gguf_tiled_amx_enabled(bool enabled);
+bool gguf_tiled_amx_enabled();  // enabled and available
 at::Tensor float_linear_packed(const at::Tensor& x, const at::Tensor& w);
 at::Tensor float_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias);
 void set_float_packed_min_rows(int64_t rows);
@@ -56,6 +65,7 @@ at::Tensor moe_rows_gguf(const at::Tensor& x, const at::Tensor& experts, const a
                          int64_t down_qtype);
 void set_attention_query_rows(int64_t rows);  // 1: batch-invariant attention
 void set_gguf_tiled_enabled(bool enabled);  // false: batch-invariant GGUF matmuls
+bool gguf_tiled_enabled();
 int64_t attention_query_rows();
 int64_t float_packed_min_rows();
 bool float_packed_available();

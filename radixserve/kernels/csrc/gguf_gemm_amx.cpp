@@ -1,0 +1,305 @@
+// The many-row Q4_1/Q8_0 matmul (gguf_gemm_tiled.cpp's job) on AMX-BF16 tiles, for bfloat16
+// activations. The float path converts x to float32 and runs 16 FMAs per weight and row on
+// AVX2; a TDPBF16PS does 16 x 16 x 32 multiply-adds in one instruction, so at 64 rows the
+// multiplications stop mattering and dequantizing the weights is most of the time.
+//
+// Each thread takes panels of 16 weight rows (output columns). A panel is dequantized once (as
+// float: Q4_1 d * q + m, Q8_0 d * q, the float path's values) and rounded to bf16 into the VNNI
+// pair layout a B tile wants: per pair of K, the 16 rows' (w[2p], w[2p + 1]) dwords, so one B
+// tile is 32 K x 16 rows (1 KiB) and a whole panel is K * 64 bytes (36 KiB at K = 576, 96 KiB
+// at K = 1536: in L2 while every row block passes over it). Activation rows are A tiles read
+// straight from x (16 rows x 32 bf16, any row stride); a partial last block of rows is copied
+// into a zero-padded buffer once per call. Two panels and two 16-row blocks share their tile
+// loads (four products per four loads); a lone last panel runs with up to four row blocks.
+//
+// Each 16-row block has one fp32 accumulator tile taken over K in order, so a row's result
+// depends only on its own x row: the same bits whichever rows share its call (as the float
+// path). Rounding: x is used as is (already bf16); the weights lose bf16's 8-bit mantissa
+// (relative error <= 2^-9 each), products and sums are fp32.
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
+#include "amx_tiles.h"
+#include "gguf_blocks.h"
+#include "gguf_q8k_panel.h"
+#include "kernels.h"
+
+#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__) && \
+    defined(__AVX512BW__)
+#define RS_GGUF_AMX_BF16 1
+#endif
+
+namespace radixserve {
+namespace {
+
+// Off: bfloat16 x takes the float path (converted to float32), as in a build without AMX.
+std::atomic<bool> g_amx_bf16_enabled{true};
+
+#if defined(RS_GGUF_AMX_BF16)
+using gguf::half_to_float;
+using gguf::kQ4_1;
+using gguf::kQ4_1Bytes;
+using gguf::kQ8_0Bytes;
+
+constexpr int kLanes = 16;     // weight rows per panel: one fp32 C tile row
+constexpr int kTileRows = 16;  // activation rows per A tile
+constexpr int64_t kStepK = 32;  // K per tile product: 16 pairs of bf16
+constexpr int64_t kTileBytes = 1024;
+constexpr int kMaxBlocks = 4;  // row blocks per pass: C tiles 0-3
+
+// Weights 32b..32b+31 of one row as 16 dwords of bf16 pairs (k even in the low half).
+inline void dequantize_pairs(const uint8_t* row, int64_t qtype, int64_t b, int32_t* dst) {
+  __m512 lo, hi;  // weights 0..15 and 16..31 of the block
+  if (qtype == kQ4_1) {
+    const uint8_t* blk = row + b * kQ4_1Bytes;
+    const __m512 d = _mm512_set1_ps(half_to_float(blk)), m = _mm512_set1_ps(half_to_float(blk + 2));
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4));
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    const __m128i ql = _mm_and_si128(raw, low4), qh = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
+    lo = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(ql)), m);
+    hi = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(qh)), m);
+  } else {
+    const uint8_t* blk = row + b * kQ8_0Bytes;
+    const __m512 d = _mm512_set1_ps(half_to_float(blk));
+    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
+    lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)));
+    hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)));
+  }
+  // Round to nearest even; element i < 16 from `lo`.
+  _mm512_store_si512(dst, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+// The bytes read ahead of the block being dequantized: a panel's 16 rows are one contiguous run
+// of the file, read in order, but at ~200 cycles of arithmetic per KiB the hardware prefetcher
+// alone left the loads waiting on memory (most of the LM head's time at 64 rows).
+constexpr int64_t kPrefetchBytes = 2048;
+
+// panel[(p * 16 + r) * 2 + j] = bf16(W[n0 + r, 2p + j]); rows past `rows` are zero. `rows_buf`
+// ([16][K / 2] dwords, 64-byte aligned) holds the rows in order first: dequantizing row by row
+// reads the weights sequentially (block by block across the 16 rows was 16 strided streams).
+void pack_panel_bf16(const uint8_t* wp, int64_t row_bytes, int64_t qtype, int64_t k, int64_t n0,
+                     int rows, int32_t* rows_buf, int32_t* panel) {
+  const int64_t nb = k / kStepK, width = k / 2;
+  if (rows < kLanes) std::memset(rows_buf + rows * width, 0, (kLanes - rows) * width * 4);
+  const int64_t block_bytes = qtype == kQ4_1 ? kQ4_1Bytes : kQ8_0Bytes;
+  for (int r = 0; r < rows; ++r) {
+    const uint8_t* row = wp + (n0 + r) * row_bytes;
+    for (int64_t b = 0; b < nb; ++b) {
+      _mm_prefetch(reinterpret_cast<const char*>(row + b * block_bytes) + kPrefetchBytes,
+                   _MM_HINT_T0);
+      dequantize_pairs(row, qtype, b, rows_buf + r * width + b * kLanes);
+    }
+  }
+  constexpr std::integral_constant<int, kLanes> lanes{};
+  q8k_panel::interleave_rows(rows_buf, static_cast<int>(width), panel, lanes);
+}
+
+// A pass over B (1-4) blocks of 16 activation rows: block i's A tiles start at a[i] (rows
+// lda[i] bytes apart); its fp32 results go to c[i] (rows ldc[i] bytes apart), 16 x 16 each.
+// Tiles: C 0-3, A 4/5/7 (block 3 reuses 4 after block 0's product read it), B 6.
+template <int B>
+void amx_pass(const int32_t* panel, int64_t steps, const uint16_t* const* a, const int64_t* lda,
+              float* const* c, const int64_t* ldc) {
+  static_assert(B >= 1 && B <= kMaxBlocks, "1 to 4 row blocks");
+  _tile_zero(0);
+  if constexpr (B > 1) _tile_zero(1);
+  if constexpr (B > 2) _tile_zero(2);
+  if constexpr (B > 3) _tile_zero(3);
+  for (int64_t s = 0; s < steps; ++s) {
+    _tile_loadd(6, reinterpret_cast<const uint8_t*>(panel) + s * kTileBytes, 64);
+    _tile_loadd(4, a[0] + s * kStepK, lda[0]);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (B > 1) {
+      _tile_loadd(5, a[1] + s * kStepK, lda[1]);
+      _tile_dpbf16ps(1, 5, 6);
+    }
+    if constexpr (B > 2) {
+      _tile_loadd(7, a[2] + s * kStepK, lda[2]);
+      _tile_dpbf16ps(2, 7, 6);
+    }
+    if constexpr (B > 3) {
+      _tile_loadd(4, a[3] + s * kStepK, lda[3]);
+      _tile_dpbf16ps(3, 4, 6);
+    }
+  }
+  _tile_stored(0, c[0], ldc[0]);
+  if constexpr (B > 1) _tile_stored(1, c[1], ldc[1]);
+  if constexpr (B > 2) _tile_stored(2, c[2], ldc[2]);
+  if constexpr (B > 3) _tile_stored(3, c[3], ldc[3]);
+}
+
+using PassFn = void (*)(const int32_t*, int64_t, const uint16_t* const*, const int64_t*,
+                        float* const*, const int64_t*);
+constexpr PassFn kPasses[kMaxBlocks] = {amx_pass<1>, amx_pass<2>, amx_pass<3>, amx_pass<4>};
+
+// The same over two panels (p[0], p[1]) and B (1-2) row blocks: C tile 2i + j holds block i x
+// panel j (result c[2i + j]). Per 32 K two A and two B loads feed four products, with no tile
+// reloaded while a product still reads it (amx_pass<4> reloads A tile 4), and x is read from
+// L2 once per two panels instead of once per panel.
+template <int B>
+void amx_pass_pair(const int32_t* const* p, int64_t steps, const uint16_t* const* a,
+                   const int64_t* lda, float* const* c, const int64_t* ldc) {
+  static_assert(B == 1 || B == 2, "1 or 2 row blocks");
+  const uint8_t* p0 = reinterpret_cast<const uint8_t*>(p[0]);
+  const uint8_t* p1 = reinterpret_cast<const uint8_t*>(p[1]);
+  _tile_zero(0);
+  _tile_zero(1);
+  if constexpr (B > 1) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t s = 0; s < steps; ++s) {
+    _tile_loadd(6, p0 + s * kTileBytes, 64);
+    _tile_loadd(7, p1 + s * kTileBytes, 64);
+    _tile_loadd(4, a[0] + s * kStepK, lda[0]);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if constexpr (B > 1) {
+      _tile_loadd(5, a[1] + s * kStepK, lda[1]);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c[0], ldc[0]);
+  _tile_stored(1, c[1], ldc[1]);
+  if constexpr (B > 1) {
+    _tile_stored(2, c[2], ldc[2]);
+    _tile_stored(3, c[3], ldc[3]);
+  }
+}
+
+// Activation rows per call region: x's rows a pass reads for every panel stay in L2
+// (K = 1536: 128 rows, 384 KiB) instead of streaming from memory once per panel.
+constexpr int64_t kRowBytesBudget = 512 * 1024;
+
+void amx_linear(const uint16_t* xp, int64_t ldx, int64_t m, int64_t k, const uint8_t* wp,
+                int64_t row_bytes, int64_t qtype, int64_t n, float* out) {
+  const int64_t steps = k / kStepK;
+  const int64_t panels = (n + kLanes - 1) / kLanes;
+  const int64_t full_blocks = m / kTileRows, tail_rows = m % kTileRows;
+  // The last partial block of rows, zero-padded to 16 (an A tile always loads 16 rows).
+  std::vector<uint16_t> tail(tail_rows > 0 ? kTileRows * k : 0, 0);
+  for (int64_t r = 0; r < tail_rows; ++r) {
+    std::memcpy(tail.data() + r * k, xp + (full_blocks * kTileRows + r) * ldx, k * 2);
+  }
+  const int64_t blocks = full_blocks + (tail_rows > 0 ? 1 : 0);
+  const int64_t region_blocks = std::max<int64_t>(
+      kMaxBlocks, kRowBytesBudget / (kTileRows * k * 2) / kMaxBlocks * kMaxBlocks);
+  for (int64_t blk0 = 0; blk0 < blocks; blk0 += region_blocks) {
+    const int64_t blk_end = std::min(blocks, blk0 + region_blocks);
+    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+      static thread_local std::vector<int32_t> panel_store[2], rows_store;
+      // 64-byte aligned for the transposes' loads and stores (the tile loads do not need it)
+      const auto sized64 = [&](std::vector<int32_t>& v) {
+        v.resize(steps * kLanes * kLanes + kLanes);
+        return reinterpret_cast<int32_t*>((reinterpret_cast<uintptr_t>(v.data()) + 63) &
+                                          ~uintptr_t{63});
+      };
+      int32_t* panel[2] = {sized64(panel_store[0]), sized64(panel_store[1])};
+      int32_t* rows_buf = sized64(rows_store);
+      alignas(64) float scratch[kMaxBlocks][kTileRows][kLanes];
+      amx::configure_full_tiles();
+      for (int64_t pi = begin; pi < end;) {
+        const int np = pi + 1 < end ? 2 : 1;  // panels this pass: two, or a lone last one
+        const int64_t n0 = pi * kLanes;
+        int cols[2] = {0, 0};
+        for (int j = 0; j < np; ++j) {
+          cols[j] = static_cast<int>(std::min<int64_t>(kLanes, n - n0 - j * kLanes));
+          pack_panel_bf16(wp, row_bytes, qtype, k, n0 + j * kLanes, cols[j], rows_buf, panel[j]);
+        }
+        const int per_pass = kMaxBlocks / np;  // row blocks: C tiles = blocks x panels <= 4
+        for (int64_t b = blk0; b < blk_end; b += per_pass) {
+          const int count = static_cast<int>(std::min<int64_t>(per_pass, blk_end - b));
+          const uint16_t* a[kMaxBlocks];
+          int64_t lda[kMaxBlocks], ldc[kMaxBlocks];
+          float* c[kMaxBlocks];
+          bool direct[kMaxBlocks];
+          for (int i = 0; i < count; ++i) {
+            const int64_t blk = b + i;
+            const bool partial = blk == full_blocks;  // the padded tail block
+            a[i] = partial ? tail.data() : xp + blk * kTileRows * ldx;
+            lda[i] = (partial ? k : ldx) * 2;
+            for (int j = 0; j < np; ++j) {
+              // Whole 16 x 16 results go straight into out; the rest through scratch.
+              const int slot = i * np + j;
+              direct[slot] = !partial && cols[j] == kLanes;
+              c[slot] = direct[slot] ? out + blk * kTileRows * n + n0 + j * kLanes
+                                     : &scratch[slot][0][0];
+              ldc[slot] = direct[slot] ? n * 4 : kLanes * 4;
+            }
+          }
+          if (np == 1) {
+            kPasses[count - 1](panel[0], steps, a, lda, c, ldc);
+          } else if (count == 2) {
+            amx_pass_pair<2>(panel, steps, a, lda, c, ldc);
+          } else {
+            amx_pass_pair<1>(panel, steps, a, lda, c, ldc);
+          }
+          for (int i = 0; i < count; ++i) {
+            const int64_t row0 = (b + i) * kTileRows;
+            const int64_t rows = std::min<int64_t>(kTileRows, m - row0);
+            for (int j = 0; j < np; ++j) {
+              const int slot = i * np + j;
+              if (direct[slot]) continue;
+              for (int64_t r = 0; r < rows; ++r) {
+                std::memcpy(out + (row0 + r) * n + n0 + j * kLanes, scratch[slot][r],
+                            cols[j] * sizeof(float));
+              }
+            }
+          }
+        }
+        pi += np;
+      }
+      _tile_release();
+    });
+  }
+}
+#endif
+
+}  // namespace
+
+bool gguf_tiled_amx_compiled() {
+#if defined(RS_GGUF_AMX_BF16)
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool gguf_tiled_amx_available() { return gguf_tiled_amx_compiled() && amx::tile_state_permitted(); }
+
+void set_gguf_tiled_amx_enabled(bool enabled) { g_amx_bf16_enabled.store(enabled); }
+
+bool gguf_tiled_amx_enabled() {
+  return g_amx_bf16_enabled.load(std::memory_order_relaxed) && gguf_tiled_amx_available();
+}
+
+// x: [M, K] bfloat16 with unit stride in K; blocks: [N, K / 32 * block bytes] Q4_1 or Q8_0.
+// Returns [M, N] float32.
+at::Tensor gguf_linear_tiled_amx(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
+                                 int64_t out_features) {
+  TORCH_CHECK(gguf_tiled_amx_available(),
+              "gguf_linear_tiled_amx needs AMX-BF16 (in this build, granted by the OS)");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
+              "x must be bfloat16 [rows, K] with unit stride");
+  TORCH_CHECK(qtype == gguf::kQ4_1 || qtype == gguf::kQ8_0,
+              "gguf_linear_tiled_amx runs Q4_1 and Q8_0, not GGML type ", qtype);
+  const int64_t m = x.size(0), k = x.size(1), n = out_features;
+  TORCH_CHECK(k % gguf::kBlock == 0, "K must be a multiple of 32");
+  const int64_t bytes = qtype == gguf::kQ4_1 ? gguf::kQ4_1Bytes : gguf::kQ8_0Bytes;
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.dim() == 2 &&
+                  blocks.size(0) == n && blocks.size(1) == k / gguf::kBlock * bytes,
+              "blocks do not match [N, K]");
+  auto out = at::empty({m, n}, x.options().dtype(at::kFloat));
+#if defined(RS_GGUF_AMX_BF16)
+  if (m > 0 && n > 0) {
+    amx_linear(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), x.stride(0), m, k,
+               blocks.data_ptr<uint8_t>(), blocks.size(1), qtype, n, out.data_ptr<float>());
+  }
+#endif
+  return out;
+}
+
+}  // namespace radixserve
