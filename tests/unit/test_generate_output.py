@@ -29,32 +29,26 @@ BASE_KEYS = [
 ]
 
 
+# The base fields meta() builds from, and exactly the JSON they must give.
+BASE_FIELDS: dict[str, Any] = {
+    "id": "r1",
+    "finish_reason": None,
+    "prompt_tokens": 3,
+    "completion_tokens": 2,
+    "cached_tokens": 1,
+    "num_retractions": 0,
+    "e2e_latency": 0.5,
+}
+
+
 def meta(**overrides: Any) -> MetaInfo:
-    fields: dict[str, Any] = {
-        "id": "r1",
-        "finish_reason": None,
-        "prompt_tokens": 3,
-        "completion_tokens": 2,
-        "cached_tokens": 1,
-        "num_retractions": 0,
-        "e2e_latency": 0.5,
-    }
-    fields.update(overrides)
-    return MetaInfo(**fields)
+    return MetaInfo(**{**BASE_FIELDS, **overrides})
 
 
 def test_plain_meta_info_has_only_the_base_keys_in_order() -> None:
     got = meta().to_json()
     assert list(got) == BASE_KEYS
-    assert got == {
-        "id": "r1",
-        "finish_reason": None,
-        "prompt_tokens": 3,
-        "completion_tokens": 2,
-        "cached_tokens": 1,
-        "num_retractions": 0,
-        "e2e_latency": 0.5,
-    }
+    assert got == BASE_FIELDS
 
 
 @pytest.mark.parametrize(
