@@ -156,16 +156,11 @@ class BatchFormer:
         return prefill
 
     def _alloc_decode_slots(self, widths: Sequence[int] | None = None) -> None:
-        running = self.queues.running
-        if widths is None:
-            # Plain decode: one slot per request, allocated for the whole batch at once.
-            if self.kv.alloc_decode(running) is None:  # _reserve_decode_slots made room
-                raise RuntimeError("KV allocation failed for the decode batch after reserving")
-            return
-        # Speculative rounds take a different number of slots per request.
-        for i, req in enumerate(running):
-            if self.kv.alloc_extend(req, widths[i]) is None:  # _reserve_decode_slots made room
-                raise RuntimeError(f"KV allocation failed for request {req.rid} after reserving")
+        """Slots for every running request's next token (and, in a speculative round, its
+        drafts: widths[i] = 1 + drafts), allocated for the whole batch at once."""
+        if self.kv.alloc_decode(self.queues.running, widths) is None:
+            # _reserve_decode_slots made room before this was called.
+            raise RuntimeError("KV allocation failed for the decode batch after reserving")
 
     def _schedule_prefill(self) -> ScheduledBatch | None:
         q, limits = self.queues, self.limits

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
 import torch
 
 from radixserve.mem_cache.base_prefix_cache import MatchResult
@@ -154,12 +155,15 @@ class KVManager:
         self.req_to_token_pool.write(req.req_pool_idx, req.kv_len, slots)
         return slots
 
-    def alloc_decode(self, reqs: Sequence[Req]) -> torch.Tensor | None:
-        """One slot for the next token of each running request, for the whole batch at once:
-        one gather of the last slots from the request table, one allocation, one indexed write
-        back (alloc_extend(req, 1) per request did a scalar read, a tensor conversion and a
-        row write each). Evicts from the cache if needed; None, allocating nothing, if the
-        slots do not fit even then."""
+    def alloc_decode(
+        self, reqs: Sequence[Req], widths: Sequence[int] | None = None
+    ) -> torch.Tensor | None:
+        """Slots for the next tokens of each running request (one each, or `widths[i]` in a
+        speculative round: the token and its drafts), for the whole batch at once: one gather
+        of the last slots from the request table, one allocation, one indexed write back
+        (alloc_extend per request did a scalar read, a tensor conversion and a row write
+        each). Evicts from the cache if needed; None, allocating nothing, if the slots do not
+        fit even then. The slots come request by request, as a ScheduledBatch lists them."""
         if not reqs:
             return torch.empty(0, dtype=torch.int64)
         table = self.req_to_token_pool.req_to_token
@@ -169,13 +173,24 @@ class KVManager:
         # A request with no KV yet (kv_len 0) starts fresh: -1, as alloc_extend passes.
         last_locs = table[rows.to(table.device), last.clamp(min=0).to(table.device)].cpu()
         last_locs = torch.where(last >= 0, last_locs, -1).numpy()
-        slots = self.allocator.alloc_decode(last_locs)
+        counts = None if widths is None else np.asarray(widths, dtype=np.int64)
+        slots = self.allocator.alloc_decode(last_locs, counts)
         if slots is None:
-            need = sum(self.tokens_needed(r, 1) for r in reqs)
+            need = sum(
+                self.tokens_needed(r, 1 if widths is None else widths[i])
+                for i, r in enumerate(reqs)
+            )
             self._evict(need - self.allocator.available_size())
-            slots = self.allocator.alloc_decode(last_locs)
+            slots = self.allocator.alloc_decode(last_locs, counts)
             if slots is None:
                 return None
+        if counts is not None:
+            # Each request's positions kv_len, kv_len + 1, ... in its own row.
+            repeat = torch.from_numpy(counts)
+            starts = torch.cumsum(repeat, 0) - repeat
+            offsets = torch.arange(int(repeat.sum())) - torch.repeat_interleave(starts, repeat)
+            rows = torch.repeat_interleave(rows, repeat)
+            kv_lens = torch.repeat_interleave(kv_lens, repeat) + offsets
         self.req_to_token_pool.write_tokens(rows, kv_lens, slots)
         return slots
 

@@ -97,18 +97,28 @@ class TokenToKVPoolAllocator:
         # `out` is always a fresh array, so the tensor may share its memory.
         return torch.from_numpy(out).to(self.device)
 
-    def alloc_decode(self, last_locs: np.ndarray) -> torch.Tensor | None:
-        """One new slot for each of a batch of sequences, in one call (a decode step).
+    def alloc_decode(
+        self, last_locs: np.ndarray, widths: np.ndarray | None = None
+    ) -> torch.Tensor | None:
+        """New slots for each of a batch of sequences, in one call (a decode step, or a
+        speculative round whose requests take 1 + their drafts).
 
-        `last_locs[i]` is the slot of sequence i's last stored token (-1: none yet). With
-        page_size 1 every sequence takes one popped page; with larger pages a sequence whose
-        last page has room continues in it (last_loc + 1) and only the others take a fresh
-        page. Same slots, sequence by sequence, as calling `alloc(1, last_loc)` in order, but
-        without the per-call argument checks and tensor conversions that dominate at batch 64.
-        Returns None, allocating nothing, when there are not enough free pages.
+        `last_locs[i]` is the slot of sequence i's last stored token (-1: none yet) and
+        `widths[i]` (default 1) the number of new slots it takes; the result holds sequence
+        0's slots, then sequence 1's, and so on. With larger pages a sequence first fills the
+        rest of its last page, then takes fresh pages. Same slots, sequence by sequence, as
+        calling `alloc(widths[i], last_locs[i])` in order, but without the per-call argument
+        checks and tensor conversions that dominate at batch 64. Returns None, allocating
+        nothing, when there are not enough free pages.
         """
         last_locs = np.asarray(last_locs, dtype=np.int64).reshape(-1)
         n = last_locs.size
+        if widths is not None:
+            widths = np.asarray(widths, dtype=np.int64).reshape(-1)
+            if widths.size != n or (n and int(widths.min()) < 0):
+                raise ValueError("widths must hold one count >= 0 per sequence")
+            if n and int(widths.max()) == 1 and int(widths.min()) == 1:
+                widths = None
         if n == 0:
             return torch.empty(0, dtype=torch.int64, device=self.device)
         held = last_locs >= 0
@@ -118,6 +128,9 @@ class TokenToKVPoolAllocator:
                 raise ValueError(f"last_loc out of range [0, {self.size}): {int(locs.max())}")
             if self._is_free[locs // self.page_size].any():
                 raise RuntimeError("a last_loc lies in a free page")
+        if widths is not None:
+            out = self._alloc_widths(last_locs, held, widths)
+            return None if out is None else torch.from_numpy(out).to(self.device)
         if self.page_size == 1:
             if n > self._num_free:
                 return None
@@ -132,6 +145,29 @@ class TokenToKVPoolAllocator:
             if need:
                 out[fresh] = self._pop_pages(need) * self.page_size
         return torch.from_numpy(out).to(self.device)
+
+    def _alloc_widths(
+        self, last_locs: np.ndarray, held: np.ndarray, widths: np.ndarray
+    ) -> np.ndarray | None:
+        """alloc_decode's slots when sequences take different numbers of slots."""
+        total = int(widths.sum())
+        if self.page_size == 1:
+            return None if total > self._num_free else self._pop_pages(total)
+        ps = self.page_size
+        tail = np.where(held, (ps - (last_locs + 1) % ps) % ps, 0)
+        fill = np.minimum(tail, widths)
+        num_pages = -(-(widths - fill) // ps)
+        need = int(num_pages.sum())
+        if need > self._num_free:
+            return None
+        pages = self._pop_pages(need) if need else np.empty(0, dtype=np.int64)
+        # Slot j of sequence i: the rest of its last page first, then its fresh pages in order.
+        seq = np.repeat(np.arange(last_locs.size), widths)
+        j = np.arange(total) - np.repeat(np.cumsum(widths) - widths, widths)
+        past_fill = j - fill[seq]
+        first_page = np.cumsum(num_pages) - num_pages
+        page = pages[np.clip(first_page[seq] + past_fill // ps, 0, max(need - 1, 0))] if need else 0
+        return np.where(past_fill < 0, last_locs[seq] + 1 + j, page * ps + past_fill % ps)
 
     def free(self, slots: torch.Tensor) -> None:
         """Free the pages that contain `slots` (each page once, duplicates allowed).

@@ -106,3 +106,58 @@ def test_decode_alloc_tells_on_write_each_row() -> None:
     kv.req_to_token_pool.on_write = lambda row, s: seen.append((row, s))
     assert kv.alloc_decode(reqs) is not None
     assert seen == [(reqs[0].req_pool_idx, 2), (reqs[1].req_pool_idx, 3)]
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_allocator_widths_match_one_by_one(page_size: int) -> None:
+    """A speculative round's slots (1 + drafts per sequence) equal alloc(width, last) in order,
+    whether a sequence fits the rest of its page, fills it exactly, or spills into new pages."""
+    batch = TokenToKVPoolAllocator(128, page_size)
+    single = TokenToKVPoolAllocator(128, page_size)
+    lasts = []
+    for n in (3, 4, 1, 2, 6):
+        a, b = batch.alloc(n), single.alloc(n)
+        assert torch.equal(a, b)
+        lasts.append(int(a[-1]))
+    lasts.append(-1)
+    widths = [1, 9, 3, 2, 0, 5]
+    got = batch.alloc_decode(np.array(lasts), np.array(widths))
+    want = torch.cat([single.alloc(w, last) for w, last in zip(widths, lasts, strict=True)])
+    assert torch.equal(got, want)
+    assert batch.available_size() == single.available_size()
+
+
+def test_allocator_widths_out_of_pages_allocates_nothing() -> None:
+    alloc = TokenToKVPoolAllocator(16, 4)
+    first = alloc.alloc(3)
+    free_before = alloc.available_size()
+    # Three pages are free; the first sequence takes its page's last slot and two pages, the
+    # second (5 slots, starting fresh) two more.
+    assert alloc.alloc_decode(np.array([int(first[-1]), -1]), np.array([9, 5])) is None
+    assert alloc.available_size() == free_before
+    with pytest.raises(ValueError, match="widths"):
+        alloc.alloc_decode(np.array([int(first[-1])]), np.array([1, 2]))
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_speculative_round_slots_match_alloc_extend(page_size: int) -> None:
+    """KVManager.alloc_decode with widths writes each request's row at kv_len.. kv_len+w-1,
+    the same table and slots as alloc_extend request by request."""
+    kv = make_kv(256, page_size)
+    ref = make_kv(256, page_size)
+    reqs = start(kv, [5, 8, 1])
+    ref_reqs = start(ref, [5, 8, 1])
+    for widths in ([3, 1, 9], [1, 1, 1], [5, 2, 4]):
+        slots = kv.alloc_decode(reqs, widths)
+        assert slots is not None
+        want = torch.cat([ref.alloc_extend(r, w) for r, w in zip(ref_reqs, widths, strict=True)])
+        assert torch.equal(slots, want)
+        assert torch.equal(kv.req_to_token_pool.req_to_token, ref.req_to_token_pool.req_to_token)
+        # Keep one token per request, as a round that accepted no drafts does.
+        for r, r2, w in zip(reqs, ref_reqs, widths, strict=True):
+            kept = r.kv_len + 1
+            r.kv_len += w
+            r2.kv_len += w
+            kv.trim(r, kept)
+            ref.trim(r2, kept)
+        assert kv.allocator.available_size() == ref.allocator.available_size()
