@@ -310,7 +310,7 @@ def use_deterministic_kernels(enabled: bool) -> None:
 
 
 def set_gguf_amx_bf16(enabled: bool) -> bool:
-    """Whether gguf_linear runs 12 or more bfloat16 rows times Q4_1/Q8_0 weights on AMX-BF16
+    """Whether gguf_linear runs 5 or more bfloat16 rows times Q4_1/Q8_0 weights on AMX-BF16
     tiles (csrc/gguf_gemm_amx.cpp; on by default where the build and the OS allow AMX) or, off,
     as before: the float32 tiles from 12 (Q4_1) / 32 (Q8_0) rows, the integer kernel below.
     Returns whether the tiles are now used

@@ -59,7 +59,7 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("qtype", QTYPES)
 @pytest.mark.parametrize("k", [576, 1536])
-@pytest.mark.parametrize("m", [12, 16, 33, 64, 100])
+@pytest.mark.parametrize("m", [1, 5, 9, 16, 17, 33, 64, 100])
 def test_amx_bf16_against_float64(amx: object, qtype: int, k: int, m: int) -> None:
     n = 40 if k == 576 else 25  # partial last panel of 16 weight rows
     x, blocks = _case(qtype, n, k, m)
@@ -89,11 +89,12 @@ def test_gguf_linear_takes_amx_for_bf16_many_rows(amx: object, qtype: int) -> No
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
-def test_amx_from_12_rows_for_both_types(amx: object, qtype: int) -> None:
-    """On AMX, Q8_0 leaves the integer kernel at 12 rows too (the float tiles waited for 32);
-    below 12 rows both types stay on it."""
+def test_amx_from_5_rows_for_both_types(amx: object, qtype: int) -> None:
+    """On AMX, bfloat16 rows leave the integer kernel at 5 rows (a speculative verify, a decode
+    batch of 5: the tiles' cost is the weights' dequantizing, flat up to 16 rows); below that
+    both types stay on it."""
     n, k = 40, 576
-    for m, on_amx in ((11, False), (12, True), (31, True)):
+    for m, on_amx in ((1, False), (4, False), (5, True), (9, True), (31, True)):
         x, blocks = _case(qtype, n, k, m)
         got = ops.gguf_linear(x, blocks, qtype, n)
         amx_out = amx.gguf_linear_tiled_amx(x, blocks, qtype, n).to(torch.bfloat16)
@@ -106,22 +107,23 @@ def test_amx_from_12_rows_for_both_types(amx: object, qtype: int) -> None:
         assert not torch.equal(amx_out, integer)  # the two paths are told apart
 
 
-def test_rows_do_not_depend_on_the_call(amx: object) -> None:
-    """One accumulator tile per 16 rows, over K in order: any split of the rows (whole, partial
-    and padded blocks; strided rows) gives each row the same bits."""
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_rows_do_not_depend_on_the_call(amx: object, qtype: int) -> None:
+    """One accumulator per 16 rows, over K in order, on both layouts (up to 16 rows the weights
+    are the A tiles, past 16 x is): any split of the rows (one row, a few, whole, partial and
+    padded blocks; strided rows) gives each row the same bits."""
     n, k = 40, 1536
-    x, blocks = _case(GGML_Q4_1, n, k, 100)
-    whole = amx.gguf_linear_tiled_amx(x, blocks, GGML_Q4_1, n)
+    x, blocks = _case(qtype, n, k, 100)
+    whole = amx.gguf_linear_tiled_amx(x, blocks, qtype, n)
+    splits = ((0, 1), (1, 7), (7, 16), (16, 40), (40, 57), (57, 100))
     parts = torch.cat(
-        [
-            amx.gguf_linear_tiled_amx(x[a:b].contiguous(), blocks, GGML_Q4_1, n)
-            for a, b in ((0, 7), (7, 40), (40, 100))
-        ]
+        [amx.gguf_linear_tiled_amx(x[a:b].contiguous(), blocks, qtype, n) for a, b in splits]
     )
     assert torch.equal(whole, parts)
     wide = torch.zeros(100, k + 64, dtype=torch.bfloat16)
     wide[:, :k] = x
-    assert torch.equal(amx.gguf_linear_tiled_amx(wide[:, :k], blocks, GGML_Q4_1, n), whole)
+    assert torch.equal(amx.gguf_linear_tiled_amx(wide[:, :k], blocks, qtype, n), whole)
+    assert torch.equal(amx.gguf_linear_tiled_amx(wide[3:12, :k], blocks, qtype, n), whole[3:12])
 
 
 @pytest.mark.parametrize("qtype", QTYPES)

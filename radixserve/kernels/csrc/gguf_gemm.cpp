@@ -36,11 +36,12 @@ constexpr int64_t kRowTile = 4;     // activation rows sharing one unpacked weig
 // costs 14 ms at any row count: 0.3x at 4 rows).
 constexpr int64_t kTiledMinRowsQ4_1 = 12;
 constexpr int64_t kTiledMinRowsQ8_0 = 32;
-// bfloat16 rows on AMX-BF16 tiles (gguf_gemm_amx.cpp) pass the integer path sooner: at 16 rows
-// 1.6x (Q4_1 1536x576, Q8_0 576x576 and the 49152x576 LM head), even at 8, slower at 4
-// (2 threads, Xeon with AMX, best of 30 x 3 interleaved); Q8_0's 32 would leave 16-31 rows
-// (decode batches) on the slower path.
-constexpr int64_t kAmxMinRows = 12;
+// bfloat16 rows on AMX-BF16 tiles (gguf_gemm_amx.cpp) pass the integer path from 5 rows: its
+// cost is dequantizing the weights, flat in the rows up to 16 (a decode batch, a speculative
+// verify), where the integer path grows with them. 30 layers of SmolLM2's Q4_1/Q8_0 shapes
+// streamed from memory, 2 threads, Xeon with AMX: 4 rows 0.89x, 5 rows 1.13x, 9 rows 1.66x,
+// one row 0.49x (2026-12-06, best of 8 interleaved).
+constexpr int64_t kAmxMinRows = 5;
 // Off under --enable-deterministic-inference: the float tiles and the integer path round
 // differently, so a row's result would depend on how many rows share its call.
 std::atomic<bool> g_tiled_enabled{true};

@@ -1,5 +1,5 @@
-// The many-row Q4_1/Q8_0 matmul (gguf_gemm_tiled.cpp's job) on AMX-BF16 tiles, for bfloat16
-// activations. The float path converts x to float32 and runs 16 FMAs per weight and row on
+// The Q4_1/Q8_0 matmul of 5 or more rows (gguf_gemm_tiled.cpp's job from 12) on AMX-BF16
+// tiles, for bfloat16 activations. The float path converts x to float32 and runs 16 FMAs per weight and row on
 // AVX2; a TDPBF16PS does 16 x 16 x 32 multiply-adds in one instruction, so at 64 rows the
 // multiplications stop mattering and dequantizing the weights is most of the time.
 //
@@ -18,6 +18,7 @@
 // (relative error <= 2^-9 each), products and sums are fp32.
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <vector>
 
 #include "amx_tiles.h"
@@ -48,17 +49,24 @@ constexpr int64_t kStepK = 32;  // K per tile product: 16 pairs of bf16
 constexpr int64_t kTileBytes = 1024;
 constexpr int kMaxBlocks = 4;  // row blocks per pass: C tiles 0-3
 
-// Weights 32b..32b+31 of one row as 16 dwords of bf16 pairs (k even in the low half).
+// Weights 32b..32b+31 of one row as 32 bf16 in order (16 dwords of pairs, k even in the low
+// half); dst is 64-byte aligned.
 inline void dequantize_pairs(const uint8_t* row, int64_t qtype, int64_t b, int32_t* dst) {
   __m512 lo, hi;  // weights 0..15 and 16..31 of the block
   if (qtype == kQ4_1) {
+    // A nibble has 16 values: bf16(d * q + m) for each, then one word permute looks the 32
+    // weights up (the same fp32 fma and rounding as converting each weight, fewer instructions).
     const uint8_t* blk = row + b * kQ4_1Bytes;
-    const __m512 d = _mm512_set1_ps(half_to_float(blk)), m = _mm512_set1_ps(half_to_float(blk + 2));
+    const __m512 nibbles = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 table = _mm512_fmadd_ps(_mm512_set1_ps(half_to_float(blk)), nibbles,
+                                         _mm512_set1_ps(half_to_float(blk + 2)));
+    const __m512i values = _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(table));
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4));
     const __m128i low4 = _mm_set1_epi8(0x0F);
     const __m128i ql = _mm_and_si128(raw, low4), qh = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
-    lo = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(ql)), m);
-    hi = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(qh)), m);
+    const __m512i index = _mm512_cvtepu8_epi16(_mm256_set_m128i(qh, ql));  // weight i's nibble
+    _mm512_store_si512(dst, _mm512_permutexvar_epi16(index, values));
+    return;
   } else {
     const uint8_t* blk = row + b * kQ8_0Bytes;
     const __m512 d = _mm512_set1_ps(half_to_float(blk));
@@ -168,6 +176,66 @@ void amx_pass_pair(const int32_t* const* p, int64_t steps, const uint16_t* const
     _tile_stored(2, c[2], ldc[2]);
     _tile_stored(3, c[3], ldc[3]);
   }
+}
+
+// Few activation rows (a decode batch, a speculative verify: at most 16) turn the roles round:
+// the weights are the A operand, 16 weight rows x 32 K of bf16 per tile, which is simply their
+// dequantized rows in order, so a panel needs no transpose; x, transposed once per call into
+// the VNNI pair layout, is the B operand (16 K pairs x 16 rows, zero-padded). C[i][r] is weight
+// row i times x row r: the same products, summed in the same K order, as amx_linear's C[r][i],
+// so a row's result has the same bits on either path. Dequantizing is almost all of the time.
+constexpr int64_t kFewRowsMax = kTileRows;
+
+void amx_linear_few(const uint16_t* xp, int64_t ldx, int64_t m, int64_t k, const uint8_t* wp,
+                    int64_t row_bytes, int64_t qtype, int64_t n, float* out) {
+  const int64_t steps = k / kStepK, width = k / 2, nb = k / kStepK;
+  const int64_t panels = (n + kLanes - 1) / kLanes;
+  const int64_t block_bytes = qtype == kQ4_1 ? kQ4_1Bytes : kQ8_0Bytes;
+  // x's rows as dwords (bf16 pairs), zero past m, then transposed: B tile s at xt + s * 256.
+  std::vector<int32_t> x_store(2 * (kTileRows * width + kLanes));
+  const auto aligned64 = [](int32_t* p) {
+    return reinterpret_cast<int32_t*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63});
+  };
+  int32_t* x_rows = aligned64(x_store.data());
+  int32_t* xt = aligned64(x_store.data() + kTileRows * width + kLanes);
+  std::memset(x_rows, 0, kTileRows * width * 4);
+  for (int64_t r = 0; r < m; ++r) std::memcpy(x_rows + r * width, xp + r * ldx, k * 2);
+  constexpr std::integral_constant<int, kLanes> lanes{};
+  q8k_panel::interleave_rows(x_rows, static_cast<int>(width), xt, lanes);
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    static thread_local std::vector<int32_t> weight_store;
+    weight_store.resize(kLanes * width + kLanes);
+    int32_t* w_rows = aligned64(weight_store.data());  // 16 dequantized rows, K bf16 each
+    alignas(64) int32_t c_tile[kLanes * kTileRows];
+    alignas(64) int32_t c_rows[kTileRows * kLanes];
+    amx::configure_full_tiles();
+    for (int64_t pi = begin; pi < end; ++pi) {
+      const int64_t n0 = pi * kLanes;
+      const int cols = static_cast<int>(std::min<int64_t>(kLanes, n - n0));
+      if (cols < kLanes) std::memset(w_rows + cols * width, 0, (kLanes - cols) * width * 4);
+      for (int r = 0; r < cols; ++r) {
+        const uint8_t* row = wp + (n0 + r) * row_bytes;
+        for (int64_t b = 0; b < nb; ++b) {
+          _mm_prefetch(reinterpret_cast<const char*>(row + b * block_bytes) + kPrefetchBytes,
+                       _MM_HINT_T0);
+          dequantize_pairs(row, qtype, b, w_rows + r * width + b * kLanes);
+        }
+      }
+      _tile_zero(0);
+      for (int64_t s = 0; s < steps; ++s) {
+        _tile_loadd(4, w_rows + s * kLanes, width * 4);
+        _tile_loadd(6, xt + s * kLanes * kTileRows, 64);
+        _tile_dpbf16ps(0, 4, 6);
+      }
+      _tile_stored(0, c_tile, 64);
+      // c_tile[i][r] -> c_rows[r][i]: each x row's 16 outputs in a row.
+      q8k_panel::interleave_rows(c_tile, kTileRows, c_rows, lanes);
+      for (int64_t r = 0; r < m; ++r) {
+        std::memcpy(out + r * n + n0, c_rows + r * kLanes, cols * sizeof(float));
+      }
+    }
+    _tile_release();
+  });
 }
 
 // Activation rows per call region: x's rows a pass reads for every panel stay in L2
@@ -294,7 +362,10 @@ at::Tensor gguf_linear_tiled_amx(const at::Tensor& x, const at::Tensor& blocks, 
               "blocks do not match [N, K]");
   auto out = at::empty({m, n}, x.options().dtype(at::kFloat));
 #if defined(RS_GGUF_AMX_BF16)
-  if (m > 0 && n > 0) {
+  if (m > 0 && n > 0 && m <= kFewRowsMax) {
+    amx_linear_few(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), x.stride(0), m,
+                   k, blocks.data_ptr<uint8_t>(), blocks.size(1), qtype, n, out.data_ptr<float>());
+  } else if (m > 0 && n > 0) {
     amx_linear(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), x.stride(0), m, k,
                blocks.data_ptr<uint8_t>(), blocks.size(1), qtype, n, out.data_ptr<float>());
   }
