@@ -499,3 +499,21 @@ def test_the_remembered_build_is_optional_while_installing(
     monkeypatch.setitem(sys.modules, "radixserve.utils.startup_cache", None)  # import fails
     assert build._remembered_build() is None
     build._remember_build(ext)  # nothing written, nothing raised
+
+
+def test_bfloat16_silu_and_mul_is_the_float_path_rounded(ext: object) -> None:
+    """bfloat16 rows take the same float arithmetic as float32 rows, eight lanes at a time, and
+    round each result to the nearest even bfloat16 as c10 does: the bits equal the float32
+    kernel's output rounded, for a width with a scalar tail (8k + 5) too, NaN where it has NaN."""
+    gen = torch.Generator().manual_seed(3)
+    for width in (1536, 21):
+        gu = (torch.randn(7, 2 * width, generator=gen) * 4).to(torch.bfloat16)
+        gu[0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0])
+        gu[1, width : width + 2] = torch.tensor([float("nan"), 1e30])
+        got = ext.silu_and_mul(gu)
+        want = ext.silu_and_mul(gu.float()).to(torch.bfloat16)
+        assert got.dtype == torch.bfloat16
+        nan = want.isnan()
+        assert torch.equal(got.isnan(), nan)
+        # (torch's own conversion keeps a NaN's sign; c10's scalar one, as the kernel, does not)
+        assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan]), width

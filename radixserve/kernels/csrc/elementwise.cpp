@@ -47,17 +47,47 @@ void fused_add_rms_norm_rows(T* xp, T* rp, const T* wp, int64_t rows, int64_t d,
 
 // o[i] = silu(gate[i]) * up[i] for i in [0, n): eight at a time, then one at a time. A span
 // that starts at a multiple of 8 of its row treats every element as the whole row does.
+#if defined(__AVX2__)
+// silu(g) * u on 8 lanes, the scalar loop's steps.
+inline __m256 silu_mul8(__m256 g, __m256 u) {
+  const __m256 e = fast_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+  return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+// 8 bfloat16 -> float32 (exact: the bf16 bits are the float's high half).
+inline __m256 load_bf16x8(const c10::BFloat16* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+// float32 -> 8 bfloat16 rounded as c10::BFloat16 rounds (nearest even; NaN -> 0x7FC0), so the
+// lanes hold what from_float<BFloat16> gives one value at a time.
+inline void store_bf16x8(c10::BFloat16* p, __m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(
+      _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), odd), 16);
+  const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(nan));
+  // Pack the eight 32-bit lanes (each < 2^16) into 16-bit words, in order.
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xD8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+#endif
+
 template <typename T>
 void silu_mul_span(const T* gate, const T* up, T* o, int64_t n) {
   int64_t i = 0;
 #if defined(__AVX2__)
   if constexpr (std::is_same_v<T, float>) {
-    const __m256 one = _mm256_set1_ps(1.0f);
     for (; i + 8 <= n; i += 8) {
-      const __m256 g = _mm256_loadu_ps(gate + i);
-      const __m256 e = fast_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
-      const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
-      _mm256_storeu_ps(o + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+      _mm256_storeu_ps(o + i, silu_mul8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+    }
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    // bfloat16 rows (a bf16 model's MLP): the same float arithmetic, widened and rounded 8 at
+    // a time; one value at a time it was 10x slower (the scalar exp), 15% of a batch-64 step.
+    for (; i + 8 <= n; i += 8) {
+      store_bf16x8(o + i, silu_mul8(load_bf16x8(gate + i), load_bf16x8(up + i)));
     }
   }
 #endif
