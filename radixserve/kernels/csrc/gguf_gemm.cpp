@@ -412,7 +412,7 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
   if (tiled && m >= kAmxMinRows && x.scalar_type() == at::kBFloat16 &&
       (qtype == kQ4_1 || qtype == kQ8_0) && gguf_tiled_amx_enabled()) {
     // bfloat16 rows as they are, on AMX-BF16 tiles over bf16 weight panels (gguf_gemm_amx.cpp)
-    return gguf_linear_tiled_amx(x, blocks, qtype, n).to(at::kBFloat16);
+    return gguf_linear_tiled_amx_bf16(x, blocks, qtype, n);
   }
   const int64_t tiled_min_rows = qtype == kQ8_0 ? kTiledMinRowsQ8_0 : kTiledMinRowsQ4_1;
   if (tiled && m >= tiled_min_rows && gguf_tiled_available()) {

@@ -84,6 +84,31 @@ inline void dequantize_pairs(const uint8_t* row, int64_t qtype, int64_t b, int32
 // alone left the loads waiting on memory (most of the LM head's time at 64 rows).
 constexpr int64_t kPrefetchBytes = 2048;
 
+// Where a call's [m, n] results go: float32, or bfloat16 when x is (rounded here, as the tile
+// row is written, instead of by a separate pass over the float32 result).
+struct Output {
+  float* f32 = nullptr;
+  uint16_t* bf16 = nullptr;
+};
+
+// `count` (<= 16) floats -> bfloat16, rounded to nearest even as at::Tensor::to and c10 round
+// (NaN -> 0x7FC0): the same bits as converting the float32 result afterwards.
+inline void store_row(const Output& out, int64_t offset, const float* src, int count) {
+  if (out.f32 != nullptr) {
+    std::memcpy(out.f32 + offset, src, count * sizeof(float));
+    return;
+  }
+  const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
+  const __m512i bits = _mm512_maskz_loadu_epi32(mask, src);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(
+      _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), odd), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(_mm512_castsi512_ps(bits),
+                                           _mm512_castsi512_ps(bits), _CMP_UNORD_Q);
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
+  _mm256_mask_storeu_epi16(out.bf16 + offset, mask, _mm512_cvtepi32_epi16(r));
+}
+
 // panel[(p * 16 + r) * 2 + j] = bf16(W[n0 + r, 2p + j]); rows past `rows` are zero. `rows_buf`
 // ([16][K / 2] dwords, 64-byte aligned) holds the rows in order first: dequantizing row by row
 // reads the weights sequentially (block by block across the 16 rows was 16 strided streams).
@@ -187,7 +212,7 @@ void amx_pass_pair(const int32_t* const* p, int64_t steps, const uint16_t* const
 constexpr int64_t kFewRowsMax = kTileRows;
 
 void amx_linear_few(const uint16_t* xp, int64_t ldx, int64_t m, int64_t k, const uint8_t* wp,
-                    int64_t row_bytes, int64_t qtype, int64_t n, float* out) {
+                    int64_t row_bytes, int64_t qtype, int64_t n, const Output& out) {
   const int64_t steps = k / kStepK, width = k / 2, nb = k / kStepK;
   const int64_t panels = (n + kLanes - 1) / kLanes;
   const int64_t block_bytes = qtype == kQ4_1 ? kQ4_1Bytes : kQ8_0Bytes;
@@ -231,7 +256,7 @@ void amx_linear_few(const uint16_t* xp, int64_t ldx, int64_t m, int64_t k, const
       // c_tile[i][r] -> c_rows[r][i]: each x row's 16 outputs in a row.
       q8k_panel::interleave_rows(c_tile, kTileRows, c_rows, lanes);
       for (int64_t r = 0; r < m; ++r) {
-        std::memcpy(out + r * n + n0, c_rows + r * kLanes, cols * sizeof(float));
+        store_row(out, r * n + n0, reinterpret_cast<const float*>(c_rows) + r * kLanes, cols);
       }
     }
     _tile_release();
@@ -243,7 +268,7 @@ void amx_linear_few(const uint16_t* xp, int64_t ldx, int64_t m, int64_t k, const
 constexpr int64_t kRowBytesBudget = 512 * 1024;
 
 void amx_linear(const uint16_t* xp, int64_t ldx, int64_t m, int64_t k, const uint8_t* wp,
-                int64_t row_bytes, int64_t qtype, int64_t n, float* out) {
+                int64_t row_bytes, int64_t qtype, int64_t n, const Output& out) {
   const int64_t steps = k / kStepK;
   const int64_t panels = (n + kLanes - 1) / kLanes;
   const int64_t full_blocks = m / kTileRows, tail_rows = m % kTileRows;
@@ -292,8 +317,9 @@ void amx_linear(const uint16_t* xp, int64_t ldx, int64_t m, int64_t k, const uin
             for (int j = 0; j < np; ++j) {
               // Whole 16 x 16 results go straight into out; the rest through scratch.
               const int slot = i * np + j;
-              direct[slot] = !partial && cols[j] == kLanes;
-              c[slot] = direct[slot] ? out + blk * kTileRows * n + n0 + j * kLanes
+              // (bfloat16 results are rounded on the way, through scratch)
+              direct[slot] = !partial && cols[j] == kLanes && out.f32 != nullptr;
+              c[slot] = direct[slot] ? out.f32 + blk * kTileRows * n + n0 + j * kLanes
                                      : &scratch[slot][0][0];
               ldc[slot] = direct[slot] ? n * 4 : kLanes * 4;
             }
@@ -312,8 +338,7 @@ void amx_linear(const uint16_t* xp, int64_t ldx, int64_t m, int64_t k, const uin
               const int slot = i * np + j;
               if (direct[slot]) continue;
               for (int64_t r = 0; r < rows; ++r) {
-                std::memcpy(out + (row0 + r) * n + n0 + j * kLanes, scratch[slot][r],
-                            cols[j] * sizeof(float));
+                store_row(out, (row0 + r) * n + n0 + j * kLanes, scratch[slot][r], cols[j]);
               }
             }
           }
@@ -344,10 +369,12 @@ bool gguf_tiled_amx_enabled() {
   return g_amx_bf16_enabled.load(std::memory_order_relaxed) && gguf_tiled_amx_available();
 }
 
+namespace {
+
 // x: [M, K] bfloat16 with unit stride in K; blocks: [N, K / 32 * block bytes] Q4_1 or Q8_0.
-// Returns [M, N] float32.
-at::Tensor gguf_linear_tiled_amx(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
-                                 int64_t out_features) {
+// Returns [M, N] in `out_type` (float32, or bfloat16 rounded from the float32 sums).
+at::Tensor amx_call(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
+                    int64_t out_features, at::ScalarType out_type) {
   TORCH_CHECK(gguf_tiled_amx_available(),
               "gguf_linear_tiled_amx needs AMX-BF16 (in this build, granted by the OS)");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
@@ -360,17 +387,37 @@ at::Tensor gguf_linear_tiled_amx(const at::Tensor& x, const at::Tensor& blocks, 
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.dim() == 2 &&
                   blocks.size(0) == n && blocks.size(1) == k / gguf::kBlock * bytes,
               "blocks do not match [N, K]");
-  auto out = at::empty({m, n}, x.options().dtype(at::kFloat));
+  auto out = at::empty({m, n}, x.options().dtype(out_type));
 #if defined(RS_GGUF_AMX_BF16)
+  Output dst;
+  if (out_type == at::kFloat) {
+    dst.f32 = out.data_ptr<float>();
+  } else {
+    dst.bf16 = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  }
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   if (m > 0 && n > 0 && m <= kFewRowsMax) {
-    amx_linear_few(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), x.stride(0), m,
-                   k, blocks.data_ptr<uint8_t>(), blocks.size(1), qtype, n, out.data_ptr<float>());
+    amx_linear_few(xp, x.stride(0), m, k, blocks.data_ptr<uint8_t>(), blocks.size(1), qtype, n,
+                   dst);
   } else if (m > 0 && n > 0) {
-    amx_linear(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), x.stride(0), m, k,
-               blocks.data_ptr<uint8_t>(), blocks.size(1), qtype, n, out.data_ptr<float>());
+    amx_linear(xp, x.stride(0), m, k, blocks.data_ptr<uint8_t>(), blocks.size(1), qtype, n, dst);
   }
 #endif
   return out;
+}
+
+}  // namespace
+
+// Returns [M, N] float32.
+at::Tensor gguf_linear_tiled_amx(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
+                                 int64_t out_features) {
+  return amx_call(x, blocks, qtype, out_features, at::kFloat);
+}
+
+// The same sums rounded to bfloat16 as each tile row is written (gguf_linear's bf16 result).
+at::Tensor gguf_linear_tiled_amx_bf16(const at::Tensor& x, const at::Tensor& blocks,
+                                      int64_t qtype, int64_t out_features) {
+  return amx_call(x, blocks, qtype, out_features, at::kBFloat16);
 }
 
 }  // namespace radixserve

@@ -47,6 +47,10 @@ bool gguf_tiled_available();
 // state; enabled (the default) unless set_gguf_tiled_amx_enabled(false).
 at::Tensor gguf_linear_tiled_amx(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
                                  int64_t out_features);
+// The same rounded to bfloat16 while the results are written (what gguf_linear returns for
+// bfloat16 x): the bits of gguf_linear_tiled_amx(...).to(kBFloat16) without the extra pass.
+at::Tensor gguf_linear_tiled_amx_bf16(const at::Tensor& x, const at::Tensor& blocks,
+                                      int64_t qtype, int64_t out_features);
 bool gguf_tiled_amx_compiled();
 bool gguf_tiled_amx_available();
 void set_gguf_tiled_amx_enabled(bool enabled);
