@@ -99,8 +99,13 @@ def _unit_stride_rows(ext: object, x: torch.Tensor, *args: Any) -> bool:
     return x.dim() == 2 and x.stride(1) == 1
 
 
-def _float32_rows(ext: object, x: torch.Tensor) -> bool:
-    return x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1 and x.shape[1] > 0
+def _logits_rows(ext: object, x: torch.Tensor) -> bool:
+    return (
+        x.dtype in (torch.float32, torch.bfloat16)
+        and x.dim() == 2
+        and x.stride(1) == 1
+        and x.shape[1] > 0
+    )
 
 
 def _gguf_accepts(
@@ -189,7 +194,7 @@ FUSED_ADD_RMS_NORM = KernelOp(
     call_cpp=_in_place_add_norm,
 )
 SILU_AND_MUL = KernelOp("silu_and_mul", reference.silu_and_mul, accepts=_unit_stride_rows)
-ARGMAX_ROWS = KernelOp("argmax_rows", reference.argmax_rows, accepts=_float32_rows)
+ARGMAX_ROWS = KernelOp("argmax_rows", reference.argmax_rows, accepts=_logits_rows)
 
 
 # rope_store_kv's arguments before its two KV scales (q ... neox), and the scales' defaults.

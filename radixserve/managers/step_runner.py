@@ -259,6 +259,7 @@ class StepRunner:
             is_decode=batch.decode_round and all(n == 1 for n in builder.extend_lens),
             capture_routing=any(r.return_routed_experts for r in batch.reqs),
             image_chunks=tuple(images),
+            argmax_only=not plan.trees and not plan.input_rows and _argmax_only(batch.reqs),
         )
         return plan
 
@@ -344,6 +345,12 @@ def _plain_greedy(reqs: Sequence[Req]) -> bool:
         and req.sampling_params.samples_raw_argmax(len(req.output_ids))
         for req in reqs
     )
+
+
+def _argmax_only(reqs: Sequence[Req]) -> bool:
+    """Whether every logits row of the step is only argmax'ed: plain greedy requests without
+    custom logit processors (the sampler takes the argmax of the logits as they come)."""
+    return _plain_greedy(reqs) and all(r.custom_logit_processor is None for r in reqs)
 
 
 def _output_counts(

@@ -343,8 +343,8 @@ class ModelRunner:
         return MemoryPlan(total, min(running, total), per_token)
 
     def forward(self, step: StepInputs, req_to_token: torch.Tensor) -> ForwardOutput:
-        """Run the model; float32 logits for `step.logits_rows` (and final hidden states for
-        `step.hidden_rows`, used for embeddings)."""
+        """Run the model; float32 logits for `step.logits_rows` (possibly the model's dtype
+        under `step.argmax_only`), and final hidden states for `step.hidden_rows` (embeddings)."""
         if self.step_broadcaster is None:
             return self._forward(step, req_to_token)
         self.step_broadcaster(step, req_to_token)
@@ -383,7 +383,7 @@ class ModelRunner:
         else:
             hidden = self.model(fb.input_ids, fb.positions, fb)
             routed = None
-        logits = self.model.compute_logits(hidden[fb.logits_indices]).float()
+        logits = self._logits(step, hidden[fb.logits_indices])
         pooled = None
         if step.hidden_rows:
             rows = torch.tensor(step.hidden_rows, dtype=torch.int64, device=self.device)
@@ -392,6 +392,16 @@ class ModelRunner:
         if features is None and self.capture_final:
             features = hidden
         return ForwardOutput(logits, pooled, features, routed)
+
+    def _logits(self, step: StepInputs, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits, or, for a caller that takes only the argmax, the model's own
+        (where the model offers them)."""
+        if step.argmax_only:
+            for_argmax = getattr(self.model, "logits_for_argmax", None)
+            logits = for_argmax(hidden) if for_argmax is not None else None
+            if logits is not None:
+                return logits
+        return self.model.compute_logits(hidden).float()
 
     def _compiled_bucket(self, step: StepInputs) -> int | None:
         """The compiled graph's batch size for this step, None to run it eagerly (not a plain

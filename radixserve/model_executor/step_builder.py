@@ -108,6 +108,7 @@ class StepBuilder:
         spec_hidden: torch.Tensor | None = None,
         capture_routing: bool = False,
         image_chunks: tuple[Any, ...] = (),
+        argmax_only: bool = False,
     ) -> StepInputs:
         """The step. `slot_table` ([rows, context] slot ids) is needed when slots were left
         out. `is_decode` defaults to "every extend is one token"; a caller whose one-token
@@ -141,6 +142,7 @@ class StepBuilder:
             capture_routing=capture_routing,
             image_chunks=image_chunks,
             mrope_positions=self._mrope(),
+            argmax_only=argmax_only,
         )
 
     def _mrope(self) -> torch.Tensor | None:

@@ -35,10 +35,15 @@ class StepInputs(NamedTuple):
     # An M-RoPE model's rotary positions [3, num_tokens] (temporal, height, width) when some
     # request of the step has images; None: `positions` rotate (and always pick KV slots).
     mrope_positions: torch.Tensor | None = None
+    # The caller reads only each logits row's argmax (a plain greedy batch): the logits may
+    # stay in the model's dtype, without the float32 copy (widening is exact, so the argmax
+    # is the same); the runner still returns float32 where the model post-processes them.
+    argmax_only: bool = False
 
 
 class ForwardOutput(NamedTuple):
-    logits: torch.Tensor  # [len(logits_rows), vocab] float32
+    # [len(logits_rows), vocab] float32 (the model's dtype where StepInputs.argmax_only allowed)
+    logits: torch.Tensor
     hidden: torch.Tensor | None  # [len(hidden_rows), hidden] float32, when asked
     # Every token's features for an EAGLE head, when the runner captures them (capture_final /
     # capture_layers; an EAGLE head's runner always): [num_tokens, feature size].

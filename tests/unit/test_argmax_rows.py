@@ -1,7 +1,8 @@
 """The C++ row-wise argmax that greedy sampling takes (kernels/csrc/sampling.cpp) gives
 torch.argmax(dim=-1)'s answer: the first index of the largest value, NaN counted as the largest,
-for rows shorter than a vector, with ties across and within lanes, with a strided batch; the
-dispatch falls back to torch where the extension does not take the logits."""
+for rows shorter than a vector, with ties across and within lanes, with a strided batch, in
+float32 and in bfloat16 (a bf16 model's greedy batch, whose logits are not copied to float32);
+the dispatch falls back to torch where the extension does not take the logits."""
 
 from __future__ import annotations
 
@@ -38,10 +39,23 @@ def _rows() -> list[torch.Tensor]:
 
 
 @needs_ext
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("row", _rows(), ids=lambda r: f"n{r.numel()}")
-def test_one_row_equals_torch(row: torch.Tensor) -> None:
-    logits = row.unsqueeze(0)
+def test_one_row_equals_torch(row: torch.Tensor, dtype: torch.dtype) -> None:
+    logits = row.unsqueeze(0).to(dtype)
     assert ext.argmax_rows(logits).tolist() == logits.argmax(dim=-1).tolist()
+
+
+@needs_ext
+def test_bfloat16_ties_from_rounding_keep_the_first_index() -> None:
+    """Values distinct in float32 can round to one bfloat16: the first of them wins, as in
+    torch (and as the float32 copy of the same bf16 logits gave)."""
+    row = torch.zeros(1, 100)
+    row[0, 10] = 1.0001
+    row[0, 70] = 1.0002  # larger in float32, equal once rounded to bf16
+    half = row.bfloat16()
+    assert ext.argmax_rows(half).tolist() == [10] == half.float().argmax(dim=-1).tolist()
+    assert ext.argmax_rows(row).tolist() == [70]
 
 
 @needs_ext
@@ -53,11 +67,15 @@ def test_a_batch_and_a_strided_batch_equal_torch() -> None:
     wide = torch.randn(16, 1200)
     view = wide[:, :1000]  # rows 1,200 apart
     assert torch.equal(ext.argmax_rows(view), view.argmax(dim=-1))
+    half = wide.bfloat16()[:, :1000]
+    assert torch.equal(ext.argmax_rows(half), half.argmax(dim=-1))
 
 
-def test_dispatch_takes_float32_rows_and_falls_back_otherwise() -> None:
+def test_dispatch_takes_float_rows_and_falls_back_otherwise() -> None:
     torch.manual_seed(2)
     logits = torch.randn(5, 300)
     assert torch.equal(ops.argmax_rows(logits), reference.argmax_rows(logits))
-    half = logits.bfloat16()  # not the kernel's dtype: torch's argmax
+    half = logits.bfloat16()
     assert torch.equal(ops.argmax_rows(half), half.argmax(dim=-1))
+    fp16 = logits.half()  # not a kernel dtype: torch's argmax
+    assert torch.equal(ops.argmax_rows(fp16), fp16.argmax(dim=-1))

@@ -11,7 +11,7 @@ namespace radixserve {
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 void fused_add_rms_norm(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
 at::Tensor silu_and_mul(const at::Tensor& x);
-// torch.argmax(logits, dim=-1) for float32 [rows, vocab] logits (greedy sampling).
+// torch.argmax(logits, dim=-1) for float32 or bfloat16 [rows, vocab] logits (greedy sampling).
 at::Tensor argmax_rows(const at::Tensor& logits);
 void rope_store_kv(at::Tensor& q, at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                    const at::Tensor& cos_sin, at::Tensor& k_cache, at::Tensor& v_cache,
