@@ -109,11 +109,11 @@ inline void store_row(const Output& out, int64_t offset, const float* src, int c
   _mm256_mask_storeu_epi16(out.bf16 + offset, mask, _mm512_cvtepi32_epi16(r));
 }
 
-// panel[(p * 16 + r) * 2 + j] = bf16(W[n0 + r, 2p + j]); rows past `rows` are zero. `rows_buf`
-// ([16][K / 2] dwords, 64-byte aligned) holds the rows in order first: dequantizing row by row
-// reads the weights sequentially (block by block across the 16 rows was 16 strided streams).
-void pack_panel_bf16(const uint8_t* wp, int64_t row_bytes, int64_t qtype, int64_t k, int64_t n0,
-                     int rows, int32_t* rows_buf, int32_t* panel) {
+// Weight rows n0 .. n0 + rows - 1 as bf16, in order, into `rows_buf` ([16][K / 2] dwords,
+// 64-byte aligned); rows past `rows` are zero. Row by row reads the weights sequentially (block
+// by block across the 16 rows was 16 strided streams).
+void dequantize_rows(const uint8_t* wp, int64_t row_bytes, int64_t qtype, int64_t k, int64_t n0,
+                     int rows, int32_t* rows_buf) {
   const int64_t nb = k / kStepK, width = k / 2;
   if (rows < kLanes) std::memset(rows_buf + rows * width, 0, (kLanes - rows) * width * 4);
   const int64_t block_bytes = qtype == kQ4_1 ? kQ4_1Bytes : kQ8_0Bytes;
@@ -125,8 +125,15 @@ void pack_panel_bf16(const uint8_t* wp, int64_t row_bytes, int64_t qtype, int64_
       dequantize_pairs(row, qtype, b, rows_buf + r * width + b * kLanes);
     }
   }
+}
+
+// panel[(p * 16 + r) * 2 + j] = bf16(W[n0 + r, 2p + j]); rows past `rows` are zero. `rows_buf`
+// holds the dequantized rows in order first (dequantize_rows).
+void pack_panel_bf16(const uint8_t* wp, int64_t row_bytes, int64_t qtype, int64_t k, int64_t n0,
+                     int rows, int32_t* rows_buf, int32_t* panel) {
+  dequantize_rows(wp, row_bytes, qtype, k, n0, rows, rows_buf);
   constexpr std::integral_constant<int, kLanes> lanes{};
-  q8k_panel::interleave_rows(rows_buf, static_cast<int>(width), panel, lanes);
+  q8k_panel::interleave_rows(rows_buf, static_cast<int>(k / 2), panel, lanes);
 }
 
 // A pass over B (1-4) blocks of 16 activation rows: block i's A tiles start at a[i] (rows
@@ -213,9 +220,8 @@ constexpr int64_t kFewRowsMax = kTileRows;
 
 void amx_linear_few(const uint16_t* xp, int64_t ldx, int64_t m, int64_t k, const uint8_t* wp,
                     int64_t row_bytes, int64_t qtype, int64_t n, const Output& out) {
-  const int64_t steps = k / kStepK, width = k / 2, nb = k / kStepK;
+  const int64_t steps = k / kStepK, width = k / 2;
   const int64_t panels = (n + kLanes - 1) / kLanes;
-  const int64_t block_bytes = qtype == kQ4_1 ? kQ4_1Bytes : kQ8_0Bytes;
   // x's rows as dwords (bf16 pairs), zero past m, then transposed: B tile s at xt + s * 256.
   std::vector<int32_t> x_store(2 * (kTileRows * width + kLanes));
   const auto aligned64 = [](int32_t* p) {
@@ -237,15 +243,7 @@ void amx_linear_few(const uint16_t* xp, int64_t ldx, int64_t m, int64_t k, const
     for (int64_t pi = begin; pi < end; ++pi) {
       const int64_t n0 = pi * kLanes;
       const int cols = static_cast<int>(std::min<int64_t>(kLanes, n - n0));
-      if (cols < kLanes) std::memset(w_rows + cols * width, 0, (kLanes - cols) * width * 4);
-      for (int r = 0; r < cols; ++r) {
-        const uint8_t* row = wp + (n0 + r) * row_bytes;
-        for (int64_t b = 0; b < nb; ++b) {
-          _mm_prefetch(reinterpret_cast<const char*>(row + b * block_bytes) + kPrefetchBytes,
-                       _MM_HINT_T0);
-          dequantize_pairs(row, qtype, b, w_rows + r * width + b * kLanes);
-        }
-      }
+      dequantize_rows(wp, row_bytes, qtype, k, n0, cols, w_rows);
       _tile_zero(0);
       for (int64_t s = 0; s < steps; ++s) {
         _tile_loadd(4, w_rows + s * kLanes, width * 4);
