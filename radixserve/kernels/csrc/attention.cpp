@@ -109,11 +109,9 @@ void attend_direct(int64_t kv_head, const float* qv, int64_t m_count, const int6
 }
 
 #if defined(__AVX2__)
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const c10::BFloat16* p) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-}
+// common.h's float and bfloat16 loads, beside the 8-bit caches' below (a name declared here
+// would otherwise hide them).
+using ::radixserve::load8;
 // The 8-bit caches, widened in registers (no float copy of the cache is made). Both formats
 // are fp16 with fewer bits, widened by F16C: e5m2 is an fp16's high byte exactly; e4m3's seven
 // magnitude bits placed at fp16 bit 7 make an fp16 of its value / 256 (fp16's exponent bias is

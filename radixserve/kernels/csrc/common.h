@@ -90,6 +90,13 @@ inline __m256 fast_exp8(__m256 x) {
       _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
 }
+
+// 8 values as float32: float as is, bfloat16 widened exactly (its bits are a float's high half).
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
 #endif
 
 // Calls f(T{}) for T = float or c10::BFloat16 (the dtypes the kernels are built for; others

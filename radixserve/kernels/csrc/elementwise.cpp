@@ -1,8 +1,6 @@
 // Fused element-wise kernels: RMSNorm (with the residual add), SiLU-and-mul, and RoPE applied
 // in place to q and k with k and v stored into the paged KV cache in the same pass.
 // Each replaces 5 to 25 small eager ops per layer; the arithmetic is float32 throughout.
-#include <type_traits>
-
 #include "common.h"
 #include "single_row.h"
 
@@ -54,15 +52,11 @@ inline __m256 silu_mul8(__m256 g, __m256 u) {
   return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
 }
 
-// 8 bfloat16 -> float32 (exact: the bf16 bits are the float's high half).
-inline __m256 load_bf16x8(const c10::BFloat16* p) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-}
+inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
 
 // float32 -> 8 bfloat16 rounded as c10::BFloat16 rounds (nearest even; NaN -> 0x7FC0), so the
 // lanes hold what from_float<BFloat16> gives one value at a time.
-inline void store_bf16x8(c10::BFloat16* p, __m256 v) {
+inline void store8(c10::BFloat16* p, __m256 v) {
   const __m256i bits = _mm256_castps_si256(v);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
   __m256i r = _mm256_srli_epi32(
@@ -79,17 +73,10 @@ template <typename T>
 void silu_mul_span(const T* gate, const T* up, T* o, int64_t n) {
   int64_t i = 0;
 #if defined(__AVX2__)
-  if constexpr (std::is_same_v<T, float>) {
-    for (; i + 8 <= n; i += 8) {
-      _mm256_storeu_ps(o + i, silu_mul8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
-    }
-  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    // bfloat16 rows (a bf16 model's MLP): the same float arithmetic, widened and rounded 8 at
-    // a time; one value at a time it was 10x slower (the scalar exp), 15% of a batch-64 step.
-    for (; i + 8 <= n; i += 8) {
-      store_bf16x8(o + i, silu_mul8(load_bf16x8(gate + i), load_bf16x8(up + i)));
-    }
-  }
+  // bfloat16 rows (a bf16 model's MLP) take the same float arithmetic, widened and rounded 8
+  // at a time; one value at a time they were 10x slower (the scalar exp), 15% of a batch-64
+  // step.
+  for (; i + 8 <= n; i += 8) store8(o + i, silu_mul8(load8(gate + i), load8(up + i)));
 #endif
   for (; i < n; ++i) {
     const float g = to_float(gate[i]);

@@ -1,7 +1,8 @@
 // The Q4_1/Q8_0 matmul of 5 or more rows (gguf_gemm_tiled.cpp's job from 12) on AMX-BF16
-// tiles, for bfloat16 activations. The float path converts x to float32 and runs 16 FMAs per weight and row on
-// AVX2; a TDPBF16PS does 16 x 16 x 32 multiply-adds in one instruction, so at 64 rows the
-// multiplications stop mattering and dequantizing the weights is most of the time.
+// tiles, for bfloat16 activations. The float path converts x to float32 and runs 16 FMAs per
+// weight and row on AVX2; a TDPBF16PS does 16 x 16 x 32 multiply-adds in one instruction, so
+// at 64 rows the multiplications stop mattering and dequantizing the weights is most of the
+// time.
 //
 // Each thread takes panels of 16 weight rows (output columns). A panel is dequantized once (as
 // float: Q4_1 d * q + m, Q8_0 d * q, the float path's values) and rounded to bf16 into the VNNI
@@ -48,6 +49,14 @@ constexpr int kTileRows = 16;  // activation rows per A tile
 constexpr int64_t kStepK = 32;  // K per tile product: 16 pairs of bf16
 constexpr int64_t kTileBytes = 1024;
 constexpr int kMaxBlocks = 4;  // row blocks per pass: C tiles 0-3
+
+// `v` resized to `dwords` (plus room to align) and its first 64-byte aligned dword: the
+// transposes' vector loads and stores want alignment (the tile loads do not).
+inline int32_t* aligned64(std::vector<int32_t>& v, int64_t dwords) {
+  v.resize(dwords + kLanes);
+  return reinterpret_cast<int32_t*>((reinterpret_cast<uintptr_t>(v.data()) + 63) &
+                                    ~uintptr_t{63});
+}
 
 // Weights 32b..32b+31 of one row as 32 bf16 in order (16 dwords of pairs, k even in the low
 // half); dst is 64-byte aligned.
@@ -223,20 +232,17 @@ void amx_linear_few(const uint16_t* xp, int64_t ldx, int64_t m, int64_t k, const
   const int64_t steps = k / kStepK, width = k / 2;
   const int64_t panels = (n + kLanes - 1) / kLanes;
   // x's rows as dwords (bf16 pairs), zero past m, then transposed: B tile s at xt + s * 256.
-  std::vector<int32_t> x_store(2 * (kTileRows * width + kLanes));
-  const auto aligned64 = [](int32_t* p) {
-    return reinterpret_cast<int32_t*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t{63});
-  };
-  int32_t* x_rows = aligned64(x_store.data());
-  int32_t* xt = aligned64(x_store.data() + kTileRows * width + kLanes);
-  std::memset(x_rows, 0, kTileRows * width * 4);
+  // (The calling thread's buffers, kept between calls.)
+  static thread_local std::vector<int32_t> x_store, xt_store;
+  int32_t* x_rows = aligned64(x_store, kTileRows * width);
+  int32_t* xt = aligned64(xt_store, kTileRows * width);
   for (int64_t r = 0; r < m; ++r) std::memcpy(x_rows + r * width, xp + r * ldx, k * 2);
+  std::memset(x_rows + m * width, 0, (kTileRows - m) * width * 4);
   constexpr std::integral_constant<int, kLanes> lanes{};
   q8k_panel::interleave_rows(x_rows, static_cast<int>(width), xt, lanes);
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     static thread_local std::vector<int32_t> weight_store;
-    weight_store.resize(kLanes * width + kLanes);
-    int32_t* w_rows = aligned64(weight_store.data());  // 16 dequantized rows, K bf16 each
+    int32_t* w_rows = aligned64(weight_store, kLanes * width);  // 16 dequantized rows
     alignas(64) int32_t c_tile[kLanes * kTileRows];
     alignas(64) int32_t c_rows[kTileRows * kLanes];
     amx::configure_full_tiles();
@@ -282,14 +288,10 @@ void amx_linear(const uint16_t* xp, int64_t ldx, int64_t m, int64_t k, const uin
     const int64_t blk_end = std::min(blocks, blk0 + region_blocks);
     at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
       static thread_local std::vector<int32_t> panel_store[2], rows_store;
-      // 64-byte aligned for the transposes' loads and stores (the tile loads do not need it)
-      const auto sized64 = [&](std::vector<int32_t>& v) {
-        v.resize(steps * kLanes * kLanes + kLanes);
-        return reinterpret_cast<int32_t*>((reinterpret_cast<uintptr_t>(v.data()) + 63) &
-                                          ~uintptr_t{63});
-      };
-      int32_t* panel[2] = {sized64(panel_store[0]), sized64(panel_store[1])};
-      int32_t* rows_buf = sized64(rows_store);
+      const int64_t panel_dwords = steps * kLanes * kLanes;
+      int32_t* panel[2] = {aligned64(panel_store[0], panel_dwords),
+                           aligned64(panel_store[1], panel_dwords)};
+      int32_t* rows_buf = aligned64(rows_store, panel_dwords);
       alignas(64) float scratch[kMaxBlocks][kTileRows][kLanes];
       amx::configure_full_tiles();
       for (int64_t pi = begin; pi < end;) {

@@ -32,16 +32,6 @@ int64_t scalar_tail(const T* x, int64_t start, int64_t n, float best, int64_t at
   return at;
 }
 
-#if defined(__AVX2__)
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-
-// bfloat16 bits are a float's high half: widened exactly.
-inline __m256 load8(const c10::BFloat16* p) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-}
-#endif
-
 template <typename T>
 int64_t argmax_row(const T* x, int64_t n) {
 #if defined(__AVX2__)
