@@ -1,6 +1,6 @@
 """The C++ row-wise argmax that greedy sampling takes (kernels/csrc/sampling.cpp) gives
 torch.argmax(dim=-1)'s answer: the first index of the largest value, NaN counted as the largest,
-for rows shorter than a vector, with ties across and within lanes, with a strided batch, in
+for rows shorter than a vector and rows long enough for the two-pass kernel, with ties across and within lanes, with a strided batch, in
 float32 and in bfloat16 (a bf16 model's greedy batch, whose logits are not copied to float32);
 the dispatch falls back to torch where the extension does not take the logits."""
 
@@ -35,6 +35,26 @@ def _rows() -> list[torch.Tensor]:
     inf = torch.randn(64)
     inf[[9, 40]] = float("inf")
     rows.append(inf)
+    # Rows of 64 values or more take the two-pass kernel (four max chains, then the first
+    # index holding the maximum): a maximum repeated across chains and in the tail, a NaN
+    # after the maximum or only in the tail, signed zeros, infinities, all -inf.
+    long_tie = torch.randn(200) - 10
+    long_tie[[150, 17, 33, 199]] = 5.0
+    rows.append(long_tie)
+    nan_after_max = torch.randn(300)
+    nan_after_max[10] = 50.0
+    nan_after_max[290] = float("nan")
+    rows.append(nan_after_max)
+    nan_in_tail = torch.randn(70)
+    nan_in_tail[68] = float("nan")
+    rows.append(nan_in_tail)
+    zeros = torch.full((130,), -1.0)
+    zeros[[40, 90]] = torch.tensor([-0.0, 0.0])
+    rows.append(zeros)
+    long_inf = torch.randn(129)
+    long_inf[[128, 64]] = float("inf")
+    rows.append(long_inf)
+    rows.append(torch.full((256,), float("-inf")))
     return rows
 
 
