@@ -166,13 +166,11 @@ class KVManager:
         fit even then. The slots come request by request, as a ScheduledBatch lists them."""
         if not reqs:
             return torch.empty(0, dtype=torch.int64)
-        table = self.req_to_token_pool.req_to_token
-        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
-        kv_lens = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
-        last = kv_lens - 1
+        pool = self.req_to_token_pool
+        rows = np.fromiter((r.req_pool_idx for r in reqs), np.int64, len(reqs))
+        kv_lens = np.fromiter((r.kv_len for r in reqs), np.int64, len(reqs))
         # A request with no KV yet (kv_len 0) starts fresh: -1, as alloc_extend passes.
-        last_locs = table[rows.to(table.device), last.clamp(min=0).to(table.device)].cpu()
-        last_locs = torch.where(last >= 0, last_locs, -1).numpy()
+        last_locs = pool.last_slots(rows, kv_lens)
         counts = None if widths is None else np.asarray(widths, dtype=np.int64)
         slots = self.allocator.alloc_decode(last_locs, counts)
         if slots is None:
@@ -186,12 +184,11 @@ class KVManager:
                 return None
         if counts is not None:
             # Each request's positions kv_len, kv_len + 1, ... in its own row.
-            repeat = torch.from_numpy(counts)
-            starts = torch.cumsum(repeat, 0) - repeat
-            offsets = torch.arange(int(repeat.sum())) - torch.repeat_interleave(starts, repeat)
-            rows = torch.repeat_interleave(rows, repeat)
-            kv_lens = torch.repeat_interleave(kv_lens, repeat) + offsets
-        self.req_to_token_pool.write_tokens(rows, kv_lens, slots)
+            starts = np.cumsum(counts) - counts
+            offsets = np.arange(int(counts.sum())) - np.repeat(starts, counts)
+            rows = np.repeat(rows, counts)
+            kv_lens = np.repeat(kv_lens, counts) + offsets
+        pool.write_tokens(rows, kv_lens, slots)
         return slots
 
     def trim(self, req: Req, new_kv_len: int) -> None:

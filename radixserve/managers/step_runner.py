@@ -88,7 +88,7 @@ class StepRunner:
             )
         if output.features is not None and self.on_features is not None:
             self._hand_features(batch, plan, output.features)
-        self._sample_plain(batch, plan.sample_pos, logits, results)
+        self._sample_plain(batch, plan.sample_pos, logits, results, plan.step.argmax_only)
         return results
 
     def _sample_plain(
@@ -97,8 +97,10 @@ class StepRunner:
         sample_pos: list[int],
         logits: torch.Tensor,
         results: list[StepResult],
+        argmax_only: bool,
     ) -> None:
-        """One token for each request with a logits row to sample (sample_pos >= 0)."""
+        """One token for each request with a logits row to sample (sample_pos >= 0);
+        `argmax_only`: the step was built knowing every row is plain greedy."""
         sampled_reqs = [r for r, pos in zip(batch.reqs, sample_pos, strict=True) if pos >= 0]
         if not sampled_reqs:
             return
@@ -108,7 +110,7 @@ class StepRunner:
         if row_list != list(range(logits.shape[0])):
             # (A decode step samples every row in order: no [B, V] copy then.)
             logits = logits[torch.tensor(row_list, device=logits.device)]
-        samples = iter(self.sample(sampled_reqs, logits))
+        samples = iter(self.sample(sampled_reqs, logits, plain_greedy=argmax_only or None))
         for i, pos in enumerate(sample_pos):
             if pos >= 0:
                 results[i] = [next(samples)]
@@ -159,9 +161,12 @@ class StepRunner:
             features[index.to(features.device)],
         )
 
-    def sample(self, reqs: Sequence[Req], logits: torch.Tensor) -> list[TokenResult]:
-        """One token per request from its logits row (row i belongs to reqs[i])."""
-        if _plain_greedy(reqs):
+    def sample(
+        self, reqs: Sequence[Req], logits: torch.Tensor, plain_greedy: bool | None = None
+    ) -> list[TokenResult]:
+        """One token per request from its logits row (row i belongs to reqs[i]).
+        `plain_greedy`: whether every request is (_plain_greedy), where the caller knows."""
+        if plain_greedy if plain_greedy is not None else _plain_greedy(reqs):
             # The common serving case: argmax, no per-step sampling tensors to build.
             return [TokenResult(t, 0.0) for t in ops.argmax_rows(logits).tolist()]
         info = SamplingBatchInfo.from_requests(

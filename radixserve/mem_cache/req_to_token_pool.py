@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from radixserve.mem_cache.allocator import as_int_arg
@@ -38,7 +39,7 @@ class ReqToTokenPool:
         self.req_to_token = torch.zeros(
             (max_reqs, max_context_len), dtype=torch.int64, device=self.device
         )
-        self._in_use = [False] * max_reqs
+        self._in_use = np.zeros(max_reqs, dtype=bool)
         self._free_rows: list[int] = []
         # Told (row, start) on every write: tensor-parallel rank 0 uses it to know which parts
         # of its table the other ranks' copies lack.
@@ -67,7 +68,7 @@ class ReqToTokenPool:
 
     def clear(self) -> None:
         """Every row free again."""
-        self._in_use = [False] * self.max_reqs
+        self._in_use = np.zeros(self.max_reqs, dtype=bool)
         # Popped from the end, so the lowest row is handed out first.
         self._free_rows = list(range(self.max_reqs - 1, -1, -1))
 
@@ -85,28 +86,68 @@ class ReqToTokenPool:
         if self.on_write is not None:
             self.on_write(row, start)
 
-    def write_tokens(
-        self, rows: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
-    ) -> None:
+    def last_slots(self, rows: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """The slot at position lengths[i] - 1 of row rows[i] (the last one each holds), or -1
+        where lengths[i] is 0, as an int64 array: a decode step's one gather."""
+        rows = self._held_rows(rows)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if lengths.shape != rows.shape:
+            raise ValueError("rows and lengths must be 1-D of one length")
+        if rows.size == 0:
+            return np.empty(0, dtype=np.int64)
+        self._check_span(int(lengths.min()), int(lengths.max()))
+        last = np.maximum(lengths - 1, 0)
+        if self.device.type == "cpu":
+            found = self.req_to_token.numpy()[rows, last]
+        else:
+            index = torch.from_numpy(rows).to(self.device), torch.from_numpy(last).to(self.device)
+            found = self.req_to_token[index].cpu().numpy()
+        return np.where(lengths > 0, found, -1)
+
+    def write_tokens(self, rows: np.ndarray, positions: np.ndarray, slots: torch.Tensor) -> None:
         """Store slots[i] at (rows[i], positions[i]) for every i in one indexed write (a decode
-        step's new tokens); rows must be held and positions inside the table."""
-        if not (rows.shape == positions.shape == slots.shape and rows.dim() == 1):
+        step's new tokens); rows must be held and positions inside the table. The indices come
+        as numpy arrays: on a CPU table the gather and the write are numpy indexing, with no
+        torch call (each of which released and re-took the GIL, costly at batch 64 while the
+        engine's other threads run)."""
+        rows = self._held_rows(rows)
+        positions = np.asarray(positions, dtype=np.int64)
+        if not (rows.shape == positions.shape == tuple(slots.shape)):
             raise ValueError(
                 f"rows, positions and slots must be 1-D of one length, got "
-                f"{tuple(rows.shape)}, {tuple(positions.shape)}, {tuple(slots.shape)}"
+                f"{rows.shape}, {positions.shape}, {tuple(slots.shape)}"
             )
-        if rows.numel() == 0:
+        if rows.size == 0:
             return
-        row_list = rows.tolist()
-        for row in row_list:
-            self._check_row(row)
-        lo, hi = int(positions.min()), int(positions.max())
-        self._check_span(lo, hi + 1)
-        dev = self.req_to_token.device
-        self.req_to_token[rows.to(dev), positions.to(dev)] = slots.to(dev, torch.int64)
+        self._check_span(int(positions.min()), int(positions.max()) + 1)
+        if self.device.type == "cpu":
+            self.req_to_token.numpy()[rows, positions] = slots.cpu().numpy()
+        else:
+            index = (
+                torch.from_numpy(rows).to(self.device),
+                torch.from_numpy(positions).to(self.device),
+            )
+            self.req_to_token[index] = slots.to(self.device, torch.int64)
         if self.on_write is not None:
-            for row, start in zip(row_list, positions.tolist(), strict=True):
+            for row, start in zip(rows.tolist(), positions.tolist(), strict=True):
                 self.on_write(row, start)
+
+    def _held_rows(self, rows: np.ndarray) -> np.ndarray:
+        """`rows` as a 1-D int64 array, each inside the table and held."""
+        rows = np.asarray(rows)
+        if rows.ndim != 1 or (rows.size and rows.dtype.kind not in "iu"):
+            raise ValueError(f"rows must be a 1-D integer array, got {rows.dtype} {rows.shape}")
+        rows = rows.astype(np.int64, copy=False)
+        if rows.size == 0:
+            return rows
+        lo, hi = int(rows.min()), int(rows.max())
+        if lo < 0 or hi >= self.max_reqs:
+            raise ValueError(
+                f"req_pool_idx must be in [0, {self.max_reqs}), got {lo if lo < 0 else hi}"
+            )
+        if not self._in_use[rows].all():
+            raise RuntimeError(f"req_pool_idx {int(rows[~self._in_use[rows]][0])} is not allocated")
+        return rows
 
     def read(self, req_pool_idx: int, start: int, end: int) -> torch.Tensor:
         """A copy of positions [start, end) of the row (safe to keep across later writes)."""

@@ -45,9 +45,9 @@ def seen_dtypes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[torch.dtype]]:
     seen: list[torch.dtype] = []
     original = step_runner.StepRunner.sample
 
-    def spy(self: Any, reqs: Any, logits: torch.Tensor) -> Any:
+    def spy(self: Any, reqs: Any, logits: torch.Tensor, plain_greedy: Any = None) -> Any:
         seen.append(logits.dtype)
-        return original(self, reqs, logits)
+        return original(self, reqs, logits, plain_greedy)
 
     monkeypatch.setattr(step_runner.StepRunner, "sample", spy)
     yield seen

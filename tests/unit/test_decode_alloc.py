@@ -161,3 +161,26 @@ def test_speculative_round_slots_match_alloc_extend(page_size: int) -> None:
             kv.trim(r, kept)
             ref.trim(r2, kept)
         assert kv.allocator.available_size() == ref.allocator.available_size()
+
+
+def test_table_gather_and_write_check_rows_and_positions() -> None:
+    """ReqToTokenPool.last_slots / write_tokens: the decode step's one gather and one write,
+    numpy-indexed, refusing rows not held and positions outside the table."""
+    pool = ReqToTokenPool(4, 16)
+    a, b = pool.alloc(), pool.alloc()
+    assert a is not None and b is not None
+    pool.write(a, 0, torch.tensor([7, 8, 9]))
+    rows = np.array([a, b])
+    assert pool.last_slots(rows, np.array([3, 0])).tolist() == [9, -1]
+    pool.write_tokens(rows, np.array([3, 0]), torch.tensor([10, 20]))
+    assert pool.req_to_token[a, :4].tolist() == [7, 8, 9, 10]
+    assert int(pool.req_to_token[b, 0]) == 20
+    with pytest.raises(RuntimeError, match="not allocated"):
+        pool.write_tokens(np.array([a, 3]), np.array([4, 0]), torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="req_pool_idx must be in"):
+        pool.last_slots(np.array([4]), np.array([1]))
+    with pytest.raises(ValueError, match="max_context_len"):
+        pool.write_tokens(np.array([a]), np.array([16]), torch.tensor([1]))
+    with pytest.raises(ValueError, match="one length"):
+        pool.write_tokens(np.array([a, b]), np.array([5]), torch.tensor([1, 2]))
+    assert pool.req_to_token[a, :5].tolist() == [7, 8, 9, 10, 0]  # the refused writes wrote nothing
