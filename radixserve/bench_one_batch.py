@@ -128,7 +128,7 @@ class StaticBatch:
             self.pool.write(row, start, got)
             builder.add(row, start, [int(t) for t in tokens], slots=got)
         step = builder.build(is_decode=is_decode)
-        logits = self.runner.forward(step, self.pool.req_to_token).logits
+        logits = self.runner.forward(step, self.pool.req_to_token).full_logits()
         self.last_cost = self.cost.step(step.prefix_lens, step.extend_lens, len(step.logits_rows))
         for i, tokens in enumerate(new_tokens):
             self.lens[i] += len(tokens)

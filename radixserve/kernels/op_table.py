@@ -114,6 +114,12 @@ def _gguf_accepts(
     return x.dim() == 2 and x.stride(1) == 1 and runs_block_type(ext, qtype)
 
 
+def _gguf_argmax_accepts(
+    ext: object, x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_features: int, columns: int
+) -> bool:
+    return _gguf_accepts(ext, x, blocks, qtype, out_features) and 0 < columns <= out_features
+
+
 def _gguf_fake(
     x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_features: int
 ) -> torch.Tensor:
@@ -214,6 +220,9 @@ ROPE_STORE_KV = KernelOp(
     mutates=("q", "k", "k_cache", "v_cache"),
 )
 GGUF_LINEAR = KernelOp("gguf_linear", reference.gguf_linear, accepts=_gguf_accepts, fake=_gguf_fake)
+GGUF_LINEAR_ARGMAX = KernelOp(
+    "gguf_linear_argmax", reference.gguf_linear_argmax, accepts=_gguf_argmax_accepts
+)
 HALF_WEIGHT_LINEAR = KernelOp(
     "half_weight_linear",
     reference.half_weight_linear,
@@ -239,6 +248,7 @@ TABLE: tuple[KernelOp[..., Any], ...] = (
     ARGMAX_ROWS,
     ROPE_STORE_KV,
     GGUF_LINEAR,
+    GGUF_LINEAR_ARGMAX,
     HALF_WEIGHT_LINEAR,
     FLOAT_LINEAR,
 )

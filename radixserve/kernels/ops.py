@@ -75,6 +75,9 @@ silu_and_mul = _dispatch(op_table.SILU_AND_MUL)
 argmax_rows = _dispatch(op_table.ARGMAX_ROWS)
 rope_store_kv = _dispatch(op_table.ROPE_STORE_KV)
 gguf_linear = _dispatch(op_table.GGUF_LINEAR)
+# Greedy sampling's LM head: argmax_rows(gguf_linear(...)[:, :columns]), the logits never
+# written where the matmul runs on AMX tiles.
+gguf_linear_argmax = _dispatch(op_table.GGUF_LINEAR_ARGMAX)
 # float32 x @ W^T (+ bias) for a bfloat16/float16 weight, widened as it is multiplied (the C++
 # kernel), else widened whole for F.linear.
 half_weight_linear = _dispatch(op_table.HALF_WEIGHT_LINEAR)

@@ -244,6 +244,14 @@ def windowed_attention(
     return out
 
 
+def gguf_linear_argmax(
+    x: torch.Tensor, blocks: torch.Tensor, qtype: int, out_features: int, columns: int
+) -> torch.Tensor:
+    """Greedy sampling's LM head on GGUF blocks: each row's argmax over the first `columns`
+    outputs of gguf_linear (the C++ kernel never writes the logits where it can)."""
+    return argmax_rows(gguf_linear(x, blocks, qtype, out_features)[:, :columns])
+
+
 def half_weight_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:

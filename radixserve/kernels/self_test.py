@@ -170,6 +170,13 @@ def check_gguf_amx_bf16(ext: object) -> None:
             _close(
                 "gguf_linear_tiled_amx", ext.gguf_linear_tiled_amx(x, blocks, qtype, n), want, 1e-2
             )
+            # The greedy LM head's argmax kept while those tiles are written: exactly the
+            # argmax of the logits they write, on the whole head and on a shorter vocabulary.
+            logits = ext.gguf_linear(x, blocks, qtype, n)
+            for columns in (n, n - 3):
+                got = ext.gguf_linear_argmax(x, blocks, qtype, n, columns)
+                if not torch.equal(got, logits[:, :columns].argmax(dim=-1)):
+                    raise AssertionError(f"gguf_linear_argmax differs ({rows} rows, {columns})")
 
 
 def check_gguf_block_types(ext: object) -> None:

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from radixserve.distributed import parallel_state as ps
+from radixserve.kernels import ops
 from radixserve.layers.quantization import MethodLayer
 
 logger = logging.getLogger(__name__)
@@ -36,3 +37,11 @@ class LogitsProcessor(nn.Module):
         logits = lm_head.quant_method.apply(lm_head, hidden, bias)
         logits = ps.tensor_model_parallel_all_gather(logits, dim=-1)
         return logits[..., : self.vocab_size]
+
+    def greedy_tokens(self, hidden: torch.Tensor, lm_head: MethodLayer) -> torch.Tensor:
+        """argmax_rows of in_model_dtype's logits ([rows] int64): on one rank and without a
+        bias, the head's method computes it (GGUF blocks on AMX tiles never write the logits);
+        otherwise from the gathered logits."""
+        if getattr(lm_head, "bias", None) is not None or ps.get_tp_size() > 1:
+            return ops.argmax_rows(self.in_model_dtype(hidden, lm_head))
+        return lm_head.quant_method.argmax(lm_head, hidden, self.vocab_size)

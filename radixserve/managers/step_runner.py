@@ -65,20 +65,25 @@ class StepRunner:
             keep_routed_experts(
                 batch.reqs, step.prefix_lens, step.extend_lens, output.routed_experts
             )
-        logits = output.logits
         results: list[StepResult] = [None] * len(batch.reqs)
         if output.hidden is not None:
-            # Embeddings: the last token's final hidden state, L2-normalised (SGLang's LAST
-            # pooling with normalize=True).
-            vectors = torch.nn.functional.normalize(output.hidden, dim=-1).tolist()
+            self._embeddings(plan, output.hidden, results)
+        logits = output.logits
+        if logits is None:
+            # argmax_only: the model answered with each row's argmax (no logprobs, drafts or
+            # input rows were asked for).
+            assert output.greedy_tokens is not None and not plan.trees and not plan.input_rows
+            ids = output.greedy_tokens.tolist()
             for i, pos in enumerate(plan.sample_pos):
-                if pos <= EMBED_POS_BASE:
-                    results[i] = EmbeddingResult(vectors[EMBED_POS_BASE - pos])
+                if pos >= 0:
+                    results[i] = [TokenResult(ids[pos], 0.0)]
         for i, rows in plan.input_rows.items():
+            assert logits is not None
             self._input_logprobs(batch.reqs[i], batch.extend_lens[i], logits, rows)
         if plan.trees:
             # Verified before the plain rows are sampled (sampling may work on the logits in
             # place); verification reads its rows through a copy.
+            assert logits is not None
             self._verify(batch, plan, logits, results)
         if output.routed_experts is not None and plan.trees:
             # A verify's rows hold drafts that were not kept: only the verified positions'.
@@ -88,8 +93,17 @@ class StepRunner:
             )
         if output.features is not None and self.on_features is not None:
             self._hand_features(batch, plan, output.features)
-        self._sample_plain(batch, plan.sample_pos, logits, results, plan.step.argmax_only)
+        if logits is not None:
+            self._sample_plain(batch, plan.sample_pos, logits, results, plan.step.argmax_only)
         return results
+
+    def _embeddings(self, plan: StepPlan, hidden: torch.Tensor, results: list[StepResult]) -> None:
+        """Embeddings: the last token's final hidden state, L2-normalised (SGLang's LAST
+        pooling with normalize=True)."""
+        vectors = torch.nn.functional.normalize(hidden, dim=-1).tolist()
+        for i, pos in enumerate(plan.sample_pos):
+            if pos <= EMBED_POS_BASE:
+                results[i] = EmbeddingResult(vectors[EMBED_POS_BASE - pos])
 
     def _sample_plain(
         self,

@@ -343,8 +343,9 @@ class ModelRunner:
         return MemoryPlan(total, min(running, total), per_token)
 
     def forward(self, step: StepInputs, req_to_token: torch.Tensor) -> ForwardOutput:
-        """Run the model; float32 logits for `step.logits_rows` (possibly the model's dtype
-        under `step.argmax_only`), and final hidden states for `step.hidden_rows` (embeddings)."""
+        """Run the model; float32 logits for `step.logits_rows` (under `step.argmax_only`
+        possibly the model's dtype, or only their argmax: ForwardOutput.greedy_tokens), and final
+        hidden states for `step.hidden_rows` (embeddings)."""
         if self.step_broadcaster is None:
             return self._forward(step, req_to_token)
         self.step_broadcaster(step, req_to_token)
@@ -383,7 +384,9 @@ class ModelRunner:
         else:
             hidden = self.model(fb.input_ids, fb.positions, fb)
             routed = None
-        logits = self._logits(step, hidden[fb.logits_indices])
+        # A decode step wants every row, in order: no [rows, hidden] copy then.
+        every_row = step.logits_rows == list(range(hidden.shape[0]))
+        logits, greedy = self._logits(step, hidden if every_row else hidden[fb.logits_indices])
         pooled = None
         if step.hidden_rows:
             rows = torch.tensor(step.hidden_rows, dtype=torch.int64, device=self.device)
@@ -391,17 +394,19 @@ class ModelRunner:
         features = fb.captured
         if features is None and self.capture_final:
             features = hidden
-        return ForwardOutput(logits, pooled, features, routed)
+        return ForwardOutput(logits, pooled, features, routed, greedy)
 
-    def _logits(self, step: StepInputs, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits, or, for a caller that takes only the argmax, the model's own
-        (where the model offers them)."""
+    def _logits(
+        self, step: StepInputs, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(float32 logits, None), or, for a caller that takes only the argmax, (None, each
+        row's greedy token) where the model gives them (its `greedy_tokens`)."""
         if step.argmax_only:
-            for_argmax = getattr(self.model, "logits_for_argmax", None)
-            logits = for_argmax(hidden) if for_argmax is not None else None
-            if logits is not None:
-                return logits
-        return self.model.compute_logits(hidden).float()
+            greedy_tokens = getattr(self.model, "greedy_tokens", None)
+            tokens = greedy_tokens(hidden) if greedy_tokens is not None else None
+            if tokens is not None:
+                return None, tokens
+        return self.model.compute_logits(hidden).float(), None
 
     def _compiled_bucket(self, step: StepInputs) -> int | None:
         """The compiled graph's batch size for this step, None to run it eagerly (not a plain

@@ -35,15 +35,18 @@ class StepInputs(NamedTuple):
     # An M-RoPE model's rotary positions [3, num_tokens] (temporal, height, width) when some
     # request of the step has images; None: `positions` rotate (and always pick KV slots).
     mrope_positions: torch.Tensor | None = None
-    # The caller reads only each logits row's argmax (a plain greedy batch): the logits may
-    # stay in the model's dtype, without the float32 copy (widening is exact, so the argmax
-    # is the same); the runner still returns float32 where the model post-processes them.
+    # The caller reads only each logits row's argmax (a plain greedy batch): the runner may
+    # answer with the argmax itself (ForwardOutput.greedy_tokens; a model whose LM head can,
+    # without writing the logits), else the logits as they come (the model's dtype, without the
+    # float32 copy: widening is exact, so the argmax is the same); float32 where the model
+    # post-processes them.
     argmax_only: bool = False
 
 
 class ForwardOutput(NamedTuple):
-    # [len(logits_rows), vocab] float32 (the model's dtype where StepInputs.argmax_only allowed)
-    logits: torch.Tensor
+    # [len(logits_rows), vocab] float32 (the model's dtype where StepInputs.argmax_only allowed);
+    # None where greedy_tokens answer the step instead.
+    logits: torch.Tensor | None
     hidden: torch.Tensor | None  # [len(hidden_rows), hidden] float32, when asked
     # Every token's features for an EAGLE head, when the runner captures them (capture_final /
     # capture_layers; an EAGLE head's runner always): [num_tokens, feature size].
@@ -51,3 +54,12 @@ class ForwardOutput(NamedTuple):
     # StepInputs.capture_routing: every token's expert ids, [num_tokens, layers, top_k] int32
     # on the CPU (layers/moe/routed_capture.py).
     routed_experts: torch.Tensor | None = None
+    # Under StepInputs.argmax_only, where the model gives them: each logits row's argmax of
+    # its logits in the model's dtype ([len(logits_rows)] int64), the logits never made.
+    greedy_tokens: torch.Tensor | None = None
+
+    def full_logits(self) -> torch.Tensor:
+        """The logits, for a caller that did not ask for argmax_only."""
+        if self.logits is None:
+            raise RuntimeError("this step was answered with greedy tokens, not logits")
+        return self.logits

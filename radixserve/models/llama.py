@@ -419,14 +419,14 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.logits_processor(hidden, self.lm_head)
 
-    def logits_for_argmax(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """compute_logits for a caller that takes only each row's argmax: in the model's
-        dtype, without the float32 copy. None where a family post-processes its logits in
-        float32 (its own compute_logits: Gemma 2's soft cap, Granite's scaling), which then
-        take compute_logits as usual."""
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Each row's argmax of its logits in the model's dtype, for a caller that takes only
+        that (the LM head's method may never write the logits). None where a family
+        post-processes its logits in float32 (its own compute_logits: Gemma 2's soft cap,
+        Granite's scaling), which then take compute_logits as usual."""
         if type(self).compute_logits is not LlamaForCausalLM.compute_logits:
             return None
-        return self.logits_processor.in_model_dtype(hidden, self.lm_head)
+        return self.logits_processor.greedy_tokens(hidden, self.lm_head)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load HF-named tensors; raises ValueError naming any tensor the checkpoint lacks."""

@@ -149,7 +149,7 @@ class DraftModel(ReadsNoFeatures):
 
         def run_frontier(frontier: Frontier, scratch: ScratchSlots) -> torch.Tensor:
             step_inputs, table = self._frontier_inputs(reqs, searches, frontier, scratch)
-            return self.runner.forward(step_inputs, table).logits
+            return self.runner.forward(step_inputs, table).full_logits()
 
         grow_searches(searches, rooms, self.num_steps, self.allocator, run_frontier)
         for i in live:
@@ -223,7 +223,7 @@ class DraftModel(ReadsNoFeatures):
         return step.build(is_decode=True)
 
     def _forward(self, step: StepInputs) -> torch.Tensor:
-        return self.runner.forward(step, self.req_to_token).logits
+        return self.runner.forward(step, self.req_to_token).full_logits()
 
     def _slots(self, req: Req, start: int, end: int) -> torch.Tensor:
         return self.req_to_token[req.req_pool_idx, start:end].clone()

@@ -168,7 +168,7 @@ class EagleDraft:
             state.seen = reqs[i].seq_len - 1
             state.pending = []
             feature[(i, -1)] = out.features[last_rows[j]]
-            searches[i].grow(-1, torch.log_softmax(out.logits[j], dim=-1))
+            searches[i].grow(-1, torch.log_softmax(out.full_logits()[j], dim=-1))
             searches[i].advance()
 
         def run_frontier(frontier: Frontier, scratch: ScratchSlots) -> torch.Tensor:
@@ -177,7 +177,7 @@ class EagleDraft:
             assert out.features is not None
             for j, node in enumerate(frontier):
                 feature[node] = out.features[j]
-            return out.logits
+            return out.full_logits()
 
         grow_searches(searches, rooms, self.num_steps, self.allocator, run_frontier)
         for i in live:

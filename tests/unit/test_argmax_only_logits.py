@@ -1,8 +1,10 @@
-"""A plain greedy batch's logits stay in the model's dtype (StepInputs.argmax_only): a bfloat16
-model's step hands the sampler bf16 logits, whose argmax is the float32 copy's (widening is
-exact), so the tokens are the same with the copy made; a batch where any request wants more
-than the argmax (logprobs, sampling) and a family that post-processes its logits in float32
-(Gemma 2's soft cap) get float32."""
+"""A plain greedy batch is answered with each row's argmax (StepInputs.argmax_only): the model
+reduces its logits in its own dtype (ForwardOutput.greedy_tokens; a bfloat16 model's argmax is
+the float32 copy's, widening being exact), so the tokens are the same as with float32 logits
+sampled; a batch where any request wants more than the argmax (logprobs, sampling) and a family
+that post-processes its logits in float32 (Gemma 2's soft cap) get float32 logits. On the
+default model (a Q8_0 LM head) in bfloat16 the head's argmax is the fused GGUF kernel where the
+AMX tiles run, and gives the tokens the written logits give."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 
 from radixserve import Engine
 from radixserve.managers import step_runner
+from radixserve.model_executor.model_runner import ModelRunner
 from tests.helpers.tiny_models import make_tiny_checkpoint
 
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
@@ -40,16 +43,18 @@ def _engine(folder: Path) -> Engine:
 
 
 @pytest.fixture
-def seen_dtypes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[torch.dtype]]:
-    """The dtype of every logits tensor the step runner samples from."""
-    seen: list[torch.dtype] = []
-    original = step_runner.StepRunner.sample
+def seen_dtypes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
+    """Per step with logits rows, what the runner answered with: the logits' dtype, or
+    "tokens" (greedy tokens, no logits)."""
+    seen: list[Any] = []
+    original = ModelRunner._logits
 
-    def spy(self: Any, reqs: Any, logits: torch.Tensor, plain_greedy: Any = None) -> Any:
-        seen.append(logits.dtype)
-        return original(self, reqs, logits, plain_greedy)
+    def spy(self: Any, step: Any, hidden: torch.Tensor) -> Any:
+        logits, tokens = original(self, step, hidden)
+        seen.append("tokens" if logits is None else logits.dtype)
+        return logits, tokens
 
-    monkeypatch.setattr(step_runner.StepRunner, "sample", spy)
+    monkeypatch.setattr(ModelRunner, "_logits", spy)
     yield seen
 
 
@@ -59,11 +64,11 @@ def _tokens(engine: Engine, **extra: Any) -> list[list[int]]:
 
 
 def test_greedy_batches_sample_model_dtype_logits_with_the_same_tokens(
-    llama: Path, seen_dtypes: list[torch.dtype], monkeypatch: pytest.MonkeyPatch
+    llama: Path, seen_dtypes: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with _engine(llama) as engine:
         fast = _tokens(engine)
-        assert seen_dtypes and set(seen_dtypes) == {torch.bfloat16}
+        assert seen_dtypes and set(seen_dtypes) == {"tokens"}
         seen_dtypes.clear()
         # Asking for logprobs needs the float32 logits: every step of that batch gets them.
         with_logprobs = _tokens(engine, return_logprob=True)
@@ -77,7 +82,7 @@ def test_greedy_batches_sample_model_dtype_logits_with_the_same_tokens(
 
 
 def test_a_family_that_post_processes_logits_keeps_float32(
-    tmp_path: Path, seen_dtypes: list[torch.dtype]
+    tmp_path: Path, seen_dtypes: list[Any]
 ) -> None:
     folder = tmp_path / "gemma2"
     make_tiny_checkpoint(folder, "gemma2")

@@ -23,6 +23,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // bfloat16 x on AMX-BF16 tiles, taken by gguf_linear where the tiled path runs (enabled and
   // available: the build has it and the OS granted the tile state).
   m.def("gguf_linear_tiled_amx", &radixserve::gguf_linear_tiled_amx);
+  m.def("gguf_linear_argmax", &radixserve::gguf_linear_argmax);
   m.def("gguf_tiled_amx_compiled", &radixserve::gguf_tiled_amx_compiled);
   m.def("gguf_tiled_amx_available", &radixserve::gguf_tiled_amx_available);
   m.def("set_gguf_tiled_amx_enabled", &radixserve::set_gguf_tiled_amx_enabled);

@@ -26,6 +26,7 @@
 #include "gguf_blocks.h"
 #include "gguf_q8k_panel.h"
 #include "kernels.h"
+#include "row_argmax.h"
 
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__) && \
     defined(__AVX512BW__)
@@ -94,17 +95,21 @@ inline void dequantize_pairs(const uint8_t* row, int64_t qtype, int64_t b, int32
 constexpr int64_t kPrefetchBytes = 2048;
 
 // Where a call's [m, n] results go: float32, or bfloat16 when x is (rounded here, as the tile
-// row is written, instead of by a separate pass over the float32 result).
+// row is written, instead of by a separate pass over the float32 result), or, for a greedy
+// batch's LM head, only each row's argmax over those bfloat16 results (row_argmax.h).
 struct Output {
   float* f32 = nullptr;
   uint16_t* bf16 = nullptr;
+  RowArgmax* argmax = nullptr;
+  int64_t n = 0;  // the row stride of f32 / bf16
 };
 
-// `count` (<= 16) floats -> bfloat16, rounded to nearest even as at::Tensor::to and c10 round
-// (NaN -> 0x7FC0): the same bits as converting the float32 result afterwards.
-inline void store_row(const Output& out, int64_t offset, const float* src, int count) {
+// `count` (<= 16) results of row `row` from column `col`. bfloat16: rounded to nearest even as
+// at::Tensor::to and c10 round (NaN -> 0x7FC0), the same bits as converting the float32 result
+// afterwards; the argmax sees those rounded values.
+inline void store_row(const Output& out, int64_t row, int64_t col, const float* src, int count) {
   if (out.f32 != nullptr) {
-    std::memcpy(out.f32 + offset, src, count * sizeof(float));
+    std::memcpy(out.f32 + row * out.n + col, src, count * sizeof(float));
     return;
   }
   const __mmask16 mask = static_cast<__mmask16>((1u << count) - 1);
@@ -115,7 +120,11 @@ inline void store_row(const Output& out, int64_t offset, const float* src, int c
   const __mmask16 nan = _mm512_cmp_ps_mask(_mm512_castsi512_ps(bits),
                                            _mm512_castsi512_ps(bits), _CMP_UNORD_Q);
   r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
-  _mm256_mask_storeu_epi16(out.bf16 + offset, mask, _mm512_cvtepi32_epi16(r));
+  if (out.argmax != nullptr) {
+    out.argmax->add(row, col, _mm512_castsi512_ps(_mm512_slli_epi32(r, 16)), mask);
+    return;
+  }
+  _mm256_mask_storeu_epi16(out.bf16 + row * out.n + col, mask, _mm512_cvtepi32_epi16(r));
 }
 
 // Weight rows n0 .. n0 + rows - 1 as bf16, in order, into `rows_buf` ([16][K / 2] dwords,
@@ -260,7 +269,7 @@ void amx_linear_few(const uint16_t* xp, int64_t ldx, int64_t m, int64_t k, const
       // c_tile[i][r] -> c_rows[r][i]: each x row's 16 outputs in a row.
       q8k_panel::interleave_rows(c_tile, kTileRows, c_rows, lanes);
       for (int64_t r = 0; r < m; ++r) {
-        store_row(out, r * n + n0, reinterpret_cast<const float*>(c_rows) + r * kLanes, cols);
+        store_row(out, r, n0, reinterpret_cast<const float*>(c_rows) + r * kLanes, cols);
       }
     }
     _tile_release();
@@ -338,7 +347,7 @@ void amx_linear(const uint16_t* xp, int64_t ldx, int64_t m, int64_t k, const uin
               const int slot = i * np + j;
               if (direct[slot]) continue;
               for (int64_t r = 0; r < rows; ++r) {
-                store_row(out, (row0 + r) * n + n0 + j * kLanes, scratch[slot][r], cols[j]);
+                store_row(out, row0 + r, n0 + j * kLanes, scratch[slot][r], cols[j]);
               }
             }
           }
@@ -372,29 +381,28 @@ bool gguf_tiled_amx_enabled() {
 namespace {
 
 // x: [M, K] bfloat16 with unit stride in K; blocks: [N, K / 32 * block bytes] Q4_1 or Q8_0.
-// Returns [M, N] in `out_type` (float32, or bfloat16 rounded from the float32 sums).
-at::Tensor amx_call(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
-                    int64_t out_features, at::ScalarType out_type) {
+void check_amx_call(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
+                    int64_t out_features) {
   TORCH_CHECK(gguf_tiled_amx_available(),
               "gguf_linear_tiled_amx needs AMX-BF16 (in this build, granted by the OS)");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
               "x must be bfloat16 [rows, K] with unit stride");
   TORCH_CHECK(qtype == gguf::kQ4_1 || qtype == gguf::kQ8_0,
               "gguf_linear_tiled_amx runs Q4_1 and Q8_0, not GGML type ", qtype);
-  const int64_t m = x.size(0), k = x.size(1), n = out_features;
+  const int64_t k = x.size(1);
   TORCH_CHECK(k % gguf::kBlock == 0, "K must be a multiple of 32");
   const int64_t bytes = qtype == gguf::kQ4_1 ? gguf::kQ4_1Bytes : gguf::kQ8_0Bytes;
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.dim() == 2 &&
-                  blocks.size(0) == n && blocks.size(1) == k / gguf::kBlock * bytes,
+                  blocks.size(0) == out_features && blocks.size(1) == k / gguf::kBlock * bytes,
               "blocks do not match [N, K]");
-  auto out = at::empty({m, n}, x.options().dtype(out_type));
+}
+
+// The [M, N] products into `dst` (the few-row or the many-row layout).
+void run_amx(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype, int64_t n,
+             Output dst) {
 #if defined(RS_GGUF_AMX_BF16)
-  Output dst;
-  if (out_type == at::kFloat) {
-    dst.f32 = out.data_ptr<float>();
-  } else {
-    dst.bf16 = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  }
+  const int64_t m = x.size(0), k = x.size(1);
+  dst.n = n;
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   if (m > 0 && n > 0 && m <= kFewRowsMax) {
     amx_linear_few(xp, x.stride(0), m, k, blocks.data_ptr<uint8_t>(), blocks.size(1), qtype, n,
@@ -403,6 +411,20 @@ at::Tensor amx_call(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype
     amx_linear(xp, x.stride(0), m, k, blocks.data_ptr<uint8_t>(), blocks.size(1), qtype, n, dst);
   }
 #endif
+}
+
+// Returns [M, N] in `out_type` (float32, or bfloat16 rounded from the float32 sums).
+at::Tensor amx_call(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
+                    int64_t out_features, at::ScalarType out_type) {
+  check_amx_call(x, blocks, qtype, out_features);
+  auto out = at::empty({x.size(0), out_features}, x.options().dtype(out_type));
+  Output dst;
+  if (out_type == at::kFloat) {
+    dst.f32 = out.data_ptr<float>();
+  } else {
+    dst.bf16 = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  }
+  run_amx(x, blocks, qtype, out_features, dst);
   return out;
 }
 
@@ -418,6 +440,22 @@ at::Tensor gguf_linear_tiled_amx(const at::Tensor& x, const at::Tensor& blocks, 
 at::Tensor gguf_linear_tiled_amx_bf16(const at::Tensor& x, const at::Tensor& blocks,
                                       int64_t qtype, int64_t out_features) {
   return amx_call(x, blocks, qtype, out_features, at::kBFloat16);
+}
+
+// Each row's argmax over the first `columns` of those bfloat16 results, never written.
+at::Tensor gguf_argmax_tiled_amx_bf16(const at::Tensor& x, const at::Tensor& blocks,
+                                      int64_t qtype, int64_t out_features, int64_t columns) {
+  check_amx_call(x, blocks, qtype, out_features);
+  TORCH_CHECK(columns > 0 && columns <= out_features, "columns must be in [1, out_features]");
+  auto out = at::zeros({x.size(0)}, x.options().dtype(at::kLong));
+#if defined(RS_GGUF_AMX_BF16)
+  RowArgmax argmax(x.size(0), columns, at::get_num_threads());
+  Output dst;
+  dst.argmax = &argmax;
+  run_amx(x, blocks, qtype, out_features, dst);
+  argmax.finish(out.data_ptr<int64_t>());
+#endif
+  return out;
 }
 
 }  // namespace radixserve

@@ -51,6 +51,12 @@ at::Tensor gguf_linear_tiled_amx(const at::Tensor& x, const at::Tensor& blocks, 
 // bfloat16 x): the bits of gguf_linear_tiled_amx(...).to(kBFloat16) without the extra pass.
 at::Tensor gguf_linear_tiled_amx_bf16(const at::Tensor& x, const at::Tensor& blocks,
                                       int64_t qtype, int64_t out_features);
+// Each row's argmax over the first `columns` of those bfloat16 results, never written.
+at::Tensor gguf_argmax_tiled_amx_bf16(const at::Tensor& x, const at::Tensor& blocks,
+                                      int64_t qtype, int64_t out_features, int64_t columns);
+// argmax_rows(gguf_linear(x, ...)[:, :columns]): fused where gguf_linear takes the AMX tiles.
+at::Tensor gguf_linear_argmax(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype,
+                              int64_t out_features, int64_t columns);
 bool gguf_tiled_amx_compiled();
 bool gguf_tiled_amx_available();
 void set_gguf_tiled_amx_enabled(bool enabled);

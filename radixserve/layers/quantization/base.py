@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 from torch import nn
 
+from radixserve.kernels import ops
+
 if TYPE_CHECKING:
     from radixserve.layers.quantization.gguf import GGUFWeight
 
@@ -49,6 +51,11 @@ class LinearMethod(ABC):
     @abstractmethod
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [..., in] @ W^T (+ bias) -> [..., out]."""
+
+    def argmax(self, layer: nn.Module, x: torch.Tensor, columns: int) -> torch.Tensor:
+        """Each row of x [rows, in]'s argmax over the first `columns` outputs of x @ W^T
+        (greedy sampling's LM head; a method with a fused kernel never writes the outputs)."""
+        return ops.argmax_rows(self.apply(layer, x, None)[:, :columns])
 
     def fused_operands(self, layer: nn.Module) -> FusedOperands | None:
         """The weight as the one-call C++ decoder layer multiplies it, or None when that layer

@@ -52,6 +52,12 @@ class GGUFLinearMethod(LinearMethod):
         out = out.reshape(*x.shape[:-1], gguf.out_features)
         return out if bias is None else out + bias
 
+    def argmax(self, layer: nn.Module, x: torch.Tensor, columns: int) -> torch.Tensor:
+        gguf = self.weight
+        if gguf.parts:
+            return super().argmax(layer, x, columns)
+        return ops.gguf_linear_argmax(x, gguf.blocks, gguf.qtype, gguf.out_features, columns)
+
     def fused_operands(self, layer: nn.Module) -> FusedOperands | None:
         parts = self.weight.pieces()
         for part in parts:
