@@ -50,7 +50,8 @@ class StepRunner:
         self.runner = runner
         self.kv = kv
         self.eos_token_ids = list(eos_token_ids)
-        self.sampler = Sampler(argmax=ops.argmax_rows)
+        self.argmax = ops.argmax_rows  # greedy rows (drafters and verification take it too)
+        self.sampler = Sampler(argmax=self.argmax)
         # EAGLE speculation: called with each forward's per-token features (the batch's
         # requests, their first positions and token counts, the features); after a verify
         # forward, only the verified positions' (the last token and the accepted drafts).
@@ -147,6 +148,7 @@ class StepRunner:
             logits,
             [plan.trees[i].rows for i in drafted],
             self.eos_token_ids,
+            self.argmax,
         )
         moves: list[tuple[int, int]] = []
         for i, v in zip(drafted, verified, strict=True):

@@ -40,6 +40,7 @@ from radixserve.speculative.tree_search import Frontier, ScratchSlots, TreeSearc
 if TYPE_CHECKING:
     from radixserve.managers.schedule_batch import Req
     from radixserve.server_args import ServerArgs
+    from radixserve.speculative.target import RowArgmax
 
 logger = logging.getLogger(__name__)
 
@@ -94,9 +95,11 @@ class DraftModel(ReadsNoFeatures):
         max_reqs: int,
         context_len: int,
         target_vocab: int,
+        argmax: RowArgmax,
         topk: int = 1,
         num_steps: int = 1,
     ) -> None:
+        self.argmax = argmax  # greedy drafts: the target's row-wise argmax
         self.topk = topk
         self.num_steps = num_steps
         self.runner = ModelRunner(draft_server_args(target_args, draft_path, pool_tokens))
@@ -121,18 +124,19 @@ class DraftModel(ReadsNoFeatures):
             return drafts
         # Catch up: every unseen verified token, logits at the last.
         step = self._catch_up_inputs([reqs[i] for i in live])
-        logits = self._forward(step)
+        tokens = self.argmax(self._forward(step)).tolist()
         for j, i in enumerate(live):
-            drafts[i].append(int(logits[j].argmax()))
+            drafts[i].append(tokens[j])
             reqs[i].spec_state = reqs[i].seq_len
         for _ in range(max(rooms[i] for i in live) - 1):
             live = [i for i in live if len(drafts[i]) < rooms[i]]
             if not live:
                 break
-            logits = self._forward(self._decode_inputs([reqs[i] for i in live], drafts, live))
+            inputs = self._decode_inputs([reqs[i] for i in live], drafts, live)
+            tokens = self.argmax(self._forward(inputs)).tolist()
             for j, i in enumerate(live):
                 reqs[i].spec_state += 1
-                drafts[i].append(int(logits[j].argmax()))
+                drafts[i].append(tokens[j])
         return drafts
 
     def _propose_trees(self, reqs: Sequence[Req], rooms: Sequence[int]) -> list[DraftTree]:

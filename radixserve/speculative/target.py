@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 # Called with each forward's per-token features: the batch's requests, their first positions
 # and token counts, the features ([tokens, feature size]).
 FeatureHook = Callable[[Sequence["Req"], Sequence[int], Sequence[int], torch.Tensor], None]
+# Each row's greedy token of [rows, vocab] logits (the first index of the largest value):
+# the target's own C++ kernel where it is built, handed to the drafters and verification.
+RowArgmax = Callable[[torch.Tensor], torch.Tensor]
 
 
 class TargetKV(Protocol):
@@ -31,9 +34,10 @@ class TargetKV(Protocol):
 
 
 class TargetSteps(Protocol):
-    """The target model's step runner: its model and its KV (the drafters run on them), and
-    the hook its forwards' features go to (EAGLE)."""
+    """The target model's step runner: its model and its KV (the drafters run on them), the
+    hook its forwards' features go to (EAGLE), and its row-wise argmax."""
 
     runner: ModelRunner
     kv: TargetKV
     on_features: FeatureHook | None
+    argmax: RowArgmax

@@ -30,6 +30,7 @@ from radixserve.speculative.grammar_drafts import fill_tree_masks
 if TYPE_CHECKING:
     from radixserve.managers.schedule_batch import Req
     from radixserve.speculative.draft_tree import DraftTree
+    from radixserve.speculative.target import RowArgmax
 
 
 @dataclass(frozen=True)
@@ -47,9 +48,11 @@ def verify_drafts(
     logits: torch.Tensor,
     node_rows: Sequence[Sequence[int]],
     eos_token_ids: Sequence[int],
+    argmax: RowArgmax,
 ) -> list[Verified]:
     """Per request (each with a non-empty tree): what the target accepts. node_rows[i][n] is
-    the logits row of request i's node n."""
+    the logits row of request i's node n; `argmax` takes each row's greedy token (the target's
+    kernel; torch's argmax ran ~1.6 GB/s, ~1 ms for 9 rows of a 49,152-word vocabulary)."""
     rows = [r for per_req in node_rows for r in per_req]
     block = logits[rows]  # the requests' nodes, in node order
     if any(req.custom_logit_processor is not None for req in reqs):
@@ -75,7 +78,7 @@ def verify_drafts(
     probs = None
     scaled = None
     if mask is None and raw and not want_logprobs:
-        argmax = block.argmax(dim=-1).tolist()
+        greedy = argmax(block).tolist()
     else:
         # Node n's row sees the output plus the drafts on n's path (penalty counts,
         # min_new_tokens), as plain decoding would at that position.
@@ -93,7 +96,7 @@ def verify_drafts(
             grammar_mask=mask,
         )
         processed = info.process_logits(block)
-        argmax = processed.argmax(dim=-1).tolist()
+        greedy = argmax(processed).tolist()
         if not all(p.is_greedy for p in params):
             probs = target_probs(processed, info).cpu()
         if want_logprobs:
@@ -103,7 +106,7 @@ def verify_drafts(
     for req, tree in zip(reqs, trees, strict=True):
         width = len(tree) + 1
         if req.sampling_params.is_greedy or probs is None:
-            tokens, path = accept_tree(tree, argmax[offset : offset + width], None)
+            tokens, path = accept_tree(tree, greedy[offset : offset + width], None)
         else:
             tokens, path = accept_tree(tree, None, probs[offset : offset + width])
         if req.return_logprob:

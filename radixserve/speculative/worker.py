@@ -113,6 +113,7 @@ def make_drafter(config: SpecConfig, target: TargetSteps, context_len: int) -> D
             max_reqs=kv.req_to_token_pool.max_reqs,
             context_len=context_len,
             target_vocab=target.runner.model_config.vocab_size,
+            argmax=target.argmax,
             topk=topk,
             num_steps=config.num_steps,
         )
