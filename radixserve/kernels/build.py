@@ -38,6 +38,7 @@ SOURCES = (
     "threads.cpp",
     "gguf_gemm_tiled.cpp",
     "gguf_gemm_amx.cpp",
+    "gguf_gemm_amx_few.cpp",
     "gguf_paired_rows.cpp",
     "gguf_kquant.cpp",
     "gguf_q8k.cpp",

@@ -2,7 +2,8 @@
 // tiles, for bfloat16 activations. The float path converts x to float32 and runs 16 FMAs per
 // weight and row on AVX2; a TDPBF16PS does 16 x 16 x 32 multiply-adds in one instruction, so
 // at 64 rows the multiplications stop mattering and dequantizing the weights is most of the
-// time.
+// time. This file holds the entry points and the layout for 17 rows or more; up to 16 rows take
+// gguf_gemm_amx_few.cpp's (the pieces both share: gguf_amx_rows.h).
 //
 // Each thread takes panels of 16 weight rows (output columns). A panel is dequantized once (as
 // float: Q4_1 d * q + m, Q8_0 d * q, the float path's values) and rounded to bf16 into the VNNI
@@ -23,15 +24,10 @@
 #include <vector>
 
 #include "amx_tiles.h"
+#include "gguf_amx_rows.h"
 #include "gguf_blocks.h"
 #include "gguf_q8k_panel.h"
 #include "kernels.h"
-#include "tile_output.h"
-
-#if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__) && \
-    defined(__AVX512BW__)
-#define RS_GGUF_AMX_BF16 1
-#endif
 
 namespace radixserve {
 namespace {
@@ -40,77 +36,16 @@ namespace {
 std::atomic<bool> g_amx_bf16_enabled{true};
 
 #if defined(RS_GGUF_AMX_BF16)
-using gguf::half_to_float;
-using gguf::kQ4_1;
-using gguf::kQ4_1Bytes;
-using gguf::kQ8_0Bytes;
+using amx_rows::aligned64;
+using amx_rows::amx_linear_few;
+using amx_rows::dequantize_rows;
+using amx_rows::kFewRowsMax;
+using amx_rows::kLanes;
+using amx_rows::kStepK;
+using amx_rows::kTileRows;
 
-constexpr int kLanes = 16;     // weight rows per panel: one fp32 C tile row
-constexpr int kTileRows = 16;  // activation rows per A tile
-constexpr int64_t kStepK = 32;  // K per tile product: 16 pairs of bf16
 constexpr int64_t kTileBytes = 1024;
 constexpr int kMaxBlocks = 4;  // row blocks per pass: C tiles 0-3
-
-// `v` resized to `dwords` (plus room to align) and its first 64-byte aligned dword: the
-// transposes' vector loads and stores want alignment (the tile loads do not).
-inline int32_t* aligned64(std::vector<int32_t>& v, int64_t dwords) {
-  v.resize(dwords + kLanes);
-  return reinterpret_cast<int32_t*>((reinterpret_cast<uintptr_t>(v.data()) + 63) &
-                                    ~uintptr_t{63});
-}
-
-// Weights 32b..32b+31 of one row as 32 bf16 in order (16 dwords of pairs, k even in the low
-// half); dst is 64-byte aligned.
-inline void dequantize_pairs(const uint8_t* row, int64_t qtype, int64_t b, int32_t* dst) {
-  __m512 lo, hi;  // weights 0..15 and 16..31 of the block
-  if (qtype == kQ4_1) {
-    // A nibble has 16 values: bf16(d * q + m) for each, then one word permute looks the 32
-    // weights up (the same fp32 fma and rounding as converting each weight, fewer instructions).
-    const uint8_t* blk = row + b * kQ4_1Bytes;
-    const __m512 nibbles = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512 table = _mm512_fmadd_ps(_mm512_set1_ps(half_to_float(blk)), nibbles,
-                                         _mm512_set1_ps(half_to_float(blk + 2)));
-    const __m512i values = _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(table));
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4));
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    const __m128i ql = _mm_and_si128(raw, low4), qh = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
-    const __m512i index = _mm512_cvtepu8_epi16(_mm256_set_m128i(qh, ql));  // weight i's nibble
-    _mm512_store_si512(dst, _mm512_permutexvar_epi16(index, values));
-    return;
-  } else {
-    const uint8_t* blk = row + b * kQ8_0Bytes;
-    const __m512 d = _mm512_set1_ps(half_to_float(blk));
-    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
-    lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)));
-    hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)));
-  }
-  // Round to nearest even; element i < 16 from `lo`.
-  _mm512_store_si512(dst, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-}
-
-// The bytes read ahead of the block being dequantized: a panel's 16 rows are one contiguous run
-// of the file, read in order, but at ~200 cycles of arithmetic per KiB the hardware prefetcher
-// alone left the loads waiting on memory (most of the LM head's time at 64 rows).
-constexpr int64_t kPrefetchBytes = 2048;
-
-// Weight rows n0 .. n0 + rows - 1 as bf16, in order, into `rows_buf` ([16][K / 2] dwords,
-// 64-byte aligned); rows past `rows` are zero. Row by row reads the weights sequentially (block
-// by block across the 16 rows was 16 strided streams).
-void dequantize_rows(const uint8_t* wp, int64_t row_bytes, int64_t qtype, int64_t k, int64_t n0,
-                     int rows, int32_t* rows_buf) {
-  const int64_t nb = k / kStepK, width = k / 2;
-  if (rows < kLanes) std::memset(rows_buf + rows * width, 0, (kLanes - rows) * width * 4);
-  const int64_t block_bytes = qtype == kQ4_1 ? kQ4_1Bytes : kQ8_0Bytes;
-  for (int r = 0; r < rows; ++r) {
-    const uint8_t* row = wp + (n0 + r) * row_bytes;
-    for (int64_t b = 0; b < nb; ++b) {
-      _mm_prefetch(reinterpret_cast<const char*>(row + b * block_bytes) + kPrefetchBytes,
-                   _MM_HINT_T0);
-      dequantize_pairs(row, qtype, b, rows_buf + r * width + b * kLanes);
-    }
-  }
-}
 
 // panel[(p * 16 + r) * 2 + j] = bf16(W[n0 + r, 2p + j]); rows past `rows` are zero. `rows_buf`
 // holds the dequantized rows in order first (dequantize_rows).
@@ -193,54 +128,6 @@ void amx_pass_pair(const int32_t* const* p, int64_t steps, const uint16_t* const
     _tile_stored(2, c[2], ldc[2]);
     _tile_stored(3, c[3], ldc[3]);
   }
-}
-
-// Few activation rows (a decode batch, a speculative verify: at most 16) turn the roles round:
-// the weights are the A operand, 16 weight rows x 32 K of bf16 per tile, which is simply their
-// dequantized rows in order, so a panel needs no transpose; x, transposed once per call into
-// the VNNI pair layout, is the B operand (16 K pairs x 16 rows, zero-padded). C[i][r] is weight
-// row i times x row r: the same products, summed in the same K order, as amx_linear's C[r][i],
-// so a row's result has the same bits on either path. Dequantizing is almost all of the time.
-constexpr int64_t kFewRowsMax = kTileRows;
-
-void amx_linear_few(const uint16_t* xp, int64_t ldx, int64_t m, int64_t k, const uint8_t* wp,
-                    int64_t row_bytes, int64_t qtype, int64_t n, const Output& out) {
-  const int64_t steps = k / kStepK, width = k / 2;
-  const int64_t panels = (n + kLanes - 1) / kLanes;
-  // x's rows as dwords (bf16 pairs), zero past m, then transposed: B tile s at xt + s * 256.
-  // (The calling thread's buffers, kept between calls.)
-  static thread_local std::vector<int32_t> x_store, xt_store;
-  int32_t* x_rows = aligned64(x_store, kTileRows * width);
-  int32_t* xt = aligned64(xt_store, kTileRows * width);
-  for (int64_t r = 0; r < m; ++r) std::memcpy(x_rows + r * width, xp + r * ldx, k * 2);
-  std::memset(x_rows + m * width, 0, (kTileRows - m) * width * 4);
-  constexpr std::integral_constant<int, kLanes> lanes{};
-  q8k_panel::interleave_rows(x_rows, static_cast<int>(width), xt, lanes);
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    static thread_local std::vector<int32_t> weight_store;
-    int32_t* w_rows = aligned64(weight_store, kLanes * width);  // 16 dequantized rows
-    alignas(64) int32_t c_tile[kLanes * kTileRows];
-    alignas(64) int32_t c_rows[kTileRows * kLanes];
-    amx::configure_full_tiles();
-    for (int64_t pi = begin; pi < end; ++pi) {
-      const int64_t n0 = pi * kLanes;
-      const int cols = static_cast<int>(std::min<int64_t>(kLanes, n - n0));
-      dequantize_rows(wp, row_bytes, qtype, k, n0, cols, w_rows);
-      _tile_zero(0);
-      for (int64_t s = 0; s < steps; ++s) {
-        _tile_loadd(4, w_rows + s * kLanes, width * 4);
-        _tile_loadd(6, xt + s * kLanes * kTileRows, 64);
-        _tile_dpbf16ps(0, 4, 6);
-      }
-      _tile_stored(0, c_tile, 64);
-      // c_tile[i][r] -> c_rows[r][i]: each x row's 16 outputs in a row.
-      q8k_panel::interleave_rows(c_tile, kTileRows, c_rows, lanes);
-      for (int64_t r = 0; r < m; ++r) {
-        store_row(out, r, n0, reinterpret_cast<const float*>(c_rows) + r * kLanes, cols);
-      }
-    }
-    _tile_release();
-  });
 }
 
 // Activation rows per call region: x's rows a pass reads for every panel stay in L2
