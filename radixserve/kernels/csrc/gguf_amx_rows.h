@@ -50,10 +50,15 @@ inline void dequantize_pairs(const uint8_t* row, int64_t qtype, int64_t b, int32
     const __m512 table = _mm512_fmadd_ps(_mm512_set1_ps(half_to_float(blk)), nibbles,
                                          _mm512_set1_ps(half_to_float(blk + 2)));
     const __m512i values = _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(table));
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4));
-    const __m128i low4 = _mm_set1_epi8(0x0F);
-    const __m128i ql = _mm_and_si128(raw, low4), qh = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
-    const __m512i index = _mm512_cvtepu8_epi16(_mm256_set_m128i(qh, ql));  // weight i's nibble
+    // The 16 bytes in both halves (a broadcast load, no shuffle), widened to words; the low
+    // nibbles are weights 0..15 and the high ones 16..31, so the upper 16 words shift by 4.
+    // (Shuffles share one port: inserting the halves took a second one per block.)
+    const __m256i raw = _mm256_broadcastsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4)));
+    const __m512i shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    const __m512i index = _mm512_and_si512(
+        _mm512_srlv_epi16(_mm512_cvtepu8_epi16(raw), shifts),
+        _mm512_set1_epi16(0x0F));  // weight i's nibble
     _mm512_store_si512(dst, _mm512_permutexvar_epi16(index, values));
     return;
   } else {
