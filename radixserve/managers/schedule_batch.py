@@ -96,6 +96,21 @@ class Req:
     def fill_ids(self) -> list[int]:
         return self.origin_input_ids + self.output_ids
 
+    def fill_slice(self, start: int, end: int) -> list[int]:
+        """fill_ids[start:end] without building fill_ids (a decode step reads one token of
+        each request; concatenating the prompt and the output each time copied both)."""
+        prompt = len(self.origin_input_ids)
+        if start >= prompt:
+            return self.output_ids[start - prompt : end - prompt]
+        if end <= prompt:
+            return self.origin_input_ids[start:end]
+        return self.origin_input_ids[start:] + self.output_ids[: end - prompt]
+
+    @property
+    def last_token(self) -> int:
+        """fill_ids[-1]."""
+        return self.output_ids[-1] if self.output_ids else self.origin_input_ids[-1]
+
     @property
     def key_ids(self) -> list[int]:
         """fill_ids as the prefix cache keys them (see origin_key_ids)."""

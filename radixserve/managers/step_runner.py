@@ -231,6 +231,8 @@ class StepRunner:
         builder = StepBuilder(with_lora=self.runner.lora is not None)
         table = RoundTable(self.kv.req_to_token_pool.req_to_token, batch.drafts)
         plan = StepPlan()
+        if batch.decode_round and batch.drafts is None and all(r.mrope is None for r in batch.reqs):
+            return self._build_decode(batch, builder, table, plan)
         images: list[ImageChunk] = []
         for i, (req, n) in enumerate(zip(batch.reqs, batch.extend_lens, strict=True)):
             row = _row(req)
@@ -238,12 +240,12 @@ class StepRunner:
             tree = batch.drafts[i] if batch.drafts is not None else None
             if tree:  # every node's logits, verified after the forward
                 plan.trees[i] = add_tree(
-                    builder, table, row, req.kv_len, req.fill_ids[-1], tree, req.lora_id
+                    builder, table, row, req.kv_len, req.last_token, tree, req.lora_id
                 )
                 plan.sample_pos.append(-1)
                 continue
-            fill = req.fill_ids
-            reaches_end = req.kv_len + n == len(fill)
+            end = req.kv_len + n
+            reaches_end = end == req.seq_len
             prompt_logprobs = (
                 req.needs_input_logprobs() and not batch.decode_round and not req.output_ids
             )
@@ -255,9 +257,9 @@ class StepRunner:
                 wanted = "last" if reaches_end else "none"
             first_logit = len(builder.logits_rows)
             start = builder.add(
-                table.row(row, req.kv_len + n),
+                table.row(row, end),
                 req.kv_len,
-                fill[req.kv_len : req.kv_len + n],
+                req.fill_slice(req.kv_len, end),
                 lora_id=req.lora_id,
                 logits=wanted,
                 mrope_positions=None if req.mrope is None else req.mrope.take(req.kv_len, n),
@@ -281,6 +283,31 @@ class StepRunner:
             capture_routing=any(r.return_routed_experts for r in batch.reqs),
             image_chunks=tuple(images),
             argmax_only=not plan.trees and not plan.input_rows and _argmax_only(batch.reqs),
+        )
+        return plan
+
+    def _build_decode(
+        self, batch: ScheduledBatch, builder: StepBuilder, table: RoundTable, plan: StepPlan
+    ) -> StepPlan:
+        """_build_inputs for a decode round without drafts or M-RoPE: every request runs its
+        last token (kv_len = seq_len - 1) and samples from its row, in order; no images,
+        embeddings or prompt logprobs happen in a decode round."""
+        reqs = batch.reqs
+        kv_lens = [r.kv_len for r in reqs]
+        builder.add_decode(
+            [_row(r) for r in reqs],
+            kv_lens,
+            [r.last_token for r in reqs],
+            [r.lora_id for r in reqs],
+        )
+        plan.starts = list(range(len(reqs)))
+        plan.sample_pos = list(range(len(reqs)))
+        plan.table = table.build()
+        plan.step = builder.build(
+            slot_table=plan.table,
+            is_decode=True,
+            capture_routing=any(r.return_routed_experts for r in reqs),
+            argmax_only=_argmax_only(reqs),
         )
         return plan
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from radixserve.model_executor.step_io import StepInputs
@@ -83,6 +84,28 @@ class StepBuilder:
         elif logits == "last" and n:
             self.logits_rows.append(start + n - 1)
         return start
+
+    def add_decode(
+        self, rows: list[int], prefixes: list[int], tokens: list[int], lora_ids: list[int]
+    ) -> None:
+        """One token each for a batch of requests, slots from the table, each wanting its
+        logits (a decode round): what add(row, prefix, [token], lora_id=..., logits="last")
+        per request gives, extending each list once instead of ~20 calls a request."""
+        if not len(rows) == len(prefixes) == len(tokens) == len(lora_ids):
+            raise ValueError("rows, prefixes, tokens and lora_ids must be of one length")
+        if self._gathered is False:
+            raise ValueError("a step's slots are either all handed in or all read from the table")
+        if not rows:
+            return
+        start = len(self.input_ids)
+        self._gathered = True
+        self.input_ids.extend(tokens)
+        self.positions.extend(prefixes)
+        self.rows.extend(rows)
+        self.prefix_lens.extend(prefixes)
+        self.extend_lens.extend([1] * len(rows))
+        self.lora_ids.extend(lora_ids)
+        self.logits_rows.extend(range(start, start + len(rows)))
 
     def _add_slots(self, slots: torch.Tensor | Sequence[int], n: int) -> None:
         if len(slots) != n:
@@ -160,6 +183,10 @@ def _gather_slots(
 ) -> torch.Tensor:
     """table[row of token i, positions[i]] for every token, as a fresh 1-D int64 tensor on the
     table's device (advanced indexing copies, so later table writes do not change it)."""
+    if table.device.type == "cpu" and all(n == 1 for n in extend_lens):
+        # A decode step on the CPU: numpy indexing, no torch call (each re-takes the GIL).
+        picked = table.numpy()[np.asarray(rows, dtype=np.int64), np.asarray(positions, np.int64)]
+        return torch.from_numpy(picked)
     if all(n == 1 for n in extend_lens):  # one token each (a decode step): rows per token
         token_rows = torch.tensor(rows, dtype=torch.int64, device=table.device)
     else:

@@ -78,3 +78,28 @@ def test_a_decode_step_gathers_one_slot_per_request() -> None:
     step = b.build(slot_table=_table())
     assert step.out_cache_loc.tolist() == [307, 2, 205]
     assert step.is_decode is True
+
+
+def test_a_decode_batch_added_at_once_equals_adding_each_request() -> None:
+    """add_decode (the serving step's decode rounds) builds the same step as one add per
+    request; its slots are gathered (numpy-indexed on a CPU table) into the step's own copy."""
+    rows, prefixes, tokens, loras = [2, 0, 3], [5, 9, 1], [70, 71, 72], [0, 1, 0]
+    one_by_one = StepBuilder(with_lora=True)
+    for row, prefix, token, lora in zip(rows, prefixes, tokens, loras, strict=True):
+        one_by_one.add(row, prefix, [token], lora_id=lora)
+    at_once = StepBuilder(with_lora=True)
+    at_once.add_decode(rows, prefixes, tokens, loras)
+    table = _table()
+    want, got = one_by_one.build(slot_table=table), at_once.build(slot_table=table)
+    assert torch.equal(got.out_cache_loc, want.out_cache_loc)
+    assert got.out_cache_loc.tolist() == [205, 9, 301]
+    assert got._replace(out_cache_loc=None) == want._replace(out_cache_loc=None)
+    assert got.is_decode and got.logits_rows == [0, 1, 2]
+    table[2, 5] = -1  # the step keeps its own copy
+    assert got.out_cache_loc[0].item() == 205
+    with pytest.raises(ValueError, match="one length"):
+        StepBuilder().add_decode([1], [2, 3], [4], [0])
+    mixed = StepBuilder()
+    mixed.add(0, 0, [1], slots=[5])
+    with pytest.raises(ValueError, match="all handed in or all read"):
+        mixed.add_decode([1], [2], [3], [0])
