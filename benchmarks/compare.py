@@ -167,7 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--skip-llama-bench", action="store_true", help="no llama-bench pp512/tg128"
     )
     parser.add_argument("--output", type=Path, default=REPO / "docs" / "performance.md")
-    parser.add_argument("--plot", type=Path, default=REPO / "docs" / "performance.png")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        help="the throughput figure (default: --output's name with .png, so a report written "
+        "elsewhere does not replace docs/performance.png)",
+    )
     parser.add_argument(
         "--run-dir",
         type=Path,
@@ -212,6 +218,8 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         repeated = sorted({str(s) for s in args.shapes if args.shapes.count(s) > 1})
         if repeated:
             parser.error(f"--shapes lists {', '.join(repeated)} more than once")
+    if args.plot is None:
+        args.plot = args.output.with_suffix(".png")
     return args
 
 

@@ -414,6 +414,12 @@ def test_old_record_renders(compare: ModuleType, report: ModuleType, tmp_path: P
     assert "| 8 | radixserve | 120.0 |" in doc
     assert "| 1 | 1.20x |" in doc
     assert plot.stat().st_size > 1000
+    # Without --plot the figure goes next to --output (docs/performance.png only by default).
+    elsewhere = tmp_path / "other" / "report.md"
+    elsewhere.parent.mkdir()
+    compare.main(["--render-only", str(record_path), "--output", str(elsewhere)])
+    assert (tmp_path / "other" / "report.png").stat().st_size > 1000
+    assert compare.parse_arguments([]).plot == compare.REPO / "docs" / "performance.png"
 
 
 def test_plot_has_a_panel_per_shape(report: ModuleType, tmp_path: Path) -> None:
