@@ -96,6 +96,16 @@ inline void dequantize_rows(const uint8_t* wp, int64_t row_bytes, int64_t qtype,
   }
 }
 
+// C tiles 0 .. N-1 zeroed: the accumulators of a pass over N panels or row blocks.
+template <int N>
+inline void zero_c_tiles() {
+  static_assert(N >= 1 && N <= 4, "C tiles 0-3");
+  _tile_zero(0);
+  if constexpr (N > 1) _tile_zero(1);
+  if constexpr (N > 2) _tile_zero(2);
+  if constexpr (N > 3) _tile_zero(3);
+}
+
 // At most this many rows take amx_linear_few.
 constexpr int64_t kFewRowsMax = kTileRows;
 

@@ -63,10 +63,7 @@ template <int B>
 void amx_pass(const int32_t* panel, int64_t steps, const uint16_t* const* a, const int64_t* lda,
               float* const* c, const int64_t* ldc) {
   static_assert(B >= 1 && B <= kMaxBlocks, "1 to 4 row blocks");
-  _tile_zero(0);
-  if constexpr (B > 1) _tile_zero(1);
-  if constexpr (B > 2) _tile_zero(2);
-  if constexpr (B > 3) _tile_zero(3);
+  amx_rows::zero_c_tiles<B>();
   for (int64_t s = 0; s < steps; ++s) {
     _tile_loadd(6, reinterpret_cast<const uint8_t*>(panel) + s * kTileBytes, 64);
     _tile_loadd(4, a[0] + s * kStepK, lda[0]);

@@ -30,10 +30,7 @@ constexpr int kFewPanels = 4;  // C tiles 0-3; A tiles 4, 5, 7 (4 again for the 
 template <int P>
 void few_panels_pass(const int32_t* const* w, int64_t width, const int32_t* xt, int64_t steps) {
   static_assert(P >= 1 && P <= kFewPanels, "1 to 4 panels");
-  _tile_zero(0);
-  if constexpr (P > 1) _tile_zero(1);
-  if constexpr (P > 2) _tile_zero(2);
-  if constexpr (P > 3) _tile_zero(3);
+  zero_c_tiles<P>();
   for (int64_t s = 0; s < steps; ++s) {
     _tile_loadd(6, xt + s * kLanes * kTileRows, 64);
     _tile_loadd(4, w[0] + s * kLanes, width * 4);
