@@ -343,9 +343,9 @@ class ModelRunner:
         return MemoryPlan(total, min(running, total), per_token)
 
     def forward(self, step: StepInputs, req_to_token: torch.Tensor) -> ForwardOutput:
-        """Run the model; float32 logits for `step.logits_rows` (under `step.argmax_only`
-        possibly the model's dtype, or only their argmax: ForwardOutput.greedy_tokens), and final
-        hidden states for `step.hidden_rows` (embeddings)."""
+        """Run the model; float32 logits for `step.logits_rows` (under `step.argmax_only`, where
+        the model can, only their argmax: ForwardOutput.greedy_tokens), and final hidden states
+        for `step.hidden_rows` (embeddings)."""
         if self.step_broadcaster is None:
             return self._forward(step, req_to_token)
         self.step_broadcaster(step, req_to_token)

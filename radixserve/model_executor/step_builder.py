@@ -183,11 +183,12 @@ def _gather_slots(
 ) -> torch.Tensor:
     """table[row of token i, positions[i]] for every token, as a fresh 1-D int64 tensor on the
     table's device (advanced indexing copies, so later table writes do not change it)."""
-    if table.device.type == "cpu" and all(n == 1 for n in extend_lens):
-        # A decode step on the CPU: numpy indexing, no torch call (each re-takes the GIL).
+    one_each = all(n == 1 for n in extend_lens)  # a decode step: one row per token
+    if one_each and table.device.type == "cpu":
+        # numpy indexing, no torch call (each re-takes the GIL).
         picked = table.numpy()[np.asarray(rows, dtype=np.int64), np.asarray(positions, np.int64)]
         return torch.from_numpy(picked)
-    if all(n == 1 for n in extend_lens):  # one token each (a decode step): rows per token
+    if one_each:
         token_rows = torch.tensor(rows, dtype=torch.int64, device=table.device)
     else:
         token_rows = torch.repeat_interleave(

@@ -35,17 +35,15 @@ class StepInputs(NamedTuple):
     # An M-RoPE model's rotary positions [3, num_tokens] (temporal, height, width) when some
     # request of the step has images; None: `positions` rotate (and always pick KV slots).
     mrope_positions: torch.Tensor | None = None
-    # The caller reads only each logits row's argmax (a plain greedy batch): the runner may
-    # answer with the argmax itself (ForwardOutput.greedy_tokens; a model whose LM head can,
-    # without writing the logits), else the logits as they come (the model's dtype, without the
-    # float32 copy: widening is exact, so the argmax is the same); float32 where the model
-    # post-processes them.
+    # The caller reads only each logits row's argmax (a plain greedy batch): a model with
+    # `greedy_tokens` answers with the argmax itself (ForwardOutput.greedy_tokens: of its logits
+    # in its own dtype, which its LM head's method may never write); the others (and families
+    # that post-process their logits in float32) give float32 logits as usual.
     argmax_only: bool = False
 
 
 class ForwardOutput(NamedTuple):
-    # [len(logits_rows), vocab] float32 (the model's dtype where StepInputs.argmax_only allowed);
-    # None where greedy_tokens answer the step instead.
+    # [len(logits_rows), vocab] float32; None where greedy_tokens answer the step instead.
     logits: torch.Tensor | None
     hidden: torch.Tensor | None  # [len(hidden_rows), hidden] float32, when asked
     # Every token's features for an EAGLE head, when the runner captures them (capture_final /

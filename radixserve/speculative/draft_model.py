@@ -212,7 +212,7 @@ class DraftModel(ReadsNoFeatures):
             step.add(
                 req.req_pool_idx,
                 seen,
-                req.fill_ids[seen:],
+                req.fill_slice(seen, req.seq_len),
                 slots=self._slots(req, seen, req.seq_len),
             )
         return step.build()

@@ -216,7 +216,7 @@ class EagleDraft:
             step.add(
                 req.req_pool_idx,
                 state.held,
-                req.fill_ids[state.seen + 1 : req.seq_len],
+                req.fill_slice(state.seen + 1, req.seq_len),
                 positions=range(state.seen, req.seq_len - 1),
                 slots=self.req_to_token[req.req_pool_idx, state.held : state.held + n],
             )
