@@ -84,11 +84,9 @@ void amx_linear_few(const uint16_t* xp, int64_t ldx, int64_t m, int64_t k, const
   q8k_panel::interleave_rows(x_rows, static_cast<int>(width), xt, lanes);
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     static thread_local std::vector<int32_t> weight_store[kFewPanels];
-    const int32_t* w[kFewPanels];
     int32_t* w_rows[kFewPanels];
     for (int j = 0; j < kFewPanels; ++j) {
       w_rows[j] = aligned64(weight_store[j], kLanes * width);  // 16 dequantized rows
-      w[j] = w_rows[j];
     }
     amx::configure_full_tiles();
     for (int64_t p0 = begin; p0 < end; p0 += kFewPanels) {
@@ -100,10 +98,10 @@ void amx_linear_few(const uint16_t* xp, int64_t ldx, int64_t m, int64_t k, const
         dequantize_rows(wp, row_bytes, qtype, k, n0, cols[j], w_rows[j]);
       }
       switch (count) {
-        case 1: few_panels_pass<1>(w, width, xt, steps); break;
-        case 2: few_panels_pass<2>(w, width, xt, steps); break;
-        case 3: few_panels_pass<3>(w, width, xt, steps); break;
-        default: few_panels_pass<4>(w, width, xt, steps); break;
+        case 1: few_panels_pass<1>(w_rows, width, xt, steps); break;
+        case 2: few_panels_pass<2>(w_rows, width, xt, steps); break;
+        case 3: few_panels_pass<3>(w_rows, width, xt, steps); break;
+        default: few_panels_pass<4>(w_rows, width, xt, steps); break;
       }
       for (int j = 0; j < count; ++j) store_few_panel(j, out, m, (p0 + j) * kLanes, cols[j]);
     }
